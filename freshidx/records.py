@@ -1,0 +1,40 @@
+"""The raw ad-change record as upstream writes it (one JSON object per line).
+
+This module is the single source of truth for field names, types and allowed values; the
+generator writes it, the Spark transforms parse and validate against it.
+"""
+
+from __future__ import annotations
+
+# field -> (Spark SQL type, required)
+RAW_FIELDS: dict[str, tuple[str, bool]] = {
+    "ad_id": ("string", True),
+    "campaign_id": ("string", True),
+    "product_id": ("string", True),
+    "title": ("string", True),
+    "keywords": ("array<string>", False),
+    "bid": ("double", True),
+    "status": ("string", True),
+    "updated_at": ("string", True),  # ISO-8601 UTC, e.g. 2026-11-21T14:05:07.123Z
+    "version": ("long", True),
+}
+
+STATUSES = ("active", "paused", "deleted")
+ACTIVE = "active"
+MAX_TITLE_CHARS = 1000
+MAX_BID = 1_000_000.0
+
+# Reasons a record is quarantined (stable strings: they are counted and shown in the UI).
+REASON_MALFORMED_JSON = "malformed_json"
+REASON_MISSING_FIELD = "missing_field"  # suffixed with ":<field>"
+REASON_BAD_STATUS = "bad_status"
+REASON_BAD_BID = "bad_bid"
+REASON_BAD_TIMESTAMP = "bad_updated_at"
+REASON_BAD_VERSION = "bad_version"
+REASON_TOO_LONG = "title_too_long"
+REASON_BAD_ENCODING = "bad_encoding"
+
+
+def raw_ddl() -> str:
+    """DDL string of the raw record schema (for ``from_json``)."""
+    return ", ".join(f"{name} {typ}" for name, (typ, _) in RAW_FIELDS.items())

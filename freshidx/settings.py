@@ -1,0 +1,140 @@
+"""One typed settings object for every entry point (CLI, ``dagster dev``, ``dagster asset materialize``).
+
+Values come from ``FRESHIDX_*`` environment variables with defaults for the embedded setup. A bad
+value fails at load with a message naming both the field and the variable, e.g.::
+
+    SettingsError: FRESHIDX_WINDOW_MINUTES (window_minutes): Input should be greater than 0 [got '-5']
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from freshidx.store import StoreConfig, normalize_uri
+
+DEFAULT_HOME = ".freshidx"
+
+
+class SettingsError(ValueError):
+    """A configuration value is invalid; the message names the field and its variable."""
+
+
+def default_store_uri() -> str:
+    return normalize_uri(os.path.join(os.getcwd(), DEFAULT_HOME, "store"))
+
+
+class Settings(BaseModel):
+    """freshidx configuration. Field ``x`` is read from ``FRESHIDX_X``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    store: str = Field(default_factory=default_store_uri, description="file:///abs/path or s3://bucket/prefix")
+    s3_endpoint_url: str | None = Field(None, description="custom S3 endpoint (moto, MinIO, …)")
+    source: str = Field("ad_updates", pattern=r"^[a-z][a-z0-9_]{0,62}$", description="raw source name")
+    window_minutes: int = Field(300, gt=0, le=7 * 24 * 60, description="delta window length")
+    sensor_interval_seconds: int = Field(5, ge=1, le=3600, description="delta sensor tick interval")
+    max_scan_hours: int = Field(
+        0, ge=0, le=24 * 31,
+        description="hours of listing the sensor may scan behind the newest partition (0 = window + 1 h)",
+    )
+    max_attempts: int = Field(3, ge=1, le=100, description="runs per partition before it is parked")
+    delta_shards: int = Field(2, ge=1, le=4096, description="output shards of the delta index")
+    spark_remote: str | None = Field(None, description="Spark Connect URL sc://host:port; unset = local")
+    spark_master: str = Field("local[2]", description="master for local mode")
+    partitions_start: str = Field("2026-01-01", description="first hourly Dagster partition (YYYY-MM-DD)")
+    keep_versions: int = Field(5, ge=1, le=1000, description="published versions never garbage-collected")
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, v: str) -> str:
+        v = normalize_uri(v)
+        StoreConfig(uri=v)  # raises ValueError with a readable message
+        return v
+
+    @field_validator("spark_remote")
+    @classmethod
+    def _remote(cls, v: str | None) -> str | None:
+        if v in (None, ""):
+            return None
+        if not re.match(r"^sc://[^/:]+:\d+(/.*)?$", v):
+            raise ValueError(f"must look like sc://host:port, got {v!r}")
+        return v
+
+    @field_validator("spark_master")
+    @classmethod
+    def _master(cls, v: str) -> str:
+        if not re.match(r"^(local(\[(\*|\d+)(,\d+)?\])?|spark://.+|yarn|k8s://.+)$", v):
+            raise ValueError(f"not a Spark master URL: {v!r}")
+        return v
+
+    @field_validator("partitions_start")
+    @classmethod
+    def _start(cls, v: str) -> str:
+        dt.date.fromisoformat(v)
+        return v
+
+    @field_validator("s3_endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v in (None, ""):
+            return None
+        if not re.match(r"^https?://[^/]+/?$", v):
+            raise ValueError(f"must look like http(s)://host:port, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.max_scan_hours and self.max_scan_hours * 60 < self.window_minutes:
+            raise ValueError("max_scan_hours must cover window_minutes (or be 0 for automatic)")
+        return self
+
+    # ---- derived ----
+    @property
+    def window(self) -> dt.timedelta:
+        return dt.timedelta(minutes=self.window_minutes)
+
+    @property
+    def scan_hours(self) -> int:
+        return self.max_scan_hours or (self.window_minutes + 59) // 60 + 1
+
+    def store_config(self) -> StoreConfig:
+        env = dict(os.environ)
+        if self.s3_endpoint_url:
+            env["FRESHIDX_S3_ENDPOINT_URL"] = self.s3_endpoint_url
+        return StoreConfig.from_env(self.store, env)
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        return f"FRESHIDX_{field.upper()}"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
+        """Load from ``FRESHIDX_*`` variables; ``overrides`` win. Raises :class:`SettingsError`."""
+        e = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            raw = e.get(cls.env_name(name))
+            if raw is not None and raw != "":
+                values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise SettingsError(_describe(exc, values)) from None
+
+
+def _describe(exc: ValidationError, values: dict[str, Any]) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "settings"
+        field = loc.split(".")[0]
+        where = f"{Settings.env_name(field)} ({field})" if field in Settings.model_fields else loc
+        got = f" [got {values[field]!r}]" if field in values else ""
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {msg}{got}")
+    return "invalid freshidx settings: " + "; ".join(lines)

@@ -1,0 +1,145 @@
+"""Object-store access for the driver (:func:`open_store`) and for Spark executors (:class:`StoreConfig`).
+
+``StoreConfig`` is a small picklable value: the driver builds it once from settings and Spark ships
+it to tasks, which open a ``pyarrow.fs`` filesystem of their own. Data therefore moves between the
+store and executors directly, never through the driver.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+from freshidx.store.base import (
+    InvalidKey,
+    ListPage,
+    NotFound,
+    ObjectInfo,
+    ObjectStore,
+    PreconditionFailed,
+    StoredObject,
+    StoreError,
+    StoreStats,
+)
+
+__all__ = [
+    "InvalidKey",
+    "ListPage",
+    "NotFound",
+    "ObjectInfo",
+    "ObjectStore",
+    "PreconditionFailed",
+    "StoreConfig",
+    "StoreError",
+    "StoreStats",
+    "StoredObject",
+    "open_store",
+]
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where the store is and how to reach it. Safe to pickle into Spark tasks."""
+
+    uri: str
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        scheme = urlparse(self.uri).scheme
+        if scheme not in ("file", "s3"):
+            raise ValueError(f"store uri must be file:///abs/path or s3://bucket/prefix, got {self.uri!r}")
+        if scheme == "file" and not urlparse(self.uri).path.startswith("/"):
+            raise ValueError(f"file store uri must be absolute, got {self.uri!r}")
+        if scheme == "s3" and not urlparse(self.uri).netloc:
+            raise ValueError(f"s3 store uri needs a bucket, got {self.uri!r}")
+
+    @classmethod
+    def from_env(cls, uri: str, env: dict[str, str] | None = None) -> StoreConfig:
+        e = os.environ if env is None else env
+        return cls(
+            uri=normalize_uri(uri),
+            endpoint_url=e.get("FRESHIDX_S3_ENDPOINT_URL") or e.get("AWS_ENDPOINT_URL") or None,
+            region=e.get("AWS_REGION") or e.get("AWS_DEFAULT_REGION") or None,
+            access_key_id=e.get("AWS_ACCESS_KEY_ID") or None,
+            secret_access_key=e.get("AWS_SECRET_ACCESS_KEY") or None,
+            session_token=e.get("AWS_SESSION_TOKEN") or None,
+        )
+
+    @property
+    def is_s3(self) -> bool:
+        return self.uri.startswith("s3://")
+
+    @property
+    def bucket(self) -> str:
+        return urlparse(self.uri).netloc
+
+    @property
+    def prefix(self) -> str:
+        return urlparse(self.uri).path.strip("/")
+
+    @property
+    def local_root(self) -> str:
+        return urlparse(self.uri).path
+
+    # ---- executor side: pyarrow filesystem ----
+    def arrow_fs(self) -> Any:
+        import pyarrow.fs as pafs
+
+        if not self.is_s3:
+            return pafs.LocalFileSystem()
+        kw: dict[str, Any] = {"region": self.region or "us-east-1"}
+        if self.endpoint_url:
+            u = urlparse(self.endpoint_url)
+            kw["endpoint_override"] = u.netloc
+            kw["scheme"] = u.scheme or "https"
+        if self.access_key_id:
+            kw["access_key"] = self.access_key_id
+            kw["secret_key"] = self.secret_access_key
+            if self.session_token:
+                kw["session_token"] = self.session_token
+        return pafs.S3FileSystem(**kw)
+
+    def arrow_path(self, key: str) -> str:
+        """Path of ``key`` in :meth:`arrow_fs` terms."""
+        if self.is_s3:
+            return "/".join(p for p in (self.bucket, self.prefix, key) if p)
+        return os.path.join(self.local_root, key)
+
+    # ---- driver side ----
+    def boto3_client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=self.region or "us-east-1",
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+            aws_session_token=self.session_token,
+            config=Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"}),
+        )
+
+
+def normalize_uri(uri: str) -> str:
+    """Accept a plain path for convenience and turn it into an absolute ``file://`` URI."""
+    if "://" not in uri:
+        return "file://" + os.path.abspath(os.path.expanduser(uri))
+    return uri.rstrip("/") if not uri.endswith(":///") else uri
+
+
+def open_store(config: StoreConfig | str) -> ObjectStore:
+    cfg = StoreConfig.from_env(config) if isinstance(config, str) else config
+    if cfg.is_s3:
+        from freshidx.store.s3 import S3Store
+
+        return S3Store(cfg.boto3_client(), cfg.bucket, cfg.prefix, cfg.uri)
+    from freshidx.store.local import LocalStore
+
+    return LocalStore(cfg.local_root, cfg.uri)

@@ -1,0 +1,178 @@
+"""The object-store contract: small JSON objects, create-once, compare-and-swap, bounded listing.
+
+Two implementations: :mod:`freshidx.store.local` (a directory; lock + atomic rename) and
+:mod:`freshidx.store.s3` (S3 conditional writes ``If-None-Match: *`` / ``If-Match: <etag>``).
+Keys are ``/``-separated paths relative to the store root; they are validated so that a key can
+never leave the root.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class StoreError(Exception):
+    """Base class for object-store errors."""
+
+
+class NotFound(StoreError):
+    """The key does not exist."""
+
+
+class PreconditionFailed(StoreError):
+    """A conditional write lost: the object exists (create-once) or changed (compare-and-swap)."""
+
+
+class InvalidKey(StoreError, ValueError):
+    """A key that could escape the store root or is otherwise unusable."""
+
+
+def check_key(key: str) -> str:
+    if not key or key.startswith("/") or "\\" in key or "\x00" in key:
+        raise InvalidKey(f"invalid object key {key!r}")
+    parts = key.split("/")
+    for i, part in enumerate(parts):
+        if part in ("", ".", "..") and not (part == "" and i == len(parts) - 1):
+            raise InvalidKey(f"invalid object key {key!r}: empty, '.' or '..' segment")
+        if part.startswith(".freshidx-"):
+            raise InvalidKey(f"invalid object key {key!r}: reserved name")
+    return key
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str
+    last_modified: dt.datetime
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    key: str
+    data: bytes
+    etag: str
+
+    def json(self) -> Any:
+        return json.loads(self.data)
+
+
+@dataclass(frozen=True)
+class ListPage:
+    """One listing call: objects directly matched and, with a delimiter, the common prefixes."""
+
+    objects: list[ObjectInfo]
+    prefixes: list[str]
+
+
+@dataclass
+class StoreStats:
+    """Call counters, so tests and benchmarks can prove listing cost is bounded."""
+
+    list_calls: int = 0
+    get_calls: int = 0
+    put_calls: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def bump(self, name: str) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.list_calls = self.get_calls = self.put_calls = 0
+
+
+class ObjectStore(ABC):
+    """Operations the driver needs: listings, manifests, pointers. Bulk data goes through Spark."""
+
+    uri: str
+    stats: StoreStats
+
+    @abstractmethod
+    def get(self, key: str) -> StoredObject:
+        """Read a whole object with its ETag. Raises NotFound."""
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> str:
+        """Unconditional write (atomic for readers). Returns the new ETag."""
+
+    @abstractmethod
+    def create(self, key: str, data: bytes) -> str:
+        """Create-once: raises PreconditionFailed if the key exists. Returns the ETag."""
+
+    @abstractmethod
+    def swap(self, key: str, data: bytes, expected_etag: str | None) -> str:
+        """Compare-and-swap. ``expected_etag=None`` means the key must not exist yet.
+
+        Raises PreconditionFailed when the current object does not match. Returns the new ETag.
+        """
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete a key; deleting a missing key is not an error."""
+
+    @abstractmethod
+    def list_page(
+        self, prefix: str, *, delimiter: str | None = None, start_after: str | None = None,
+        max_keys: int = 1000, continuation: str | None = None,
+    ) -> tuple[ListPage, str | None]:
+        """One LIST call. Returns the page and a continuation token (None when done)."""
+
+    # ---- derived helpers (shared by every implementation) ----
+
+    def list(
+        self, prefix: str, *, delimiter: str | None = None, start_after: str | None = None,
+        limit: int | None = None,
+    ) -> ListPage:
+        """All pages of a listing (optionally stopping after ``limit`` objects)."""
+        objects: list[ObjectInfo] = []
+        prefixes: list[str] = []
+        token: str | None = None
+        while True:
+            page, token = self.list_page(
+                prefix, delimiter=delimiter, start_after=start_after, continuation=token
+            )
+            objects.extend(page.objects)
+            prefixes.extend(page.prefixes)
+            if token is None or (limit is not None and len(objects) >= limit):
+                break
+        return ListPage(objects[:limit] if limit is not None else objects, prefixes)
+
+    def iter_objects(self, prefix: str, *, start_after: str | None = None) -> Iterator[ObjectInfo]:
+        token: str | None = None
+        while True:
+            page, token = self.list_page(prefix, start_after=start_after, continuation=token)
+            yield from page.objects
+            if token is None:
+                return
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.get(key)
+        except NotFound:
+            return False
+        return True
+
+    def get_json(self, key: str) -> tuple[Any, str]:
+        obj = self.get(key)
+        return obj.json(), obj.etag
+
+    def put_json(self, key: str, value: Any) -> str:
+        return self.put(key, dump_json(value))
+
+    def create_json(self, key: str, value: Any) -> str:
+        return self.create(key, dump_json(value))
+
+    def swap_json(self, key: str, value: Any, expected_etag: str | None) -> str:
+        return self.swap(key, dump_json(value), expected_etag)
+
+
+def dump_json(value: Any) -> bytes:
+    return (json.dumps(value, sort_keys=True, indent=1, default=str) + "\n").encode()
