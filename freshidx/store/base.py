@@ -100,6 +100,10 @@ class ObjectStore(ABC):
         """Read a whole object with its ETag. Raises NotFound."""
 
     @abstractmethod
+    def head(self, key: str) -> ObjectInfo:
+        """Size and ETag without reading the body. Raises NotFound."""
+
+    @abstractmethod
     def put(self, key: str, data: bytes) -> str:
         """Unconditional write (atomic for readers). Returns the new ETag."""
 

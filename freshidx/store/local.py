@@ -77,6 +77,18 @@ class LocalStore(ObjectStore):
             raise NotFound(key) from exc
         return StoredObject(key, data, _etag(data))
 
+    def head(self, key: str) -> ObjectInfo:
+        self.stats.bump("get_calls")
+        p = self.path(key)
+        try:
+            st = p.stat()
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise NotFound(key) from exc
+        if not p.is_file():
+            raise NotFound(key)
+        return ObjectInfo(key, st.st_size, f"{st.st_size:x}-{st.st_mtime_ns:x}",
+                          dt.datetime.fromtimestamp(st.st_mtime, tz=dt.UTC))
+
     def put(self, key: str, data: bytes) -> str:
         self.stats.bump("put_calls")
         p = self.path(key)

@@ -60,6 +60,16 @@ class S3Store(ObjectStore):
             raise
         return StoredObject(key, r["Body"].read(), r["ETag"])
 
+    def head(self, key: str) -> ObjectInfo:
+        self.stats.bump("get_calls")
+        try:
+            r = self.client.head_object(Bucket=self.bucket, Key=self._k(key))
+        except ClientError as exc:
+            if _code(exc) in _MISSING:
+                raise NotFound(key) from exc
+            raise
+        return ObjectInfo(key, int(r["ContentLength"]), str(r["ETag"]), r["LastModified"])
+
     def put(self, key: str, data: bytes) -> str:
         self.stats.bump("put_calls")
         return str(self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data)["ETag"])

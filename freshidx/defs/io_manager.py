@@ -1,0 +1,86 @@
+"""The IO manager that publishes: validation gate → manifest → compare-and-swap of ``CURRENT``.
+
+The asset body stages shards (from executors) and returns a :class:`DraftManifest`; publication
+lives here so every index asset gets the same protocol. Dagster's blocking asset checks run only
+after ``handle_output``, so the gate must be here, before the swap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+
+from freshidx import ledger
+from freshidx.defs.resources import ObjectStoreResource
+from freshidx.partitions import PartitionId
+from freshidx.publish import DraftManifest, parse_iso, publish, read_manifest, read_pointer, utcnow
+
+
+class IndexIOManager(dg.ConfigurableIOManager):
+    """Stages are already written; this publishes them atomically and records the outcome."""
+
+    store: dg.ResourceDependency[ObjectStoreResource]
+    allow_empty: bool = False
+
+    def handle_output(self, context: dg.OutputContext, obj: DraftManifest) -> None:
+        if not isinstance(obj, DraftManifest):
+            raise dg.Failure(f"index assets must return a DraftManifest, got {type(obj).__name__}")
+        store = self.store.open()
+        result = publish(store, obj, allow_empty=self.allow_empty)
+        partition = PartitionId.parse(obj.source_partition) if obj.source_partition else None
+        pipeline = obj.index
+        if partition is not None:
+            decision = {
+                "published": ledger.PUBLISHED, "superseded": ledger.REFUSED, "invalid": ledger.INVALID,
+            }[result.outcome]
+            ledger.record_partition(
+                store, pipeline, partition, decision, result.reason, run_id=context.run_id,
+                extra={"version": obj.version},
+            )
+        meta: dict[str, Any] = {
+            "outcome": result.outcome,
+            "reason": result.reason,
+            "version": obj.version,
+            "doc_count": dg.MetadataValue.int(obj.doc_count),
+            "covered_ids": dg.MetadataValue.int(obj.covered_count),
+            "shards": dg.MetadataValue.int(len(obj.shards)),
+            "invalid_records": dg.MetadataValue.int(int(obj.invalid.get("count", 0))),
+            "invalid_reasons": dg.MetadataValue.json(obj.invalid.get("reasons", {})),
+            "input_partitions": dg.MetadataValue.int(len(obj.inputs.get("partitions", []))),
+            "input_files": dg.MetadataValue.int(len(obj.inputs.get("files", []))),
+            "ignored_keys": dg.MetadataValue.int(len(obj.inputs.get("ignored", []))),
+            "build_seconds": dg.MetadataValue.float(float(obj.stats.get("total_build_seconds", 0.0))),
+            "publish_seconds": dg.MetadataValue.float(round(result.seconds, 3)),
+            "cas_attempts": dg.MetadataValue.int(result.cas_attempts),
+        }
+        if obj.source_partition:
+            meta["source_partition"] = obj.source_partition
+            meta["window"] = f"({obj.window_start}, {obj.window_end}]"
+            meta["lag_seconds"] = dg.MetadataValue.float(
+                round((utcnow() - parse_iso(obj.position)).total_seconds(), 3)
+            )
+        if obj.cutoff:
+            meta["cutoff"] = obj.cutoff
+        if result.pointer is not None:
+            meta["serving_version"] = result.pointer.version
+        skipped = context.step_context.run_tags.get("freshidx/skipped_count") if context.step_context else None
+        if skipped is not None:
+            meta["skipped_partitions"] = dg.MetadataValue.int(int(skipped))
+        context.add_output_metadata(meta)
+        if result.outcome == "invalid":
+            # The previous version keeps serving; fail the run so it is visible and retried.
+            raise dg.Failure(description=f"{obj.index} {obj.version} not published: {result.reason}",
+                             metadata={"reason": result.reason})
+        if result.outcome == "superseded":
+            context.log.warning(f"{obj.index} {obj.version} not published: {result.reason}")
+
+    def load_input(self, context: dg.InputContext) -> dict[str, Any]:
+        """Downstream assets get the *published* version (pointer + manifest), never a staged one."""
+        index = context.upstream_output.asset_key.path[-1].removesuffix("_index") if context.upstream_output \
+            and context.upstream_output.asset_key else "delta"
+        store = self.store.open()
+        pointer, _ = read_pointer(store, index)
+        if pointer is None:
+            raise dg.Failure(f"no published {index} index yet")
+        return {"pointer": pointer.to_dict(), "manifest": read_manifest(store, index, pointer.version)}

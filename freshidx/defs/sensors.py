@@ -1,0 +1,176 @@
+"""``delta_index_sensor``: latest-only triggering (DESIGN §7, seed 000).
+
+Every tick: read the delta pointer (= watermark), list partitions newer than it (bounded), and
+request ONE run for the newest. Every intermediate partition gets a durable ``superseded by P``
+record in the ledger and an observation on ``raw_ad_updates`` that the UI shows. No run is
+requested while one for the pipeline is queued or running (overlap policy: wait, then jump to
+the newest). Attempts are numbered in the ledger so a failed partition is retried explicitly
+(run key ``delta:<P>:aN``) instead of being swallowed by Dagster's run-key deduplication.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+
+import dagster as dg
+from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
+
+from freshidx import ledger
+from freshidx.defs.assets import (
+    TAG_ATTEMPT,
+    TAG_PARTITION,
+    TAG_PIPELINE,
+    TAG_SKIPPED,
+    TAG_TRIGGER,
+    delta_index,
+)
+from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource
+from freshidx.listing import partitions_after
+from freshidx.partitions import PartitionId
+from freshidx.publish import parse_iso, read_pointer, utcnow
+
+PIPELINE = "delta"
+IN_FLIGHT = [
+    DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING,
+]
+LOST_REQUEST_GRACE = dt.timedelta(seconds=60)
+DELTA_KEY = dg.AssetKey("delta_index")
+
+
+def _observation(partitions_def: dg.PartitionsDefinition, p: PartitionId, metadata: dict) -> dg.AssetObservation:
+    key = p.dagster_hour_key
+    try:
+        valid = partitions_def.has_partition_key(key)
+    except Exception:  # a key outside the definition's range must not fail the tick
+        valid = False
+    return dg.AssetObservation(
+        asset_key="raw_ad_updates", partition=key if valid else None,
+        metadata={"partition": p.path, **metadata},
+    )
+
+
+def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefinition) -> dg.SensorDefinition:
+    # The daemon loop is ~5 s and a tick is due when `now - last >= interval`; asking for one
+    # second less keeps a steady cadence instead of alternating 5 s / 10 s gaps.
+    minimum = max(1, interval_seconds - 1)
+
+    @dg.sensor(
+        name="delta_index_sensor",
+        target=[delta_index],
+        minimum_interval_seconds=minimum,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Latest-only trigger of delta_index: processes the newest visible partition, "
+        "records every skipped one as superseded.",
+        owners=["team:freshidx"],
+    )
+    def delta_index_sensor(
+        context: dg.SensorEvaluationContext, store: ObjectStoreResource, freshidx: FreshidxSettings
+    ) -> dg.SensorResult | dg.SkipReason:
+        settings = freshidx.settings(store.uri, store.endpoint_url)
+        st = store.open()
+        pointer, _ = read_pointer(st, PIPELINE)
+        watermark = PartitionId.parse(pointer.source_partition) if pointer and pointer.source_partition else None
+        found = partitions_after(st, settings.source, watermark, max_scan_hours=settings.scan_hours)
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        events: list[dg.AssetObservation] = []
+
+        if found.ignored:
+            digest = hashlib.sha1("\n".join(sorted(i.key for i in found.ignored)).encode()).hexdigest()
+            if cursor.get("ignored") != digest:  # report a changed set once, not every 5 s
+                cursor["ignored"] = digest
+                for i in found.ignored[:20]:
+                    context.log.warning(f"ignored malformed partition key {i.key!r}: {i.reason}")
+                events.append(dg.AssetObservation(
+                    asset_key="raw_ad_updates",
+                    metadata={"ignored_keys": len(found.ignored),
+                              "examples": dg.MetadataValue.json([i.__dict__ for i in found.ignored[:20]])},
+                ))
+
+        newest = found.newest
+        if newest is None:
+            return dg.SensorResult(
+                skip_reason=f"no partition newer than {watermark.path if watermark else '(none)'}",
+                asset_events=events, cursor=json.dumps(cursor),
+            )
+
+        # Any in-flight run that builds delta_index counts, including UI "Materialize" runs.
+        in_flight = [
+            r for r in context.instance.get_runs(RunsFilter(statuses=IN_FLIGHT), limit=50)
+            if r.tags.get(TAG_PIPELINE) == PIPELINE or DELTA_KEY in (r.asset_selection or ())
+        ]
+        if in_flight:
+            r = in_flight[0]
+            return dg.SensorResult(
+                skip_reason=f"run {r.run_id[:8]} for {r.tags.get(TAG_PARTITION)} is {r.status.value}; "
+                f"newest visible is {newest.path}, will jump to the newest when it ends",
+                asset_events=events, cursor=json.dumps(cursor),
+            )
+
+        # Durable reasons for everything we skip on purpose (create-once: recorded exactly once).
+        skipped = found.partitions[:-1]
+        for p in skipped:
+            if ledger.record_partition(
+                st, PIPELINE, p, ledger.SUPERSEDED, f"superseded by {newest.path}",
+                extra={"superseded_by": newest.path},
+            ):
+                events.append(_observation(partitions_def, p, {"decision": "superseded",
+                                                               "superseded_by": newest.path}))
+        if found.unlisted_before is not None:
+            scope = f"before {found.unlisted_before.path}, after {watermark.path if watermark else '-'}"
+            ledger.record(
+                st, ledger.partition_key(PIPELINE, found.unlisted_before, ".gap"),
+                ledger.Entry(PIPELINE, f"{found.unlisted_before.compact}.gap", ledger.UNLISTED,
+                             f"more than {settings.scan_hours} h behind the newest partition {newest.path}; "
+                             "older partitions were not listed (the full rebuild covers them)",
+                             scope=scope),
+            )
+
+        # Which attempt is this? Explicit attempt numbers make retries visible and idempotent.
+        previous = ledger.attempts(st, PIPELINE, newest)
+        if previous:
+            last = previous[-1]
+            runs = context.instance.get_runs(RunsFilter(tags={"dagster/run_key": last["run_key"]}), limit=1)
+            if not runs and utcnow() - parse_iso(last["at"]) < LOST_REQUEST_GRACE:
+                return dg.SensorResult(
+                    skip_reason=f"attempt {last['attempt']} for {newest.path} requested, waiting for its run",
+                    asset_events=events, cursor=json.dumps(cursor),
+                )
+        attempt = len(previous) + 1
+        if attempt > settings.max_attempts:
+            if ledger.record_partition(
+                st, PIPELINE, newest, ledger.PARKED,
+                f"{settings.max_attempts} attempts failed; waiting for a newer partition",
+            ):
+                events.append(_observation(partitions_def, newest, {"decision": "parked"}))
+            return dg.SensorResult(
+                skip_reason=f"{newest.path} parked after {settings.max_attempts} failed attempts",
+                asset_events=events, cursor=json.dumps(cursor),
+            )
+
+        run_key = f"delta:{newest.compact}:a{attempt}"
+        if not ledger.record(
+            st, ledger.partition_key(PIPELINE, newest, f".a{attempt}"),
+            ledger.Entry(PIPELINE, f"{newest.compact}.a{attempt}", ledger.ACCEPTED,
+                         f"newest visible partition (skipped {len(skipped)})", partition=newest.path,
+                         run_key=run_key, attempt=attempt, extra={"skipped": [p.path for p in skipped]}),
+        ):
+            return dg.SensorResult(skip_reason=f"{run_key} already accepted by another evaluation",
+                                   asset_events=events, cursor=json.dumps(cursor))
+        events.append(_observation(partitions_def, newest, {"decision": "accepted", "attempt": attempt,
+                                                            "skipped": len(skipped)}))
+        cursor["last_requested"] = run_key
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(
+                run_key=run_key,
+                run_config={"ops": {"delta_index": {"config": {"source_partition": newest.path}}}},
+                tags={TAG_PIPELINE: PIPELINE, TAG_PARTITION: newest.path, TAG_ATTEMPT: str(attempt),
+                      TAG_TRIGGER: "sensor", TAG_SKIPPED: str(len(skipped))},
+            )],
+            asset_events=events,
+            cursor=json.dumps(cursor),
+        )
+
+    return delta_index_sensor

@@ -1,0 +1,234 @@
+"""Publication: stage → validate → manifest (create-once) → compare-and-swap of ``CURRENT``.
+
+Modelled on Quickwit's split lifecycle (staged → published) and Iceberg's optimistic commit:
+the pointer is the only mutable object; it carries the version *and* the source position it
+covers (pointer = watermark, DESIGN §4.1), so progress and publication cannot diverge. The CAS
+loop re-reads after losing a race and refuses, with a durable record, any publish whose position
+is not newer than what readers already see (§4.2).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from freshidx import layout
+from freshidx.store import NotFound, ObjectStore, PreconditionFailed
+
+Outcome = Literal["published", "superseded", "invalid"]
+
+CAS_MAX_ATTEMPTS = 8
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def iso(t: dt.datetime) -> str:
+    return t.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_iso(s: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+
+def new_version(position: dt.datetime) -> str:
+    """Unique, sortable, path-safe version id: ``<position>-<created>-<random>``."""
+    return f"{position.strftime('%Y%m%dT%H%M')}-{utcnow().strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class DraftManifest:
+    """What a build staged: produced by the asset body from task commit messages, never by listing."""
+
+    index: str
+    version: str
+    position: str  # ISO time the publication covers up to: source partition (delta) / cutoff (full)
+    run_id: str | None
+    shards: list[dict[str, Any]]
+    doc_count: int
+    num_shards: int
+    source_partition: str | None = None  # partition path as written upstream (delta)
+    window_start: str | None = None  # exclusive (delta)
+    window_end: str | None = None  # inclusive (delta)
+    cutoff: str | None = None  # (full)
+    covered_count: int = 0
+    inputs: dict[str, Any] = field(default_factory=dict)
+    invalid: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    run: dict[str, Any] = field(default_factory=dict)  # trigger kind/id, tags, code version
+    created_at: str = field(default_factory=lambda: iso(utcnow()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """Contents of ``indexes/<name>/CURRENT``."""
+
+    index: str
+    version: str
+    seq: int
+    position: str
+    manifest: str
+    doc_count: int
+    published_at: str
+    run_id: str | None = None
+    source_partition: str | None = None
+    window_start: str | None = None
+    window_end: str | None = None
+    cutoff: str | None = None
+    previous_version: str | None = None
+    action: str = "publish"  # publish | rollback
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Pointer:
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    outcome: Outcome
+    version: str
+    reason: str
+    pointer: Pointer | None  # the pointer readers see after this call
+    cas_attempts: int = 0
+    seconds: float = 0.0
+
+
+class PublishError(RuntimeError):
+    """Publication could not complete (e.g. CAS contention beyond the retry budget)."""
+
+
+def read_pointer(store: ObjectStore, index: str) -> tuple[Pointer | None, str | None]:
+    try:
+        data, etag = store.get_json(layout.pointer_key(index))
+    except NotFound:
+        return None, None
+    return Pointer.from_dict(data), etag
+
+
+def read_manifest(store: ObjectStore, index: str, version: str) -> dict[str, Any]:
+    data, _ = store.get_json(layout.manifest_key(index, version))
+    return dict(data)
+
+
+def validate_draft(store: ObjectStore, draft: DraftManifest, *, allow_empty: bool = False) -> list[str]:
+    """The gate before the CAS. Returns the reasons the draft must not be published (empty = ok)."""
+    problems: list[str] = []
+    if len(draft.shards) != draft.num_shards:
+        problems.append(f"expected {draft.num_shards} shards, got {len(draft.shards)}")
+    if sorted(s["shard"] for s in draft.shards) != list(range(len(draft.shards))):
+        problems.append("shard numbers are not 0..n-1 exactly once")
+    if draft.doc_count <= 0 and not allow_empty:
+        problems.append("empty document set")
+    if sum(int(s["doc_count"]) for s in draft.shards) != draft.doc_count:
+        problems.append("doc_count does not equal the sum over shards")
+    for s in draft.shards:
+        for f in s["files"]:
+            try:
+                info = store.head(f["key"])
+            except NotFound:
+                problems.append(f"staged file missing: {f['key']}")
+                continue
+            if info.size != int(f["bytes"]):
+                problems.append(f"staged file size mismatch: {f['key']} {info.size} != {f['bytes']}")
+    return problems
+
+
+def _crash_point(name: str) -> None:
+    # Fault injection for crash-safety tests: the process really dies here (no cleanup, no
+    # exception handlers), exactly like a kill -9 at this step.
+    if os.environ.get("FRESHIDX_CRASH_AT") == name:
+        os._exit(86)
+
+
+def record_refusal(store: ObjectStore, draft: DraftManifest, outcome: str, reason: str,
+                   current: Pointer | None) -> None:
+    body = {
+        "index": draft.index, "version": draft.version, "position": draft.position,
+        "source_partition": draft.source_partition, "cutoff": draft.cutoff, "run_id": draft.run_id,
+        "outcome": outcome, "reason": reason, "at": iso(utcnow()),
+        "current_version": current.version if current else None,
+        "current_position": current.position if current else None,
+    }
+    try:
+        store.create_json(layout.refusal_key(draft.index, draft.version), body)
+    except PreconditionFailed:
+        pass  # already recorded (retried step)
+
+
+def ensure_history(store: ObjectStore, pointer: Pointer) -> None:
+    """Write the create-once history entry of a pointer if a crash left it out."""
+    try:
+        store.create_json(layout.history_key(pointer.index, pointer.seq), pointer.to_dict())
+    except PreconditionFailed:
+        pass
+
+
+def publish(
+    store: ObjectStore,
+    draft: DraftManifest,
+    *,
+    allow_empty: bool = False,
+    before_swap: Callable[[Pointer | None], None] | None = None,
+) -> PublishResult:
+    """Validate, write the manifest create-once, then CAS ``CURRENT`` if ``draft`` is newer.
+
+    ``before_swap`` is called after each pointer read, right before the conditional write; tests
+    use it to force two real publishers to interleave at the worst moment.
+    """
+    t0 = time.monotonic()
+    current, _ = read_pointer(store, draft.index)
+    problems = validate_draft(store, draft, allow_empty=allow_empty)
+    if problems:
+        reason = "validation failed: " + "; ".join(problems)
+        record_refusal(store, draft, "invalid", reason, current)
+        return PublishResult("invalid", draft.version, reason, current, 0, time.monotonic() - t0)
+
+    store.create_json(layout.manifest_key(draft.index, draft.version), draft.to_dict())
+    _crash_point("before_cas")
+
+    for attempt in range(1, CAS_MAX_ATTEMPTS + 1):
+        current, etag = read_pointer(store, draft.index)
+        if current is not None:
+            ensure_history(store, current)
+        if current is not None and draft.position <= current.position:
+            reason = (
+                f"superseded: position {draft.position} is not newer than published "
+                f"{current.position} (version {current.version})"
+            )
+            record_refusal(store, draft, "superseded", reason, current)
+            return PublishResult("superseded", draft.version, reason, current, attempt,
+                                 time.monotonic() - t0)
+        pointer = Pointer(
+            index=draft.index, version=draft.version, seq=(current.seq + 1) if current else 1,
+            position=draft.position, manifest=layout.manifest_key(draft.index, draft.version),
+            doc_count=draft.doc_count, published_at=iso(utcnow()), run_id=draft.run_id,
+            source_partition=draft.source_partition, window_start=draft.window_start,
+            window_end=draft.window_end, cutoff=draft.cutoff,
+            previous_version=current.version if current else None,
+        )
+        if before_swap is not None:
+            before_swap(current)
+        try:
+            store.swap_json(layout.pointer_key(draft.index), pointer.to_dict(), etag)
+        except PreconditionFailed:
+            # Lost the race: somebody published in between. Back off a little and re-evaluate.
+            time.sleep(min(0.5, 0.02 * 2**attempt) * random.random())
+            continue
+        _crash_point("after_cas")
+        ensure_history(store, pointer)
+        return PublishResult("published", draft.version, "published", pointer, attempt,
+                             time.monotonic() - t0)
+    raise PublishError(f"{draft.index}: gave up after {CAS_MAX_ATTEMPTS} compare-and-swap attempts")

@@ -1,0 +1,179 @@
+"""Publication protocol (DESIGN §4.1–4.3), on a local directory and on the moto S3 server."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import threading
+
+from freshidx import layout
+from freshidx.partitions import PartitionId
+from freshidx.publish import DraftManifest, Pointer, iso, new_version, publish, read_pointer
+from freshidx.store import ObjectStore, StoreConfig, open_store
+
+T0 = dt.datetime(2026, 11, 21, 14, 0, tzinfo=dt.UTC)
+
+
+def draft(store: ObjectStore, minutes: int, *, docs: int = 10, stage: bool = True) -> DraftManifest:
+    """A draft whose shards really exist in the store (what the Spark build would have staged)."""
+    p = PartitionId(T0 + dt.timedelta(minutes=minutes))
+    version = new_version(p.at)
+    shards = []
+    for shard in range(2):
+        key = layout.shard_prefix("delta", version, shard, 0) + "docs.parquet"
+        body = b"x" * (100 + shard)
+        if stage:
+            store.put(key, body)
+        shards.append({"shard": shard, "attempt": 0, "doc_count": docs // 2, "covered_count": docs // 2,
+                       "files": [{"key": key, "bytes": len(body), "sha256": "-", "rows": docs // 2}]})
+    return DraftManifest(index="delta", version=version, position=iso(p.at), run_id=f"run-{minutes}",
+                         shards=shards, doc_count=docs, num_shards=2, source_partition=p.path,
+                         window_start=iso(p.at - dt.timedelta(hours=5)), window_end=iso(p.at))
+
+
+def history(store: ObjectStore) -> list[dict]:
+    return [store.get_json(o.key)[0] for o in store.list("indexes/delta/history/").objects]
+
+
+def test_publish_then_newer_then_history(store: ObjectStore) -> None:
+    d1 = draft(store, 0)
+    r1 = publish(store, d1)
+    assert r1.outcome == "published" and r1.pointer is not None and r1.pointer.seq == 1
+    d2 = draft(store, 5)
+    r2 = publish(store, d2)
+    assert r2.outcome == "published"
+    ptr, _ = read_pointer(store, "delta")
+    assert ptr is not None
+    assert (ptr.version, ptr.seq, ptr.previous_version) == (d2.version, 2, d1.version)
+    assert ptr.source_partition == d2.source_partition  # pointer = watermark
+    assert [h["version"] for h in history(store)] == [d1.version, d2.version]
+    manifest = store.get_json(layout.manifest_key("delta", d2.version))[0]
+    assert manifest["shards"] == d2.shards
+
+
+def test_older_or_equal_publish_is_refused_and_recorded(store: ObjectStore) -> None:
+    newer = draft(store, 10)
+    assert publish(store, newer).outcome == "published"
+    for minutes in (5, 10):  # older, and same partition again
+        old = draft(store, minutes)
+        r = publish(store, old)
+        assert r.outcome == "superseded", r
+        refusal = store.get_json(layout.refusal_key("delta", old.version))[0]
+        assert refusal["outcome"] == "superseded" and refusal["current_version"] == newer.version
+    ptr, _ = read_pointer(store, "delta")
+    assert ptr is not None and ptr.version == newer.version and ptr.seq == 1
+
+
+def test_validation_gate_keeps_previous_version_serving(store: ObjectStore) -> None:
+    good = draft(store, 0)
+    publish(store, good)
+    missing = draft(store, 5, stage=False)  # staged files absent
+    r = publish(store, missing)
+    assert r.outcome == "invalid" and "staged file missing" in r.reason
+    empty = dataclasses.replace(draft(store, 10, docs=0))
+    r = publish(store, empty)
+    assert r.outcome == "invalid" and "empty document set" in r.reason
+    ptr, _ = read_pointer(store, "delta")
+    assert ptr is not None and ptr.version == good.version
+    assert not store.exists(layout.manifest_key("delta", missing.version))  # never got a manifest
+    assert store.get_json(layout.refusal_key("delta", empty.version))[0]["outcome"] == "invalid"
+
+
+CRASH_SCRIPT = """
+import json, sys
+from freshidx.store import StoreConfig, open_store
+from freshidx.publish import DraftManifest, publish
+cfg = StoreConfig(**json.loads(sys.argv[1]))
+publish(open_store(cfg), DraftManifest(**json.loads(sys.argv[2])))
+print("survived")
+"""
+
+
+def run_publisher(cfg: StoreConfig, d: DraftManifest, crash_at: str | None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if crash_at:
+        env["FRESHIDX_CRASH_AT"] = crash_at
+    cfg_json = json.dumps({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)})
+    return subprocess.run([sys.executable, "-c", CRASH_SCRIPT, cfg_json, json.dumps(d.to_dict())],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_process_killed_after_staging_before_cas_leaves_pointer_unchanged(
+    store: ObjectStore, store_config: StoreConfig
+) -> None:
+    serving = draft(store, 0)
+    publish(store, serving)
+    before = store.get(layout.pointer_key("delta"))
+    staged = draft(store, 5)
+    proc = run_publisher(store_config, staged, "before_cas")
+    assert proc.returncode == 86 and "survived" not in proc.stdout, proc.stderr
+    after = store.get(layout.pointer_key("delta"))
+    assert after.data == before.data  # unchanged ...
+    assert Pointer.from_dict(json.loads(after.data)).version == serving.version  # ... and readable
+    # The staged version exists (manifest written) but nothing references it.
+    assert store.exists(layout.manifest_key("delta", staged.version))
+    # The next publish proceeds normally.
+    assert publish(store, draft(store, 10)).outcome == "published"
+
+
+def test_process_killed_right_after_cas_history_heals(store: ObjectStore, store_config: StoreConfig) -> None:
+    publish(store, draft(store, 0))
+    d = draft(store, 5)
+    proc = run_publisher(store_config, d, "after_cas")
+    assert proc.returncode == 86
+    ptr, _ = read_pointer(store, "delta")
+    assert ptr is not None and ptr.version == d.version and ptr.seq == 2
+    assert [h["seq"] for h in history(store)] == [1]  # history entry 2 was lost with the process
+    publish(store, draft(store, 10))
+    assert [h["seq"] for h in history(store)] == [1, 2, 3]  # healed by the next publisher
+
+
+def test_concurrent_publishers_newer_wins_older_refused(store: ObjectStore) -> None:
+    """Both publishers read the same pointer, then race their conditional writes."""
+    base = draft(store, 0)
+    publish(store, base)
+    older, newer = draft(store, 5), draft(store, 10)
+    barrier = threading.Barrier(2)
+    results = {}
+
+    def go(name: str, d: DraftManifest) -> None:
+        first = [True]
+
+        def sync(_: Pointer | None) -> None:
+            if first[0]:
+                first[0] = False
+                barrier.wait(timeout=30)
+
+        results[name] = publish(store, d, before_swap=sync)
+
+    threads = [threading.Thread(target=go, args=a) for a in (("older", older), ("newer", newer))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ptr, _ = read_pointer(store, "delta")
+    assert ptr is not None and ptr.version == newer.version
+    assert results["newer"].outcome == "published"
+    if results["older"].outcome == "superseded":
+        assert store.exists(layout.refusal_key("delta", older.version))
+    else:  # older won the first CAS; newer retried after re-reading and replaced it
+        assert results["newer"].cas_attempts >= 2
+    assert [h["version"] for h in history(store)][-1] == newer.version
+
+
+def test_older_publisher_arriving_second_is_refused(store: ObjectStore) -> None:
+    older, newer = draft(store, 5), draft(store, 10)
+    assert publish(store, newer).outcome == "published"
+    r = publish(store, older)
+    assert r.outcome == "superseded"
+    assert store.get_json(layout.refusal_key("delta", older.version))[0]["current_version"] == newer.version
+
+
+def test_open_store_from_uri_string_roundtrip(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    s = open_store(str(tmp_path / "s"))
+    publish(s, draft(s, 0))
+    assert read_pointer(s, "delta")[0] is not None
