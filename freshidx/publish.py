@@ -9,6 +9,7 @@ is not newer than what readers already see (§4.2).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import random
@@ -162,18 +163,14 @@ def record_refusal(store: ObjectStore, draft: DraftManifest, outcome: str, reaso
         "current_version": current.version if current else None,
         "current_position": current.position if current else None,
     }
-    try:
+    with contextlib.suppress(PreconditionFailed):  # already recorded (retried step)
         store.create_json(layout.refusal_key(draft.index, draft.version), body)
-    except PreconditionFailed:
-        pass  # already recorded (retried step)
 
 
 def ensure_history(store: ObjectStore, pointer: Pointer) -> None:
     """Write the create-once history entry of a pointer if a crash left it out."""
-    try:
+    with contextlib.suppress(PreconditionFailed):
         store.create_json(layout.history_key(pointer.index, pointer.seq), pointer.to_dict())
-    except PreconditionFailed:
-        pass
 
 
 def publish(

@@ -1,6 +1,6 @@
 """Software-defined assets: the raw upstream source and the delta index."""
+# No `from __future__ import annotations` here: Dagster inspects these annotations at definition time.
 
-from __future__ import annotations
 
 import dagster as dg
 

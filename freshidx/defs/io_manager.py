@@ -5,7 +5,6 @@ lives here so every index asset gets the same protocol. Dagster's blocking asset
 after ``handle_output``, so the gate must be here, before the swap.
 """
 
-from __future__ import annotations
 
 from typing import Any
 

@@ -1,6 +1,5 @@
 """Dagster resources: one ``ConfigurableResource`` per external system, plus the settings."""
 
-from __future__ import annotations
 
 import os
 from typing import Any

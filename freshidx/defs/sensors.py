@@ -8,7 +8,6 @@ the newest). Attempts are numbered in the ledger so a failed partition is retrie
 (run key ``delta:<P>:aN``) instead of being swallowed by Dagster's run-key deduplication.
 """
 
-from __future__ import annotations
 
 import datetime as dt
 import hashlib

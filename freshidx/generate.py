@@ -1,0 +1,723 @@
+"""The upstream simulator: writes minute partitions of ad-change JSON lines into the object store.
+
+Each partition lands at ``raw/<source>/year=YYYY/month=MM/day=DD/hour=HH/minute=mm/part-NNNNN.jsonl``
+(one ``put`` per file, so every file is atomic; a multi-file partition appears file by file, as real
+upstream jobs do).
+
+The content of a partition is a pure function of ``(config, partition time)``: the random stream is
+``random.Random(f"{seed}:{partition.compact}")`` and per-ad attributes (product, campaign, base
+title) come from hashes of the ad id and the seed. A restarted generator therefore rewrites a
+partition byte for byte, and versions need no state: ``version = partition_ms * 1000 + sequence``
+(partitions are 60 000 ms apart, so sequences never collide with the next partition's versions).
+
+What a partition contains (see :class:`PartitionWritten` for the counts returned):
+
+* valid records following :mod:`freshidx.records` (``updated_at`` inside the partition's minute,
+  bid in [0.05, 20.0] with two decimals, mostly ``active``, some ``paused`` / ``deleted``);
+* malformed lines (``malformed_rate``), each with exactly one defect: truncated JSON, a missing or
+  null required field, a status outside ``STATUSES``, a negative or non-numeric bid, or an
+  unparseable ``updated_at``;
+* duplicates (``duplicate_rate``): an exact second copy of a valid line somewhere else in the
+  partition (possibly another file of it);
+* bursts (``burst_probability``): five times the changes, split over several files.
+
+Lines of a partition are shuffled, so file order is not version order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import functools
+import hashlib
+import json
+import math
+import random
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from freshidx import layout
+from freshidx.partitions import PartitionId
+from freshidx.records import (
+    RAW_FIELDS,
+    REASON_BAD_BID,
+    REASON_BAD_STATUS,
+    REASON_BAD_TIMESTAMP,
+    REASON_MALFORMED_JSON,
+    REASON_MISSING_FIELD,
+    STATUSES,
+)
+from freshidx.store.base import ObjectStore
+
+# ---------------------------------------------------------------------------------------------
+# Vocabulary (fixed, so titles and keywords look like real ads and searches have something to hit)
+# ---------------------------------------------------------------------------------------------
+
+BRANDS: tuple[str, ...] = (
+    "acme", "aurora", "bolt", "cascade", "cobalt", "crestline", "driftwood", "ember", "evergreen",
+    "falcon", "fjord", "granite", "harbor", "helix", "horizon", "ironwood", "juniper", "kestrel",
+    "lumen", "maple", "meridian", "monarch", "nimbus", "northwind", "oakridge", "onyx", "orbit",
+    "pioneer", "quartz", "redwood", "sable", "sierra", "solstice", "summit", "tundra", "vertex",
+    "willow", "zenith", "zephyr", "atlas",
+)
+
+NOUNS: tuple[str, ...] = (
+    "backpack", "blender", "boots", "camera", "chair", "charger", "coffee", "cookware", "desk",
+    "drone", "earbuds", "headphones", "helmet", "jacket", "kettle", "keyboard", "lamp", "laptop",
+    "mattress", "microphone", "monitor", "mouse", "notebook", "pillow", "printer", "projector",
+    "router", "sandals", "scooter", "sneakers", "sofa", "speaker", "sunglasses", "tablet", "tent",
+    "toaster", "treadmill", "umbrella", "vacuum", "watch", "bicycle", "blanket", "bottle", "cooler",
+    "grill", "hoodie", "luggage", "mixer", "phone", "rug", "skillet", "socks", "stroller", "suitcase",
+    "thermostat", "tripod", "wallet", "webcam", "yoga-mat", "jeans",
+)
+
+ADJECTIVES: tuple[str, ...] = (
+    "affordable", "compact", "cozy", "deluxe", "durable", "eco", "elegant", "ergonomic", "essential",
+    "fast", "foldable", "heavy-duty", "lightweight", "luxury", "modern", "portable", "premium", "pro",
+    "quiet", "rechargeable", "rugged", "sleek", "smart", "soft", "sturdy", "ultra", "vintage",
+    "waterproof", "wireless", "classic", "adjustable", "breathable", "cordless", "insulated",
+    "minimalist", "noise-cancelling", "organic", "padded", "stainless", "versatile", "handmade",
+    "slim", "bright", "warm", "cool", "quick-dry", "non-stick", "energy-saving", "high-speed",
+    "travel", "outdoor", "indoor", "kids", "family", "everyday", "limited", "new", "best-selling",
+    "refurbished", "professional",
+)
+
+QUALIFIERS: tuple[str, ...] = (
+    "black", "white", "silver", "blue", "red", "green", "grey", "navy", "olive", "beige", "walnut",
+    "bamboo", "leather", "cotton", "wool", "steel", "aluminum", "carbon", "ceramic", "glass",
+    "small", "medium", "large", "xl", "mini", "max", "plus", "lite", "2-pack", "set",
+    "bundle", "edition", "series", "v2", "gen3", "4k", "usb-c", "bluetooth", "5g", "hd",
+)
+
+VOCABULARY: tuple[str, ...] = BRANDS + NOUNS + ADJECTIVES + QUALIFIERS
+
+REQUIRED_FIELDS: tuple[str, ...] = tuple(name for name, (_, required) in RAW_FIELDS.items() if required)
+
+_SOURCE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_MAX_CHANGES = 1_000_000  # with the 5x burst and duplicates, sequences stay far below 60 000 000
+_BURST_FACTOR = 5
+_MIN_BID, _MAX_BID = 0.05, 20.0
+_HISTORY_STEP = dt.timedelta(minutes=5)
+_DEFAULT_STEP = dt.timedelta(minutes=5)
+
+# Defects of malformed lines. Each value is chosen so that every strict reading of records.py
+# rejects it (no case/whitespace variants of statuses, no "NaN"/"Infinity" strings for bids,
+# no almost-ISO timestamps that a lenient parser could accept, no empty strings that a reader
+# could take for a missing field).
+_BAD_STATUSES = ("archived", "enabled", "pending_review", "activ", "removed", "live")
+_BAD_BIDS: tuple[Any, ...] = (-0.5, -1.25, -12.0, -0.01, "twelve", "n/a", "1,50", "free")
+_BAD_TIMESTAMPS = (
+    "yesterday",
+    "not-a-timestamp",
+    "2026-13-01T00:00:00.000Z",
+    "2026-11-21T25:61:00.000Z",
+    "2026-02-30T10:00:00.000Z",
+    "21/11/2026 14:05",
+)
+if set(_BAD_STATUSES) & set(STATUSES) or not {"active", "paused", "deleted"} <= set(STATUSES):
+    raise ImportError("freshidx.records.STATUSES changed: update the generator's statuses")
+_DEFECTS = ("truncated_json", "missing_field", "bad_status", "bad_bid", "bad_updated_at")
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration and results
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    """What the simulated upstream writes. Every field is validated; errors name the field."""
+
+    source: str = "ad_updates"
+    seed: int = 0
+    ads: int = 5000
+    products: int = 800
+    campaigns: int = 120
+    changes_per_partition: int = 200
+    malformed_rate: float = 0.01
+    duplicate_rate: float = 0.02
+    delete_rate: float = 0.02
+    pause_rate: float = 0.04
+    burst_probability: float = 0.1
+    files_per_partition: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not _SOURCE_RE.match(self.source):
+            raise ValueError(
+                f"GeneratorConfig.source must match {_SOURCE_RE.pattern} (it becomes a key segment), "
+                f"got {self.source!r}"
+            )
+        _check_int("seed", self.seed)
+        _check_int("ads", self.ads, 1, 10_000_000)
+        _check_int("products", self.products, 1, 10_000_000)
+        _check_int("campaigns", self.campaigns, 1, 10_000_000)
+        _check_int("changes_per_partition", self.changes_per_partition, 1, _MAX_CHANGES)
+        _check_int("files_per_partition", self.files_per_partition, 1, 10_000)
+        for name in ("malformed_rate", "duplicate_rate", "delete_rate", "pause_rate", "burst_probability"):
+            _check_rate(name, getattr(self, name))
+        if self.delete_rate + self.pause_rate > 1.0:
+            raise ValueError(
+                "GeneratorConfig.delete_rate + GeneratorConfig.pause_rate must be <= 1, "
+                f"got {self.delete_rate} + {self.pause_rate}"
+            )
+
+
+def _check_int(name: str, value: object, lo: int | None = None, hi: int | None = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"GeneratorConfig.{name} must be an int, got {value!r}")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ValueError(f"GeneratorConfig.{name} must be in [{lo}, {hi}], got {value!r}")
+
+
+def _check_rate(name: str, value: object) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"GeneratorConfig.{name} must be a number in [0, 1], got {value!r}")
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"GeneratorConfig.{name} must be in [0, 1], got {value!r}")
+
+
+@dataclass
+class PartitionWritten:
+    """What one partition holds. Counts are by construction and are exact:
+
+    * ``records`` = lines written = ``valid + malformed``;
+    * ``valid`` counts every line a strict validator accepts, *including* the duplicate copies;
+      ``duplicates`` is how many of those are extra copies, so ``unique`` = ``valid - duplicates``
+      distinct valid records;
+    * ``deletes`` counts distinct valid records with status ``deleted``;
+    * ``reasons`` counts malformed lines by quarantine reason (``freshidx.records.REASON_*``, missing
+      fields as ``missing_field:<field>``); it sums to ``malformed``;
+    * ``ad_ids`` is the sorted list of ad ids that have at least one valid record.
+    """
+
+    partition: PartitionId
+    keys: list[str]
+    records: int
+    valid: int
+    malformed: int
+    duplicates: int
+    deletes: int
+    burst: bool
+    ad_ids: list[str]
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def unique(self) -> int:
+        return self.valid - self.duplicates
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary printed by ``freshidx generate --json`` (ad ids left out: they are many)."""
+        return {
+            "partition": self.partition.path,
+            "at": self.partition.at.isoformat().replace("+00:00", "Z"),
+            "keys": list(self.keys),
+            "records": self.records,
+            "valid": self.valid,
+            "malformed": self.malformed,
+            "duplicates": self.duplicates,
+            "deletes": self.deletes,
+            "burst": self.burst,
+            "reasons": dict(sorted(self.reasons.items())),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Stable per-ad attributes
+# ---------------------------------------------------------------------------------------------
+
+
+def _stable_int(*parts: object) -> int:
+    """A process-independent hash (Python's ``hash`` of str is salted per process)."""
+    digest = hashlib.blake2b(":".join(str(p) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def ad_id(i: int) -> str:
+    return f"ad-{i:06d}"
+
+
+class AdProfile(NamedTuple):
+    """What never changes about an ad (for a given seed): its product, campaign and base title."""
+
+    product: int
+    campaign: int
+    brand: str
+    noun: str
+    qualifier: str
+    base_title: str
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _ad_profile(seed: int, products: int, campaigns: int, ad: int) -> AdProfile:
+    product = _stable_int(seed, "product-of", ad) % products
+    campaign = _stable_int(seed, "campaign-of", ad) % campaigns
+    h = _stable_int(seed, "product", product)
+    brand = BRANDS[h % len(BRANDS)]
+    noun = NOUNS[(h >> 16) % len(NOUNS)]
+    qualifier = QUALIFIERS[(h >> 32) % len(QUALIFIERS)]
+    title = _title(random.Random(f"{seed}:title:{ad}"), brand, noun, qualifier)
+    return AdProfile(product, campaign, brand, noun, qualifier, title)
+
+
+def ad_profile(cfg: GeneratorConfig, ad: int) -> AdProfile:
+    """Stable attributes of ad number ``ad``; several ads share a product (``ads / products`` each)."""
+    return _ad_profile(cfg.seed, cfg.products, cfg.campaigns, ad)
+
+
+def _title(rng: random.Random, brand: str, noun: str, qualifier: str) -> str:
+    adjectives = rng.sample(ADJECTIVES, rng.randint(1, 3))
+    words = [*adjectives, brand, noun]
+    if rng.random() < 0.6:
+        words.append(qualifier)
+    if rng.random() < 0.3:
+        words.append(rng.choice(QUALIFIERS))
+    return " ".join(words)
+
+
+# ---------------------------------------------------------------------------------------------
+# One partition
+# ---------------------------------------------------------------------------------------------
+
+
+def _minute_prefix(partition: PartitionId) -> str:
+    return partition.at.strftime("%Y-%m-%dT%H:%M:")
+
+
+def _dumps(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+
+
+def _pick_ad(rng: random.Random, cfg: GeneratorConfig) -> int:
+    # A few hot ads change often (several versions of one ad inside a partition), the rest uniformly.
+    hot = max(1, cfg.ads // 50)
+    if rng.random() < 0.25:
+        return rng.randrange(hot)
+    return rng.randrange(cfg.ads)
+
+
+def _bid(rng: random.Random) -> float:
+    value = math.exp(rng.uniform(math.log(_MIN_BID), math.log(_MAX_BID)))
+    return min(_MAX_BID, max(_MIN_BID, round(value, 2)))
+
+
+def _record(
+    rng: random.Random, cfg: GeneratorConfig, partition: PartitionId, seq: int, offset_ms: int
+) -> dict[str, Any]:
+    ad = _pick_ad(rng, cfg)
+    profile = ad_profile(cfg, ad)
+    brand, noun = profile.brand, profile.noun
+    title = profile.base_title if rng.random() < 0.4 else _title(rng, brand, noun, profile.qualifier)
+    r = rng.random()
+    if r < cfg.delete_rate:
+        status = "deleted"
+    elif r < cfg.delete_rate + cfg.pause_rate:
+        status = "paused"
+    else:
+        status = "active"
+    record: dict[str, Any] = {
+        "ad_id": ad_id(ad),
+        "campaign_id": f"camp-{profile.campaign:04d}",
+        "product_id": f"prod-{profile.product:05d}",
+        "title": title,
+    }
+    if rng.random() < 0.98:  # keywords are optional in records.py; a few records leave them out
+        keywords = [brand, noun]
+        extra = [w for w in rng.sample(VOCABULARY, 6) if w not in keywords]
+        keywords.extend(extra[: rng.randint(0, 3)])
+        record["keywords"] = keywords
+    record["bid"] = _bid(rng)
+    record["status"] = status
+    # offset_ms < 60 000: the time stays inside the partition's minute
+    record["updated_at"] = f"{_minute_prefix(partition)}{offset_ms // 1000:02d}.{offset_ms % 1000:03d}Z"
+    record["version"] = partition_base_version(partition) + seq
+    return record
+
+
+def partition_base_version(partition: PartitionId) -> int:
+    """Smallest version a record of ``partition`` can carry: the partition time in ms times 1000."""
+    return int(partition.at.timestamp()) * 1000 * 1000
+
+
+def _malform(rng: random.Random, record: dict[str, Any]) -> tuple[str, str]:
+    """One line with exactly one defect, and the quarantine reason a strict validator gives it."""
+    defect = rng.choice(_DEFECTS)
+    bad = dict(record)
+    if defect == "truncated_json":
+        text = _dumps(record)
+        # Any proper prefix of a JSON object is invalid JSON; keep at least two characters so the
+        # line is never blank (blank lines are skipped by some readers instead of rejected).
+        return text[: rng.randrange(2, len(text) - 1)].rstrip(), REASON_MALFORMED_JSON
+    if defect == "missing_field":
+        name = "ad_id" if rng.random() < 0.5 else rng.choice(REQUIRED_FIELDS)
+        if rng.random() < 0.75:
+            del bad[name]
+        else:
+            bad[name] = None
+        return _dumps(bad), f"{REASON_MISSING_FIELD}:{name}"
+    if defect == "bad_status":
+        bad["status"] = rng.choice(_BAD_STATUSES)
+        return _dumps(bad), REASON_BAD_STATUS
+    if defect == "bad_bid":
+        bad["bid"] = rng.choice(_BAD_BIDS)
+        return _dumps(bad), REASON_BAD_BID
+    bad["updated_at"] = rng.choice(_BAD_TIMESTAMPS)
+    return _dumps(bad), REASON_BAD_TIMESTAMP
+
+
+def partition_keys(cfg: GeneratorConfig, partition: PartitionId, files: int) -> list[str]:
+    prefix = layout.raw_partition_prefix(cfg.source, partition)
+    return [f"{prefix}part-{i:05d}.jsonl" for i in range(files)]
+
+
+def split_lines(lines: Sequence[str], files: int) -> list[list[str]]:
+    """Contiguous, non-empty chunks of ``lines`` (sizes differ by at most one) — how files are cut."""
+    files = max(1, min(files, len(lines)))
+    size, extra = divmod(len(lines), files)
+    out: list[list[str]] = []
+    start = 0
+    for i in range(files):
+        end = start + size + (1 if i < extra else 0)
+        out.append(list(lines[start:end]))
+        start = end
+    return out
+
+
+def partition_records(cfg: GeneratorConfig, partition: PartitionId) -> tuple[list[str], PartitionWritten]:
+    """All lines of ``partition`` (in file order) and their counts; ``keys`` are the files to write.
+
+    Pure and deterministic in ``(cfg, partition)``; :func:`write_partition` cuts the lines into
+    ``len(keys)`` files with :func:`split_lines`.
+    """
+    rng = random.Random(f"{cfg.seed}:{partition.compact}")
+    burst = rng.random() < cfg.burst_probability
+    n = cfg.changes_per_partition * (_BURST_FACTOR if burst else 1)
+    files = max(cfg.files_per_partition, rng.randint(2, 5)) if burst else cfg.files_per_partition
+
+    offsets = sorted(rng.randrange(60_000) for _ in range(n))  # later sequence => later updated_at
+    lines: list[str] = []
+    valid_lines: list[str] = []
+    reasons: Counter[str] = Counter()
+    deletes = 0
+    ad_ids: set[str] = set()
+    for seq, offset_ms in enumerate(offsets):
+        record = _record(rng, cfg, partition, seq, offset_ms)
+        if rng.random() < cfg.malformed_rate:
+            line, reason = _malform(rng, record)
+            reasons[reason] += 1
+            lines.append(line)
+            continue
+        line = _dumps(record)
+        lines.append(line)
+        valid_lines.append(line)
+        ad_ids.add(record["ad_id"])
+        deletes += record["status"] == "deleted"
+    rng.shuffle(lines)  # parallel upstream writers: file order is not version order
+
+    duplicates = 0
+    for line in valid_lines:
+        if rng.random() < cfg.duplicate_rate:
+            lines.insert(rng.randrange(len(lines) + 1), line)
+            duplicates += 1
+
+    files = max(1, min(files, len(lines)))
+    malformed = sum(reasons.values())
+    stats = PartitionWritten(
+        partition=partition,
+        keys=partition_keys(cfg, partition, files),
+        records=len(lines),
+        valid=len(valid_lines) + duplicates,
+        malformed=malformed,
+        duplicates=duplicates,
+        deletes=deletes,
+        burst=burst,
+        ad_ids=sorted(ad_ids),
+        reasons=dict(reasons),
+    )
+    return lines, stats
+
+
+def write_partition(store: ObjectStore, cfg: GeneratorConfig, partition: PartitionId) -> PartitionWritten:
+    """Write one partition, one atomic ``put`` per file (files of a burst appear one by one)."""
+    lines, stats = partition_records(cfg, partition)
+    chunks = split_lines(lines, len(stats.keys))
+    assert len(chunks) == len(stats.keys)
+    for key, chunk in zip(stats.keys, chunks, strict=True):
+        store.put(key, ("\n".join(chunk) + "\n").encode("utf-8"))
+    return stats
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------
+
+
+def _floor(at: dt.datetime, step: dt.timedelta) -> dt.datetime:
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    return at - (at - epoch) % step
+
+
+def history_partitions(now: dt.datetime, history: dt.timedelta) -> list[PartitionId]:
+    """Partitions every 5 minutes (aligned to :00, :05, …) strictly inside ``(now - history, now)``."""
+    if history <= dt.timedelta(0):
+        return []
+    at = _floor(now - history, _HISTORY_STEP)
+    out: list[PartitionId] = []
+    while at < now:
+        if at > now - history:
+            out.append(PartitionId(at))
+        at += _HISTORY_STEP
+    return out
+
+
+def generate(
+    store: ObjectStore,
+    cfg: GeneratorConfig,
+    *,
+    count: int | None,
+    every_s: float,
+    start: dt.datetime | None = None,
+    step: dt.timedelta | None = None,
+    history: dt.timedelta | None = None,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+    on_written: Callable[[PartitionWritten], None] | None = None,
+) -> list[PartitionWritten]:
+    """Write ``count`` partitions (``None`` = forever), sleeping ``every_s`` between two of them.
+
+    * ``history``: first, without sleeping, back-dated partitions every 5 minutes strictly inside
+      ``(now - history, now)`` where ``now`` is the clock (live) or ``start`` (simulated). They are
+      not counted in ``count``.
+    * live (``start is None``): each partition is the clock's minute, or the last written one plus a
+      minute when the clock has not moved on (never two writes to one partition in one run).
+    * simulated: ``start``, ``start + step``, … (``step`` default 5 minutes, whole minutes); the clock
+      is not read.
+
+    ``on_written`` is called after each partition. Returns the partitions written; with
+    ``count=None`` nothing is kept (the loop only ends by an exception), use ``on_written``.
+    """
+    if count is not None and (isinstance(count, bool) or count < 0):
+        raise ValueError(f"count must be None or >= 0, got {count!r}")
+    if not math.isfinite(every_s) or every_s < 0:
+        raise ValueError(f"every_s must be >= 0, got {every_s!r}")
+    if step is not None and start is None:
+        raise ValueError("step is only meaningful with start (simulated timeline)")
+    step = _DEFAULT_STEP if step is None else step
+    if step <= dt.timedelta(0) or step % dt.timedelta(minutes=1):
+        raise ValueError(f"step must be a positive whole number of minutes, got {step}")
+    if history is not None and history < dt.timedelta(0):
+        raise ValueError(f"history must be >= 0, got {history}")
+    first = PartitionId.from_datetime(start) if start is not None else None
+
+    written: list[PartitionWritten] = []
+    last: PartitionId | None = None
+
+    def emit(partition: PartitionId) -> None:
+        nonlocal last
+        result = write_partition(store, cfg, partition)
+        last = partition
+        if count is not None:
+            written.append(result)
+        if on_written is not None:
+            on_written(result)
+
+    if history:
+        now = first.at if first is not None else dt.datetime.fromtimestamp(clock(), dt.UTC)
+        for partition in history_partitions(now, history):
+            emit(partition)
+
+    i = 0
+    while count is None or i < count:
+        if i:
+            sleep(every_s)
+        if first is not None:
+            partition = PartitionId(first.at + i * step)
+        else:
+            partition = PartitionId.from_datetime(dt.datetime.fromtimestamp(clock(), dt.UTC))
+            if last is not None and partition <= last:
+                partition = PartitionId(last.at + dt.timedelta(minutes=1))
+        emit(partition)
+        i += 1
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI plumbing (freshidx.cli registers the subcommand; ``python -m freshidx.generate`` works too)
+# ---------------------------------------------------------------------------------------------
+
+
+def _arg_store(value: str) -> str:
+    from freshidx.store import StoreConfig, normalize_uri
+
+    uri = normalize_uri(value)
+    try:
+        StoreConfig(uri=uri)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return uri
+
+
+def _arg_source(value: str) -> str:
+    if not _SOURCE_RE.match(value):
+        raise argparse.ArgumentTypeError(f"must match {_SOURCE_RE.pattern}, got {value!r}")
+    return value
+
+
+def _arg_int(lo: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+        if number < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {number}")
+        return number
+
+    return parse
+
+
+def _arg_seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not math.isfinite(number) or number < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def _arg_time(value: str) -> dt.datetime:
+    try:
+        at = dt.datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO-8601 time: {value!r} (e.g. 2026-11-21T14:05Z)"
+        ) from None
+    if at.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} has no timezone; partition times are UTC, say so (e.g. 2026-11-21T14:05Z)"
+        )
+    return at
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``generate`` on an ``argparse`` subparsers object; sets ``func=cmd_generate``."""
+    p = subparsers.add_parser(
+        "generate",
+        help="simulate the upstream: write raw partitions of ad changes",
+        description=(
+            "Write minute partitions of ad-change JSON lines to raw/<source>/year=/month=/day=/hour=/"
+            "minute=/part-*.jsonl, with malformed lines, duplicates, deletes and bursts."
+        ),
+    )
+    p.add_argument(
+        "--store", type=_arg_store, default=None, metavar="URI",
+        help="file:///abs/path or s3://bucket/prefix (default: $FRESHIDX_STORE, else ./.freshidx/store)",
+    )
+    p.add_argument(
+        "--source", type=_arg_source, default=None,
+        help="raw source name (default: $FRESHIDX_SOURCE, else ad_updates)",
+    )
+    p.add_argument(
+        "--every", type=_arg_seconds, default=300.0, metavar="SECONDS",
+        help="seconds between two partitions (default 300)",
+    )
+    p.add_argument(
+        "--count", type=_arg_int(0), default=None, metavar="N",
+        help="partitions to write, not counting --history-minutes (default: run until Ctrl-C)",
+    )
+    p.add_argument("--seed", type=_arg_int(-(2**63)), default=0, metavar="N", help="random seed (default 0)")
+    p.add_argument(
+        "--history-minutes", type=_arg_int(0), default=0, metavar="M",
+        help="first back-fill partitions every 5 minutes over the last M minutes (default 0)",
+    )
+    p.add_argument(
+        "--start", type=_arg_time, default=None, metavar="ISO",
+        help="simulated timeline: first partition time, e.g. 2026-11-21T14:05Z (default: wall clock)",
+    )
+    p.add_argument(
+        "--step-minutes", type=_arg_int(1), default=None, metavar="M",
+        help="simulated timeline: minutes between partitions (default 5; needs --start)",
+    )
+    p.add_argument(
+        "--changes", type=_arg_int(1), default=None, metavar="N",
+        help=f"changes per partition before bursts (default {GeneratorConfig.changes_per_partition})",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object per partition written")
+    p.set_defaults(func=cmd_generate)
+
+
+def _describe(result: PartitionWritten) -> str:
+    files = len(result.keys)
+    return (
+        f"wrote {result.keys[0].rsplit('/', 1)[0]}/ ({files} file{'s' if files != 1 else ''}): "
+        f"{result.records} lines, {result.valid} valid, {result.malformed} malformed, "
+        f"{result.duplicates} duplicates, {result.deletes} deletes{', burst' if result.burst else ''}"
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Run the simulator from parsed arguments. Returns the exit code (Ctrl-C is a clean exit 0)."""
+    from freshidx.settings import Settings, SettingsError
+    from freshidx.store import open_store
+
+    def fail(message: str) -> int:
+        print(f"freshidx generate: error: {message}", file=sys.stderr)
+        return 2
+
+    if args.step_minutes is not None and args.start is None:
+        return fail("--step-minutes needs --start (it sets the simulated timeline)")
+    try:
+        settings = Settings.from_env(store=args.store, source=args.source)
+    except SettingsError as exc:
+        return fail(str(exc))
+    overrides: dict[str, Any] = {"source": settings.source, "seed": args.seed}
+    if args.changes is not None:
+        overrides["changes_per_partition"] = args.changes
+    try:
+        cfg = GeneratorConfig(**overrides)
+    except ValueError as exc:
+        return fail(str(exc))
+    store = open_store(settings.store_config())
+
+    def report(result: PartitionWritten) -> None:
+        if args.json:
+            print(json.dumps(result.to_json(), sort_keys=True), flush=True)
+        else:
+            print(_describe(result), flush=True)
+
+    if not args.json:
+        print(f"generating into {store.uri} (source {cfg.source}, seed {cfg.seed})", flush=True)
+    try:
+        generate(
+            store, cfg,
+            count=args.count,
+            every_s=args.every,
+            start=args.start,
+            step=dt.timedelta(minutes=args.step_minutes) if args.step_minutes is not None else None,
+            history=dt.timedelta(minutes=args.history_minutes) if args.history_minutes else None,
+            on_written=report,
+        )
+    except KeyboardInterrupt:
+        print("freshidx generate: interrupted, stopping", file=sys.stderr, flush=True)
+        return 0
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m freshidx.generate [generate] [options]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "generate":
+        argv.insert(0, "generate")
+    parser = argparse.ArgumentParser(prog="python -m freshidx.generate")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,424 @@
+"""Executor-side writers: index shards and quarantine files, each returning small commit messages.
+
+Spark tasks write the files straight to the store (``pyarrow.fs``) and yield one row of metadata per
+file set; the driver collects only those rows. A version's manifest is built from these commit
+messages, never from listing a prefix, so uploads of failed or retried task attempts (which carry the
+attempt number in their keys) are never published.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from freshidx import layout
+from freshidx.partitions import PartitionId
+from freshidx.records import ACTIVE
+from freshidx.spark.raw_source import store_from_json, store_to_json
+from freshidx.store import StoreConfig
+from freshidx.store.base import check_key
+from freshidx.transform import COVERED_COLUMNS, INVALID_COLUMNS, TYPED_FIELDS
+
+log = logging.getLogger(__name__)
+
+DOCS_FILE = "docs.parquet"
+COVERED_FILE = "covered.parquet"
+ROW_GROUP_ROWS = 128 * 1024
+COPY_CHUNK_BYTES = 8 * 1024 * 1024
+
+#: Arrow schema of ``docs.parquet`` (every typed record field).
+DOCS_ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("ad_id", pa.string()),
+        pa.field("campaign_id", pa.string()),
+        pa.field("product_id", pa.string()),
+        pa.field("title", pa.string()),
+        pa.field("keywords", pa.list_(pa.string())),
+        pa.field("bid", pa.float64()),
+        pa.field("status", pa.string()),
+        pa.field("updated_at", pa.timestamp("us", tz="UTC")),
+        pa.field("version", pa.int64()),
+    ]
+)
+#: Arrow schema of ``covered.parquet`` (the shard's part of the kill-list).
+COVERED_ARROW_SCHEMA = pa.schema([DOCS_ARROW_SCHEMA.field(c) for c in COVERED_COLUMNS])
+assert tuple(DOCS_ARROW_SCHEMA.names) == TYPED_FIELDS
+
+_SHARD_RESULT_DDL = "shard int, attempt int, commit string"
+_SHARD_RESULT_SCHEMA = pa.schema(
+    [pa.field("shard", pa.int32()), pa.field("attempt", pa.int32()), pa.field("commit", pa.string())]
+)
+_QUARANTINE_RESULT_DDL = "commit string"
+_QUARANTINE_RESULT_SCHEMA = pa.schema([pa.field("commit", pa.string())])
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,199}$")
+
+
+# --------------------------------------------------------------------------- commit messages
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    key: str  # relative to the store root
+    bytes: int
+    sha256: str
+    rows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShardFile:
+        return cls(key=str(d["key"]), bytes=int(d["bytes"]), sha256=str(d["sha256"]), rows=int(d["rows"]))
+
+
+@dataclass(frozen=True)
+class ShardCommit:
+    shard: int
+    attempt: int
+    doc_count: int
+    covered_count: int
+    files: tuple[ShardFile, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shard": self.shard,
+            "attempt": self.attempt,
+            "doc_count": self.doc_count,
+            "covered_count": self.covered_count,
+            "files": [f.to_dict() for f in self.files],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShardCommit:
+        return cls(
+            shard=int(d["shard"]),
+            attempt=int(d["attempt"]),
+            doc_count=int(d["doc_count"]),
+            covered_count=int(d["covered_count"]),
+            files=tuple(ShardFile.from_dict(f) for f in d["files"]),
+        )
+
+
+@dataclass(frozen=True)
+class QuarantineCommit:
+    partition: str
+    key: str
+    records: int
+    reasons: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"partition": self.partition, "key": self.key, "records": self.records,
+                "reasons": dict(sorted(self.reasons.items()))}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> QuarantineCommit:
+        return cls(
+            partition=str(d["partition"]),
+            key=str(d["key"]),
+            records=int(d["records"]),
+            reasons={str(k): int(v) for k, v in d["reasons"].items()},
+        )
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def _check_name(what: str, value: str) -> str:
+    if not _NAME_RE.match(value) or ".." in value:
+        raise ValueError(f"{what} must match {_NAME_RE.pattern} (one key segment), got {value!r}")
+    return value
+
+
+def _task_ids() -> tuple[int, int]:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:  # pragma: no cover - only outside Spark
+        raise RuntimeError("not running inside a Spark task")
+    return int(ctx.partitionId()), int(ctx.attemptNumber())
+
+
+def _ensure_parent(fs: Any, config: StoreConfig, path: str) -> None:
+    # Only local directories need creating; on S3 a "directory" would be a stray marker object.
+    if not config.is_s3:
+        fs.create_dir(os.path.dirname(path), recursive=True)
+
+
+def upload_file(fs: Any, config: StoreConfig, local_path: str, key: str, rows: int) -> ShardFile:
+    """Copy a local file to ``key`` in the store, hashing it on the way. Returns its description."""
+    check_key(key)
+    path = config.arrow_path(key)
+    _ensure_parent(fs, config, path)
+    digest = hashlib.sha256()
+    size = 0
+    with open(local_path, "rb") as src, fs.open_output_stream(path) as dst:
+        while chunk := src.read(COPY_CHUNK_BYTES):
+            digest.update(chunk)
+            dst.write(chunk)
+            size += len(chunk)
+    if size != os.path.getsize(local_path):  # pragma: no cover - defensive
+        raise OSError(f"short copy of {local_path} to {key}")
+    return ShardFile(key=key, bytes=size, sha256=digest.hexdigest(), rows=rows)
+
+
+class _BufferedParquet:
+    """A zstd Parquet file written in row groups of about :data:`ROW_GROUP_ROWS` rows."""
+
+    def __init__(self, path: str, schema: pa.Schema) -> None:
+        self.path = path
+        self.schema = schema
+        self.writer = pq.ParquetWriter(path, schema, compression="zstd")
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_rows = 0
+        self.rows = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        self.pending.append(batch)
+        self.pending_rows += batch.num_rows
+        self.rows += batch.num_rows
+        if self.pending_rows >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            table = pa.Table.from_batches(self.pending, schema=self.schema)
+            self.writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+            self.pending, self.pending_rows = [], 0
+
+    def close(self) -> None:
+        self._flush()
+        self.writer.close()
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """Select and cast the columns of ``schema`` (Spark may hand us other list/timestamp flavours)."""
+    arrays = [batch.column(f.name).cast(f.type) for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+# --------------------------------------------------------------------------- shards
+
+
+def write_one_shard(
+    config: StoreConfig, index: str, version: str, shard: int, attempt: int,
+    batches: Iterable[pa.RecordBatch],
+) -> ShardCommit:
+    """Write ``docs.parquet`` + ``covered.parquet`` of one shard attempt (runs on an executor)."""
+    fs = config.arrow_fs()
+    prefix = layout.shard_prefix(index, version, shard, attempt)
+    with tempfile.TemporaryDirectory(prefix="freshidx-shard-") as tmp:
+        docs = _BufferedParquet(os.path.join(tmp, DOCS_FILE), DOCS_ARROW_SCHEMA)
+        covered = _BufferedParquet(os.path.join(tmp, COVERED_FILE), COVERED_ARROW_SCHEMA)
+        try:
+            for raw_batch in batches:
+                if raw_batch.num_rows == 0:
+                    continue
+                batch = _conform(raw_batch, DOCS_ARROW_SCHEMA)
+                covered.write(_conform(batch, COVERED_ARROW_SCHEMA))
+                docs.write(batch.filter(pc.equal(batch.column("status"), ACTIVE)))
+        finally:
+            docs.close()
+            covered.close()
+        files = (
+            upload_file(fs, config, docs.path, prefix + DOCS_FILE, docs.rows),
+            upload_file(fs, config, covered.path, prefix + COVERED_FILE, covered.rows),
+        )
+    return ShardCommit(
+        shard=shard, attempt=attempt, doc_count=docs.rows, covered_count=covered.rows, files=files
+    )
+
+
+def _shard_result(commit: ShardCommit) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([commit.shard], pa.int32()),
+            pa.array([commit.attempt], pa.int32()),
+            pa.array([json.dumps(commit.to_dict(), sort_keys=True)], pa.string()),
+        ],
+        schema=_SHARD_RESULT_SCHEMA,
+    )
+
+
+def _shard_task(
+    store_json: str, index: str, version: str, num_shards: int
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        shard, attempt = _task_ids()
+        if not 0 <= shard < num_shards:
+            raise RuntimeError(f"task partition {shard} outside 0..{num_shards - 1}: shards must not be re-split")
+        commit = write_one_shard(store_from_json(store_json), index, version, shard, attempt, batches)
+        yield _shard_result(commit)
+
+    return run
+
+
+def _fill_task(
+    store_json: str, index: str, version: str
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    # Writes empty shards whose numbers come from the data (tasks of this job are not shards).
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        _, attempt = _task_ids()
+        config = store_from_json(store_json)
+        for batch in batches:
+            for shard in batch.column("shard").to_pylist():
+                yield _shard_result(write_one_shard(config, index, version, int(shard), attempt, []))
+
+    return run
+
+
+def _collect_commits(df: DataFrame) -> list[ShardCommit]:
+    return [ShardCommit.from_dict(json.loads(row["commit"])) for row in df.collect()]
+
+
+def write_shards(
+    latest: DataFrame, store_config: StoreConfig, index: str, version: str, num_shards: int
+) -> list[ShardCommit]:
+    """Write ``num_shards`` shards of ``latest`` (one row per ad) from Spark tasks; return their commits.
+
+    Rows are hash-partitioned by ``product_id`` (one product's ads land in exactly one shard); the
+    Spark partition id of a task is its shard number. A shard with no rows still gets (empty) files and
+    a commit, so a version always has exactly ``num_shards`` shards. Returns commits sorted by shard.
+    """
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    _check_name("index", index)
+    _check_name("version", version)
+    store_json = store_to_json(store_config)
+    # Hash of product_id rather than the bare column: if `latest` were already hash-partitioned by
+    # product_id into num_shards partitions (e.g. grouped by it), Spark would drop a
+    # repartition(n, "product_id") and adaptive execution could coalesce the remaining shuffle
+    # into fewer, larger tasks. An exchange on an expression is always kept, and a
+    # REPARTITION_BY_NUM shuffle is never coalesced: exactly num_shards tasks.
+    rows = latest.select(*TYPED_FIELDS).repartition(num_shards, F.xxhash64("product_id"))
+    commits = _collect_commits(
+        rows.mapInArrow(_shard_task(store_json, index, version, num_shards), _SHARD_RESULT_DDL)
+    )
+    seen = [c.shard for c in commits]
+    if len(seen) != len(set(seen)):
+        raise RuntimeError(f"more than one commit for a shard: {sorted(seen)}")
+    missing = sorted(set(range(num_shards)) - set(seen))
+    if missing:
+        # Spark may skip the tasks of an empty shuffle (e.g. adaptive execution propagating an empty
+        # relation); those shards have no rows, so write them empty, still from executors.
+        log.info("write_shards: %d shard(s) received no task, writing them empty: %s", len(missing), missing)
+        commits += write_empty_shards(latest.sparkSession, store_config, index, version, missing)
+    commits.sort(key=lambda c: c.shard)
+    if [c.shard for c in commits] != list(range(num_shards)):
+        raise RuntimeError(f"expected shards 0..{num_shards - 1}, got {[c.shard for c in commits]}")
+    return commits
+
+
+def write_empty_shards(
+    spark: SparkSession, store_config: StoreConfig, index: str, version: str, shards: list[int]
+) -> list[ShardCommit]:
+    """Write empty ``docs``/``covered`` files for ``shards`` from Spark tasks; return their commits."""
+    _check_name("index", index)
+    _check_name("version", version)
+    if not shards:
+        return []
+    fill = spark.createDataFrame([(s,) for s in shards], "shard int").repartition(min(len(shards), 4))
+    task = _fill_task(store_to_json(store_config), index, version)
+    return sorted(_collect_commits(fill.mapInArrow(task, _SHARD_RESULT_DDL)), key=lambda c: c.shard)
+
+
+# --------------------------------------------------------------------------- quarantine
+
+
+def quarantine_key(source: str, partition: str, run_id: str, task: int, attempt: int) -> str:
+    prefix = layout.quarantine_prefix(source, PartitionId.parse(partition), run_id)
+    return prefix + f"part-{task:05d}-a{attempt}.jsonl"
+
+
+class _QuarantineFile:
+    def __init__(self, fs: Any, config: StoreConfig, key: str) -> None:
+        path = config.arrow_path(check_key(key))
+        _ensure_parent(fs, config, path)
+        self.key = key
+        self.stream = fs.open_output_stream(path)
+        self.records = 0
+        self.reasons: Counter[str] = Counter()
+
+    def write(self, file: str, line: int, raw: str, reason: str) -> None:
+        record = {"file": file, "line": line, "raw": raw, "reason": reason}
+        self.stream.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+        self.records += 1
+        self.reasons[reason] += 1
+
+
+def _quarantine_task(
+    store_json: str, source: str, run_id: str
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task, attempt = _task_ids()
+        config = store_from_json(store_json)
+        fs = config.arrow_fs()
+        open_files: dict[str, _QuarantineFile] = {}
+        try:
+            for batch in batches:
+                cols = {name: batch.column(name).to_pylist() for name in INVALID_COLUMNS}
+                for i in range(batch.num_rows):
+                    partition = cols["partition"][i]
+                    out = open_files.get(partition)
+                    if out is None:
+                        out = _QuarantineFile(fs, config, quarantine_key(source, partition, run_id, task, attempt))
+                        open_files[partition] = out
+                    out.write(cols["file"][i], cols["line"][i], cols["raw"][i], cols["reason"][i])
+        finally:
+            for out in open_files.values():
+                out.stream.close()
+        commits = [
+            QuarantineCommit(partition=p, key=f.key, records=f.records, reasons=dict(f.reasons))
+            for p, f in sorted(open_files.items())
+        ]
+        if commits:
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([json.dumps(c.to_dict(), sort_keys=True) for c in commits], pa.string())],
+                schema=_QUARANTINE_RESULT_SCHEMA,
+            )
+
+    return run
+
+
+def write_quarantine(
+    invalid: DataFrame,
+    store_config: StoreConfig,
+    source: str,
+    run_id: str,
+    after_partition: str | None,
+) -> list[QuarantineCommit]:
+    """Write invalid records of partitions strictly after ``after_partition`` (None: all) as JSON lines.
+
+    One object per (partition, task): ``quarantine/<source>/<partition>/<run_id>/part-TTTTT-aA.jsonl``
+    holding ``{"file", "line", "raw", "reason"}`` per line, in file/line order. Written by Spark tasks;
+    returns their commits sorted by partition and key (empty list when nothing was written).
+    """
+    _check_name("source", source)
+    _check_name("run_id", run_id)
+    if after_partition is not None:
+        PartitionId.parse(after_partition)  # a typo here would silently select everything
+    df = invalid.select(*INVALID_COLUMNS)
+    if after_partition is not None:
+        df = df.filter(F.col("partition") > F.lit(after_partition))
+    df = df.repartition("partition").sortWithinPartitions("partition", "file", "line")
+    rows = df.mapInArrow(
+        _quarantine_task(store_to_json(store_config), source, run_id), _QUARANTINE_RESULT_DDL
+    ).collect()
+    commits = [QuarantineCommit.from_dict(json.loads(r["commit"])) for r in rows]
+    return sorted(commits, key=lambda c: (c.partition, c.key))

@@ -1,0 +1,94 @@
+"""What is serving and how fresh it is: the data behind ``freshidx status``."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from freshidx.listing import newest_partition
+from freshidx.partitions import PartitionId
+from freshidx.publish import parse_iso, read_pointer, utcnow
+from freshidx.store import NotFound, ObjectStore
+
+RECENT_DAYS = 2
+RECENT_LIMIT = 10
+
+
+def index_status(store: ObjectStore, index: str, now: dt.datetime) -> dict[str, Any] | None:
+    pointer, _ = read_pointer(store, index)
+    if pointer is None:
+        return None
+    out = pointer.to_dict()
+    out["lag_seconds"] = round((now - parse_iso(pointer.position)).total_seconds(), 3)
+    out["age_seconds"] = round((now - parse_iso(pointer.published_at)).total_seconds(), 3)
+    return out
+
+
+def recent_decisions(store: ObjectStore, pipeline: str, now: dt.datetime,
+                     decisions: set[str], limit: int = RECENT_LIMIT) -> list[dict[str, Any]]:
+    """Newest ledger decisions of the given kinds from the last few days (bounded reads)."""
+    found: list[dict[str, Any]] = []
+    for back in range(RECENT_DAYS):
+        day = (now - dt.timedelta(days=back)).strftime("%Y-%m-%d")
+        keys = sorted((o.key for o in store.list(f"ledger/{pipeline}/{day}/").objects), reverse=True)
+        for key in keys:
+            name = key.rsplit("/", 1)[1].removesuffix(".json")
+            if "." in name:  # attempts (P.aN) and gaps, not partition decisions
+                continue
+            try:
+                entry = store.get_json(key)[0]
+            except NotFound:
+                continue
+            if entry.get("decision") in decisions:
+                found.append(entry)
+                if len(found) >= limit:
+                    return found
+    return found
+
+
+def collect(store: ObjectStore, source: str, now: dt.datetime | None = None) -> dict[str, Any]:
+    now = now or utcnow()
+    newest, ignored = newest_partition(store, source)
+    delta = index_status(store, "delta", now)
+    behind = None
+    if newest is not None and delta and delta.get("source_partition"):
+        behind = round((newest.at - PartitionId.parse(delta["source_partition"]).at).total_seconds(), 3)
+    return {
+        "store": store.uri,
+        "source": source,
+        "now": now.isoformat(),
+        "newest_visible_partition": newest.path if newest else None,
+        "ignored_prefixes": len(ignored),
+        "seconds_behind_newest": behind,
+        "delta": delta,
+        "full": index_status(store, "full", now),
+        "recent_skipped": recent_decisions(store, "delta", now, {"superseded", "not_listed"}),
+        "recent_refused": recent_decisions(store, "delta", now, {"refused", "validation_failed", "parked"}),
+    }
+
+
+def render(s: dict[str, Any]) -> str:
+    lines = [f"store   {s['store']}", f"source  raw/{s['source']}/  newest visible: {s['newest_visible_partition']}"]
+    for name in ("delta", "full"):
+        idx = s[name]
+        if idx is None:
+            lines.append(f"{name:6}  (nothing published yet)")
+            continue
+        where = idx.get("source_partition") or idx.get("cutoff")
+        lines.append(
+            f"{name:6}  version {idx['version']}  seq {idx['seq']}  docs {idx['doc_count']}  "
+            f"covers {where}  lag {idx['lag_seconds']:.0f}s  published {idx['published_at']}"
+        )
+        if idx.get("window_start"):
+            lines.append(f"        window ({idx['window_start']}, {idx['window_end']}]")
+    if s["seconds_behind_newest"] is not None:
+        lines.append(f"delta is {s['seconds_behind_newest']:.0f}s of partitions behind the newest visible one")
+    if s["recent_skipped"]:
+        lines.append("recently skipped:")
+        lines += [f"  {e['partition'] or e.get('scope')}: {e['reason']}" for e in s["recent_skipped"]]
+    if s["recent_refused"]:
+        lines.append("recently refused:")
+        lines += [f"  {e['partition']}: {e['decision']}: {e['reason']}" for e in s["recent_refused"]]
+    return "\n".join(lines)
+
+

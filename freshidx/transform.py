@@ -1,0 +1,189 @@
+"""Pure transforms (DataFrame in, DataFrame out): parse, validate, deduplicate raw ad changes.
+
+No I/O here and no Python UDFs: everything is a Spark SQL expression and runs in the JVM, so these
+functions can be tested with a local SparkSession alone and behave the same under Spark Connect.
+
+Validation (:func:`parse_records`) gives each line a ``reason``: ``None`` for a valid record, else
+the first failing rule, in this order:
+
+1. ``bad_encoding``: the line was not valid UTF-8;
+2. ``malformed_json``: not parseable JSON, not a JSON *object* (``[1,2]``, ``"x"``, ``null``), text
+   after the closing brace, or ``keywords`` present but not an array (the only optional field, which
+   has no rule of its own);
+3. ``missing_field:<field>``: a required field is absent or JSON ``null`` (ids: also blank), first in
+   :data:`~freshidx.records.RAW_FIELDS` order;
+4. ``bad_status``: not one of :data:`~freshidx.records.STATUSES` (case-sensitive);
+5. ``bad_bid``: not a JSON number, NaN/±Infinity, or outside ``[0, MAX_BID]``. A string bid (even
+   ``"1.5"``) is rejected: the record schema says double;
+6. ``bad_updated_at``: not ``YYYY-MM-DD[T ]HH:MM:SS[.f{1,9}][Z|±HH:MM|±HHMM]`` or not a real instant.
+   Without a zone the time is taken as UTC (whatever the session time zone);
+7. ``bad_version``: not a JSON integer (``3.0``, ``"3"``, > 2^63-1 are rejected) or negative;
+8. ``title_too_long``: more than ``MAX_TITLE_CHARS`` characters (code points).
+
+String fields accept any JSON scalar (``"ad_id": 123`` reads as ``"123"``), like Spark's JSON reader.
+Duplicate keys in one object: the last one wins (Spark's JSON parser).
+
+Detecting wrong JSON types relies on Spark's partial results for ``from_json``
+(``spark.sql.json.enablePartialResults``, default true since Spark 3.4): the typed parse keeps the
+good fields of a record with one badly typed field. :func:`parse_records` refuses to run without it.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from freshidx.records import (
+    ACTIVE,
+    MAX_BID,
+    MAX_TITLE_CHARS,
+    RAW_FIELDS,
+    REASON_BAD_BID,
+    REASON_BAD_ENCODING,
+    REASON_BAD_STATUS,
+    REASON_BAD_TIMESTAMP,
+    REASON_BAD_VERSION,
+    REASON_MALFORMED_JSON,
+    REASON_MISSING_FIELD,
+    REASON_TOO_LONG,
+    STATUSES,
+    raw_ddl,
+)
+
+#: Typed record columns, in :data:`RAW_FIELDS` order (``updated_at`` becomes a UTC timestamp).
+TYPED_FIELDS: tuple[str, ...] = tuple(RAW_FIELDS)
+ID_FIELDS = ("ad_id", "campaign_id", "product_id")
+LINE_COLUMNS = ("partition", "file", "line", "raw")
+INVALID_COLUMNS = ("partition", "file", "line", "raw", "reason")
+COVERED_COLUMNS = ("ad_id", "status", "version")
+
+PARTIAL_RESULTS_CONF = "spark.sql.json.enablePartialResults"
+_CORRUPT = "_corrupt_record"
+_JSON_OPTIONS = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
+_TS_RE = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:?\d{2})?$"
+_TS_ZONE_RE = r"(Z|[+-]\d{2}:?\d{2})$"
+
+
+def _typed_schema() -> str:
+    return f"{raw_ddl()}, {_CORRUPT} string"
+
+
+def _text_schema() -> str:
+    # Every field as text: tells "absent or null" apart from "present but of the wrong JSON type".
+    return ", ".join(f"{name} string" for name in RAW_FIELDS) + f", {_CORRUPT} string"
+
+
+def _parse_updated_at(text: Column) -> Column:
+    with_zone = F.when(text.rlike(_TS_ZONE_RE), text).otherwise(F.concat(text, F.lit("Z")))
+    return F.when(text.rlike(_TS_RE), with_zone.try_cast("timestamp"))
+
+
+def _check_partial_results(df: DataFrame) -> None:
+    value = df.sparkSession.conf.get(PARTIAL_RESULTS_CONF)
+    if str(value).lower() != "true":
+        raise ValueError(
+            f"parse_records needs {PARTIAL_RESULTS_CONF}=true to tell bad field types apart (got {value!r})"
+        )
+
+
+def parse_records(lines: DataFrame) -> DataFrame:
+    """Parse and validate raw lines (``partition, file, line, raw[, bad_encoding]``).
+
+    Returns ``partition, file, line, raw``, one typed column per :data:`RAW_FIELDS` field
+    (``updated_at`` as a timestamp) and ``reason`` (null when the record is valid).
+    """
+    _check_partial_results(lines)
+    raw = F.col("raw")
+    bad_encoding = (
+        F.coalesce(F.col("bad_encoding"), F.lit(False)) if "bad_encoding" in lines.columns else F.lit(False)
+    )
+    df = lines.select(
+        *LINE_COLUMNS,
+        bad_encoding.alias("_bad_encoding"),
+        F.from_json(raw, _typed_schema(), _JSON_OPTIONS).alias("_t"),
+        F.from_json(raw, _text_schema(), _JSON_OPTIONS).alias("_s"),
+    )
+    t, s = F.col("_t"), F.col("_s")
+    updated_at = _parse_updated_at(t["updated_at"])
+
+    malformed = (
+        s.isNull()
+        | s[_CORRUPT].isNotNull()
+        | ~raw.rlike(r"^\s*\{")
+        | ~raw.rlike(r"\}\s*$")
+        | (s["keywords"].isNotNull() & t["keywords"].isNull())
+    )
+    reason = F.when(F.col("_bad_encoding"), F.lit(REASON_BAD_ENCODING)).when(
+        malformed, F.lit(REASON_MALFORMED_JSON)
+    )
+    for name, (_, required) in RAW_FIELDS.items():
+        if not required:
+            continue
+        missing = s[name].isNull()
+        if name in ID_FIELDS:
+            missing = missing | (F.trim(s[name]) == F.lit(""))
+        reason = reason.when(missing, F.lit(f"{REASON_MISSING_FIELD}:{name}"))
+    bid = t["bid"]
+    version = t["version"]
+    reason = (
+        reason.when(~s["status"].isin(*STATUSES), F.lit(REASON_BAD_STATUS))
+        .when(
+            bid.isNull() | F.isnan(bid) | (bid < F.lit(0.0)) | (bid > F.lit(float(MAX_BID))),
+            F.lit(REASON_BAD_BID),
+        )
+        .when(updated_at.isNull(), F.lit(REASON_BAD_TIMESTAMP))
+        .when(version.isNull() | (version < F.lit(0)), F.lit(REASON_BAD_VERSION))
+        .when(F.length(t["title"]) > F.lit(MAX_TITLE_CHARS), F.lit(REASON_TOO_LONG))
+    )
+    typed = [
+        (updated_at if name == "updated_at" else t[name]).alias(name) for name in TYPED_FIELDS
+    ]
+    return df.select(*LINE_COLUMNS, *typed, reason.alias("reason"))
+
+
+def split_valid(parsed: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """``(valid, invalid)``: valid = typed fields + ``partition``; invalid = :data:`INVALID_COLUMNS`."""
+    valid = parsed.filter(F.col("reason").isNull()).select(*TYPED_FIELDS, "partition")
+    invalid = parsed.filter(F.col("reason").isNotNull()).select(*INVALID_COLUMNS)
+    return valid, invalid
+
+
+def _tie_break_order(columns: list[str]) -> list[str]:
+    # Highest version wins, then latest updated_at, then status (so on an exact tie "paused"/"deleted"
+    # beat "active": when in doubt, hide), then every other column: deterministic, and exact
+    # duplicates collapse.
+    first = ["version", "updated_at", "status"]
+    rest = [c for c in TYPED_FIELDS if c not in first and c != "ad_id"]
+    extra = sorted(c for c in columns if c not in TYPED_FIELDS)
+    return first + rest + extra
+
+
+def latest_per_ad(valid: DataFrame) -> DataFrame:
+    """One row per ``ad_id``: the newest record (see :func:`_tie_break_order`). No global sort."""
+    order = _tie_break_order(valid.columns)
+    winner = F.max(F.struct(*[F.col(c) for c in order])).alias("_w")
+    out_columns = [*TYPED_FIELDS, *[c for c in order if c not in TYPED_FIELDS]]
+    return (
+        valid.groupBy("ad_id")
+        .agg(winner)
+        .select("ad_id", *[F.col("_w")[c].alias(c) for c in order])
+        .select(*out_columns)
+    )
+
+
+def documents(latest: DataFrame) -> DataFrame:
+    """The ads to index: active ones only."""
+    return latest.filter(F.col("status") == F.lit(ACTIVE))
+
+
+def covered_ids(latest: DataFrame) -> DataFrame:
+    """The kill-list: every ad of ``latest`` (active, paused or deleted) with its status and version.
+
+    A delta covering an ad hides the stale copy in the full index, whatever the new status.
+    """
+    return latest.select(*COVERED_COLUMNS)
+
+
+def reason_counts(invalid: DataFrame) -> DataFrame:
+    """``reason, count`` over invalid records."""
+    return invalid.groupBy("reason").agg(F.count(F.lit(1)).alias("count"))

@@ -1,0 +1,129 @@
+"""Through real Dagster processes: `dagster dev` (webserver + daemon) and `dagster asset materialize`."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.instance.ref import InstanceRef
+from dagster._core.storage.dagster_run import RunsFilter
+
+from freshidx import ledger
+from freshidx.devserver import DagsterDev, prepare_home
+from freshidx.generate import GeneratorConfig, write_partition
+from freshidx.partitions import PartitionId
+from freshidx.publish import read_pointer
+from freshidx.store import StoreConfig, open_store
+from freshidx_tests.conftest import s3_env
+from freshidx_tests.polling import poll_until
+
+REPO = Path(__file__).resolve().parents[1]
+GEN = GeneratorConfig(seed=3, ads=300, products=50, changes_per_partition=30)
+T0 = PartitionId.from_datetime(dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)).at
+
+
+def at(minutes: int) -> PartitionId:
+    return PartitionId(T0 + dt.timedelta(minutes=minutes))
+
+
+def env_for(cfg: StoreConfig) -> dict[str, str]:
+    env = {"FRESHIDX_STORE": cfg.uri, "PYSPARK_PYTHON": sys.executable, "FRESHIDX_PARTITIONS_START": "2026-11-01"}
+    if cfg.is_s3:
+        env.update(s3_env(cfg))
+    return env
+
+
+def pointer_at(cfg: StoreConfig) -> str | None:
+    ptr, _ = read_pointer(open_store(cfg), "delta")
+    return ptr.source_partition if ptr else None
+
+
+@pytest.fixture
+def dev(tmp_path: Path, local_store_config: StoreConfig) -> Iterator[tuple[DagsterDev, StoreConfig]]:
+    # One store kind here (each run is a fresh process with its own Spark session, so this test is
+    # slow); the same flow runs against both local files and moto S3 in test_sensor_e2e.py.
+    store_config = local_store_config
+    home = prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml")
+    d = DagsterDev(home=home, module="freshidx.definitions", env=env_for(store_config), cwd=REPO)
+    d.start()
+    try:
+        d.wait_ready(timeout=180)
+        yield d, store_config
+    finally:
+        d.stop()
+
+
+@pytest.mark.daemon
+def test_daemon_latest_only_and_ui_materialize(dev: tuple[DagsterDev, StoreConfig]) -> None:
+    d, cfg = dev
+    store = open_store(cfg)
+    for m in range(0, 30, 5):
+        write_partition(store, GEN, at(m))
+    # The sensor runs by default: the pointer moves with no click.
+    poll_until(lambda: pointer_at(cfg) == at(25).path, timeout=240, interval=1, what="first publish")
+
+    # Three partitions land between two ticks: stop the sensor so they are all visible at once.
+    d.stop_sensor("delta_index_sensor")
+    for m in (30, 35, 40):
+        write_partition(store, GEN, at(m))
+    d.start_sensor("delta_index_sensor")
+    poll_until(lambda: pointer_at(cfg) == at(40).path, timeout=240, interval=1, what="jump to newest")
+
+    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(d.home)))
+    try:
+        tagged = {
+            r.tags.get("freshidx/source_partition")
+            for r in instance.get_runs(RunsFilter(tags={"freshidx/pipeline": "delta"}))
+        }
+        assert at(40).path in tagged
+        assert at(30).path not in tagged and at(35).path not in tagged
+        for m in (30, 35):
+            entry = ledger.decision(store, "delta", at(m))
+            assert entry is not None and entry["decision"] == "superseded"
+            assert entry["reason"] == f"superseded by {at(40).path}"
+        # Observations on raw_ad_updates record every decision (runless events in the instance).
+        obs = instance.fetch_observations(dg.AssetKey("raw_ad_updates"), limit=100).records
+        decisions = {
+            (o.asset_observation.metadata["partition"].value, o.asset_observation.metadata["decision"].value)
+            for o in obs if o.asset_observation and "decision" in o.asset_observation.metadata
+        }
+        assert {(at(30).path, "superseded"), (at(35).path, "superseded"), (at(40).path, "accepted")} <= decisions
+    finally:
+        instance.dispose()
+
+    # UI "Materialize" with no config builds for the newest visible partition.
+    d.stop_sensor("delta_index_sensor")
+    write_partition(store, GEN, at(45))
+    run_id = d.materialize(["delta_index"])
+    assert d.wait_run(run_id, timeout=240) == "SUCCESS"
+    assert pointer_at(cfg) == at(45).path
+
+
+@pytest.mark.daemon
+def test_cli_asset_materialize_publishes_newest(tmp_path: Path, local_store_config: StoreConfig) -> None:
+    store = open_store(local_store_config)
+    for m in (0, 5, 10):
+        write_partition(store, GEN, at(m))
+    home = prepare_home(tmp_path / "home", REPO / "dagster.yaml")
+    env = {**os.environ, **env_for(local_store_config), "DAGSTER_HOME": str(home)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "freshidx.definitions",
+         "--select", "delta_index"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert pointer_at(local_store_config) == at(10).path
+
+
+def test_bad_setting_fails_location_load_naming_the_field(tmp_path: Path) -> None:
+    env = {**os.environ, "FRESHIDX_WINDOW_MINUTES": "-5", "FRESHIDX_STORE": (tmp_path / "s").as_uri()}
+    proc = subprocess.run([sys.executable, "-c", "import freshidx.definitions"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "FRESHIDX_WINDOW_MINUTES (window_minutes)" in proc.stderr

@@ -1,0 +1,358 @@
+"""The supervised Spark Connect server: a real JVM on a free loopback port, killed and restarted.
+
+One supervisor (``run_forever`` in a thread) is shared by the tests of this module, in file order:
+query + Python worker importing freshidx → kill -9 → planned restart held off by a lease → heap
+sampling → stop leaves no process. The CLI entry point gets its own server. Waiting is always
+polling with a deadline; the JVM start is slow on a loaded 2-core box, so deadlines are generous.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from freshidx.spark import server as srv
+from freshidx.spark.server import (
+    ServerConfig,
+    ServerUnavailable,
+    SparkConnectSupervisor,
+    StateDirBusy,
+    acquire_lease,
+    active_leases,
+    read_state,
+)
+from freshidx_tests.conftest import free_port
+from freshidx_tests.polling import poll_until
+
+START_DEADLINE = 240.0  # spawn → warm-up done; ~10 s quiet, 20–40 s under load
+
+
+# ------------------------------------------------------------------------------------------
+# helpers
+
+
+def _client(url: str) -> Any:
+    """A fresh Spark Connect client session (a cached one would point at a dead server)."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.remote(url).create()
+
+
+def _query_and_python_job(url: str) -> dict[str, Any]:
+    """SELECT + a mapInArrow whose task imports freshidx.partitions on the server's worker."""
+    spark = _client(url)
+    try:
+        assert spark.sql("SELECT 41 + 1 AS x").collect()[0]["x"] == 42
+
+        def in_task(batches):  # type: ignore[no-untyped-def]  # nested: pickled by value
+            import sys as worker_sys
+
+            import pyarrow as pa
+
+            import freshidx.partitions as parts
+
+            for b in batches:
+                n = b.num_rows
+                yield pa.RecordBatch.from_pydict(
+                    {"module": [parts.__file__] * n, "python": [worker_sys.executable] * n,
+                     "parsed": [parts.PartitionId.parse("year=2026/month=11/day=21/hour=14/minute=05").compact] * n}
+                )
+
+        rows = spark.range(6, numPartitions=3).mapInArrow(in_task, "module string, python string, parsed string")
+        got = {tuple(r) for r in rows.distinct().collect()}
+    finally:
+        spark.stop()
+    assert len(got) == 1, got
+    module, python, parsed = got.pop()
+    return {"module": module, "python": python, "parsed": parsed}
+
+
+def _jvm_processes(marker: str) -> list[int]:
+    """Pids whose command line mentions ``marker`` (the supervisor's properties file path)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            cmd = srv._cmdline(int(name))
+            if srv.SERVER_CLASS in cmd and marker in cmd:
+                pids.append(int(name))
+    return pids
+
+
+def _state(state_dir: Path) -> dict[str, Any]:
+    st = read_state(state_dir)
+    assert st is not None
+    return st
+
+
+class Supervised:
+    def __init__(self, sup: SparkConnectSupervisor, thread: threading.Thread, stop: threading.Event) -> None:
+        self.sup, self.thread, self.stop = sup, thread, stop
+        self.errors: list[BaseException] = []
+
+    @property
+    def state_dir(self) -> Path:
+        return self.sup.state_dir
+
+
+@pytest.fixture(scope="module")
+def supervised(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervised]:
+    cfg = ServerConfig(
+        port=free_port(), state_dir=tmp_path_factory.mktemp("spark-server"), driver_memory="1g",
+        health_interval_s=2.0, heap_check_interval_s=3600.0, drain_timeout_s=60.0,
+        start_timeout_s=START_DEADLINE,
+    )
+    sup = SparkConnectSupervisor(cfg)
+    stop = threading.Event()
+    box: Supervised
+
+    def run() -> None:
+        try:
+            sup.run_forever(stop)
+        except BaseException as exc:
+            box.errors.append(exc)
+
+    t0 = time.monotonic()
+    thread = threading.Thread(target=run, name="supervisor", daemon=True)
+    box = Supervised(sup, thread, stop)
+    thread.start()
+    poll_until(lambda: (read_state(cfg.state_dir) or {}).get("status") == "up" or box.errors,
+               timeout=START_DEADLINE + 10, what="first start")
+    assert not box.errors, box.errors
+    print(f"\nstart to ready: {time.monotonic() - t0:.1f}s timings={sup.last_timings}")
+    try:
+        yield box
+    finally:
+        stop.set()
+        thread.join(60)
+        sup.stop()
+
+
+# ------------------------------------------------------------------------------------------
+# no server needed
+
+
+def test_memory_strings_and_defaults(tmp_path: Path) -> None:
+    assert srv.parse_memory("2g") == 2 * 1024**3
+    assert srv.parse_memory("512m") == 512 * 1024**2
+    assert srv.parse_memory("1024") == 1024
+    with pytest.raises(ValueError):
+        srv.parse_memory("lots")
+    cfg = ServerConfig(state_dir=tmp_path, conf={"spark.sql.shuffle.partitions": "3", "spark.ui.enabled": "true"})
+    conf = cfg.spark_conf()
+    assert cfg.url == "sc://127.0.0.1:15002" and cfg.master == "local[2,4]"
+    assert conf["spark.connect.grpc.binding.address"] == "127.0.0.1"
+    assert conf["spark.driver.bindAddress"] == "127.0.0.1"
+    assert conf["spark.pyspark.python"] == sys.executable
+    assert conf["spark.sql.shuffle.partitions"] == "3" and conf["spark.ui.enabled"] == "true"  # extra conf wins
+    with pytest.raises(ValueError):
+        ServerConfig(state_dir=tmp_path, max_heap_fraction=1.5)
+
+
+def test_lease_without_server_times_out_clearly(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ServerUnavailable, match=r"no state file.*freshidx spark-server"), \
+            acquire_lease(tmp_path, "run-1", timeout_s=0.5):
+        pass
+    assert time.monotonic() - t0 < 5
+    assert list((tmp_path / "leases").iterdir()) == []
+
+
+def test_stale_leases_are_reaped(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    leases = tmp_path / "leases"
+    leases.mkdir()
+    (leases / "gone--1-x.json").write_text(json.dumps(
+        {"run_id": "gone", "pid": int(dead.stdout), "hostname": srv._HOSTNAME}))
+    (leases / "alive--2-y.json").write_text(json.dumps(
+        {"run_id": "alive", "pid": os.getpid(), "hostname": srv._HOSTNAME}))
+    assert [d["run_id"] for d in active_leases(tmp_path)] == ["alive"]
+    assert sorted(p.name for p in leases.iterdir()) == ["alive--2-y.json"]
+
+
+# ------------------------------------------------------------------------------------------
+# one real server, shared, in order
+
+
+@pytest.mark.daemon
+def test_start_query_and_python_worker_imports_freshidx(supervised: Supervised) -> None:
+    st = _state(supervised.state_dir)
+    assert st["status"] == "up" and st["supervisor_alive"] is True
+    assert st["url"] == f"sc://127.0.0.1:{supervised.sup.config.port}"
+    assert st["pid"] == supervised.sup.pid and srv._pid_alive(st["pid"])
+    assert st["restarts"] == 0 and st["last_restart_reason"] is None
+    for key in ("started_at", "updated_at", "last_start_timings"):
+        assert st[key], key
+    assert (supervised.state_dir / "server.log").stat().st_size > 0
+    assert supervised.sup.health_check() is True
+
+    t0 = time.monotonic()
+    res = _query_and_python_job(st["url"])
+    print(f"\nclient session + query + python job: {time.monotonic() - t0:.2f}s")
+    import freshidx.partitions
+
+    assert res["module"] == freshidx.partitions.__file__  # the installed package, not a pickled copy
+    assert res["python"] == sys.executable
+    assert res["parsed"] == "20261121T1405"
+
+
+@pytest.mark.daemon
+def test_kill_9_is_restarted(supervised: Supervised) -> None:
+    before = _state(supervised.state_dir)
+    old_pid = before["pid"]
+    t0 = time.monotonic()
+    os.kill(old_pid, signal.SIGKILL)
+    def restarted() -> dict[str, Any] | None:
+        s = read_state(supervised.state_dir)
+        return s if s and s["status"] == "up" and s["restarts"] == before["restarts"] + 1 else None
+
+    st = poll_until(restarted, timeout=START_DEADLINE + 30, interval=0.2, what="restart after kill -9")
+    took = time.monotonic() - t0
+    assert st["last_restart_reason"] == "crash"
+    assert st["pid"] != old_pid and not srv._pid_alive(old_pid)
+    assert srv._session_members(old_pid) == []  # its Python workers went too
+    print(f"\nkill -9 → up again: {took:.1f}s (supervisor: {st['last_restart_duration_s']}s)")
+    assert _query_and_python_job(st["url"])["python"] == sys.executable
+
+
+@pytest.mark.daemon
+def test_planned_restart_waits_for_the_lease(supervised: Supervised) -> None:
+    sup = supervised.sup
+    state_dir = supervised.state_dir
+    before = _state(state_dir)
+    with acquire_lease(state_dir, "dagster-run-1", timeout_s=30) as lease:
+        assert lease.server_pid == before["pid"] and lease.url == before["url"]
+        assert [d["run_id"] for d in active_leases(state_dir)] == ["dagster-run-1"]
+        sup.config.restart_every_s = 2.0  # the server is older than that: a planned restart is due
+        poll_until(lambda: _state(state_dir)["status"] == "draining", timeout=30, what="draining")
+        sup.config.restart_every_s = 3600.0  # the reason is taken; no second restart after this one
+        # a newcomer does not get in while draining
+        with pytest.raises(ServerUnavailable, match="draining"), acquire_lease(state_dir, "late", timeout_s=0.5):
+            pass
+        # the lease holder keeps working, on the same server, for as long as it holds the lease
+        hold_until = time.monotonic() + 3.0
+        spark = _client(lease.url)
+        try:
+            while time.monotonic() < hold_until:
+                assert spark.sql("SELECT 1 AS one").collect()[0]["one"] == 1
+                st = _state(state_dir)
+                assert st["status"] == "draining" and st["pid"] == before["pid"]
+                assert sup.pid == before["pid"]
+        finally:
+            spark.stop()
+        assert st["leases"] == ["dagster-run-1"]
+    released = time.monotonic()
+    # Right after release the server is draining/restarting: a new run waits, then proceeds.
+    assert _state(state_dir)["status"] in ("draining", "restarting")
+    with acquire_lease(state_dir, "dagster-run-2", timeout_s=START_DEADLINE + 30) as lease2:
+        took = time.monotonic() - released
+        assert lease2.waited_s > 0 and lease2.server_pid != before["pid"]
+        st = _state(state_dir)
+        assert st["status"] == "up" and st["restarts"] == before["restarts"] + 1
+        assert st["last_restart_reason"] == "planned-age" and st["drain_timed_out_leases"] == []
+        print(f"\nlease released → new lease granted: {took:.1f}s (supervisor restart: "
+              f"{st['last_restart_duration_s']}s)")
+        assert _query_and_python_job(lease2.url)["python"] == sys.executable
+    assert not srv._pid_alive(before["pid"])
+
+
+@pytest.mark.daemon
+def test_heap_is_sampled_with_jcmd_and_threshold_triggers(supervised: Supervised, tmp_path: Path) -> None:
+    sup = supervised.sup
+    assert sup.pid is not None
+    sample = srv.sample_memory(sup.pid, srv.parse_memory("1g"))
+    if srv._jcmd() is None:
+        pytest.skip("no jcmd here")
+    assert sample.source == "jcmd"
+    assert sample.heap_max_bytes is not None and 0.9 * 1024**3 < sample.heap_max_bytes <= 1024**3
+    assert sample.heap_used_bytes and 0 < sample.heap_used_bytes < sample.heap_max_bytes
+    assert sample.rss_bytes and sample.rss_bytes > sample.heap_used_bytes // 4
+    # the decision, on a probe object pointed at the same JVM (leaves the shared supervisor alone)
+    probe = SparkConnectSupervisor(replace(sup.config, state_dir=tmp_path, max_heap_fraction=1e-4))
+    probe._proc, probe._started_mono = sup._proc, time.monotonic()
+    assert probe.planned_restart_reason() == "planned-heap"
+    (tmp_path / "b").mkdir()
+    probe2 = SparkConnectSupervisor(replace(sup.config, state_dir=tmp_path / "b", max_heap_fraction=0.99))
+    probe2._proc, probe2._started_mono = sup._proc, time.monotonic()
+    assert probe2.planned_restart_reason() is None
+    hs = _state(tmp_path / "b")
+    assert hs["heap_source"] == "jcmd" and hs["heap_max_bytes"] == sample.heap_max_bytes
+
+
+@pytest.mark.daemon
+def test_second_supervisor_on_the_same_state_dir_is_refused(supervised: Supervised) -> None:
+    other = SparkConnectSupervisor(replace(supervised.sup.config, port=free_port()))
+    with pytest.raises(StateDirBusy, match="another supervisor"):
+        other.start()
+    assert _state(supervised.state_dir)["status"] == "up"
+
+
+@pytest.mark.daemon
+def test_stop_leaves_no_process_behind(supervised: Supervised) -> None:
+    sup = supervised.sup
+    pid = sup.pid
+    assert pid is not None
+    _query_and_python_job(sup.config.url)  # make sure Python workers exist
+    members = srv._session_members(pid)
+    assert len(members) > 1, members  # the JVM and its Python worker daemon(s)
+    supervised.stop.set()
+    supervised.thread.join(60)
+    assert not supervised.thread.is_alive() and not supervised.errors
+    t0 = time.monotonic()
+    sup.stop()
+    print(f"\nstop: {time.monotonic() - t0:.1f}s")
+    assert not any(srv._pid_alive(p) for p in members)
+    assert srv._session_members(pid) == []
+    assert _jvm_processes(str(sup.properties_path)) == []
+    st = _state(supervised.state_dir)
+    assert st["status"] == "down" and st["pid"] is None
+    with pytest.raises(ServerUnavailable, match="down"), acquire_lease(supervised.state_dir, "x", timeout_s=0.3):
+        pass
+
+
+# ------------------------------------------------------------------------------------------
+# the CLI entry point
+
+
+@pytest.mark.daemon
+def test_cli_runs_in_foreground_and_cleans_up_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    state_dir = tmp_path / "cli"
+    log = tmp_path / "cli.out"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "freshidx.spark.server", "--port", str(port), "--state-dir", str(state_dir),
+             "--driver-memory", "1g", "--json"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        st = poll_until(lambda: (s := read_state(state_dir)) and s["status"] == "up" and s,
+                        timeout=START_DEADLINE + 10, what=f"CLI server up ({log})")
+        assert st["supervisor_pid"] == proc.pid and st["url"] == f"sc://127.0.0.1:{port}"
+        status = subprocess.run(
+            [sys.executable, "-m", "freshidx.spark.server", "--status", "--json", "--state-dir", str(state_dir)],
+            capture_output=True, text=True, timeout=60, check=True)
+        assert json.loads(status.stdout)["pid"] == st["pid"]
+        jvm = st["pid"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert not srv._pid_alive(jvm) and srv._session_members(jvm) == []
+    assert _jvm_processes(str(state_dir)) == []
+    assert _state(state_dir)["status"] == "down"
+    events = [json.loads(line)["status"] for line in log.read_text().splitlines() if line.startswith("{")]
+    assert events[0] == "starting" and "up" in events and events[-1] == "down"

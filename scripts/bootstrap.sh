@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Idempotent setup: Python 3.11 virtualenv in .venv with freshidx[dev], and a Java runtime for Spark.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  for c in python3.11 python3; do
+    if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+      PY=$c; break
+    fi
+  done
+fi
+if [ -z "$PY" ]; then
+  echo "freshidx needs Python 3.11 (python3.11 or python3 on PATH, or PYTHON=/path/to/python3.11)" >&2
+  exit 1
+fi
+
+# Spark needs Java 17+ (pyspark 4.x).
+java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
+if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing a Java 17 runtime for Spark …" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  else
+    echo "Spark needs Java 17 or newer on PATH (e.g. apt-get install openjdk-17-jre-headless)" >&2
+    exit 1
+  fi
+fi
+
+STAMP=.venv/.freshidx-installed
+WANT=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "$WANT" > "$STAMP"
+fi

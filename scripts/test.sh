@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# One command: set up (venv, packages, Java check), lint, and run the whole test suite.
+# Tests start their own servers (moto S3, dagster dev) on free loopback ports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+export PYSPARK_PYTHON="$PWD/.venv/bin/python"
+.venv/bin/ruff check freshidx freshidx_tests
+exec .venv/bin/python -m pytest freshidx_tests "$@"
