@@ -1,4 +1,4 @@
-"""``freshidx`` command line: generate, status, demo. Every command takes ``--store``; ``--json`` where it prints."""
+"""``freshidx`` command line. Every command takes ``--store``, and ``--json`` where it prints."""
 
 from __future__ import annotations
 
@@ -29,13 +29,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from freshidx import demo, generate
+    from freshidx import demo, generate, ledger_cli
 
     parser = argparse.ArgumentParser(prog="freshidx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     generate.add_parser(sub)
     _status_parser(sub)
     demo.add_parser(sub)
+    ledger_cli.add_parser(sub)
     return parser
 
 

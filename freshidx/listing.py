@@ -96,9 +96,10 @@ def partitions_after(
 ) -> Listing:
     """Partitions strictly newer than ``watermark`` with their files, oldest first.
 
-    Without a watermark only the newest partition is returned (restart = jump to latest). When
-    the watermark is more than ``max_scan_hours`` behind the newest partition, older hours are
-    not listed; ``unlisted_before`` says where listing started so the gap can be recorded.
+    Without a watermark, or when it is more than ``max_scan_hours`` behind the newest partition,
+    only the last ``max_scan_hours`` hours are listed and ``unlisted_before`` says where listing
+    started, so the gap can be recorded. The caller processes only the newest (restart = jump to
+    latest) and records the others as superseded.
     """
     calls_before = store.stats.list_calls
     out = Listing()
@@ -110,14 +111,9 @@ def partitions_after(
         return out
     root = layout.raw_root(source)
     floor = PartitionId(newest.hour_start - dt.timedelta(hours=max_scan_hours - 1))
-    if watermark is None:
-        # Restart = jump to latest: nothing before the newest partition is a candidate.
-        objs = store.list(layout.raw_partition_prefix(source, newest)).objects
-        out.files[newest] = [o for o in objs if not o.key.rpartition("/")[2].startswith((".", "_"))]
-        out.partitions = [newest] if out.files[newest] else []
-        out.list_calls = store.stats.list_calls - calls_before
-        return out
-    if watermark < floor:
+    if watermark is None or watermark < floor:
+        # No watermark (first start, reset) or too far behind: list only the last `max_scan_hours`
+        # hours; anything older is recorded as one gap, never listed.
         out.unlisted_before = floor
         # "…/hour=HH" (no slash) sorts just before every key of that hour
         start_after = layout.raw_hour_prefix(source, floor.hour_path)[:-1]

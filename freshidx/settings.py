@@ -44,6 +44,16 @@ class Settings(BaseModel):
     )
     max_attempts: int = Field(3, ge=1, le=100, description="runs per partition before it is parked")
     delta_shards: int = Field(2, ge=1, le=4096, description="output shards of the delta index")
+    full_shards: int = Field(2, ge=1, le=4096, description="output shards of the full index")
+    full_every_hours: int = Field(3, ge=1, le=24, description="full rebuild schedule (every N hours)")
+    # SLA thresholds (seconds). Data lag = now - time of the partition the delta covers.
+    lag_warn_seconds: int = Field(600, gt=0, description="delta data lag that warns")
+    lag_fail_seconds: int = Field(1800, gt=0, description="delta data lag that fails")
+    silence_warn_seconds: int = Field(900, gt=0, description="no new raw partition for this long warns")
+    silence_fail_seconds: int = Field(3600, gt=0, description="no new raw partition for this long fails")
+    stuck_seconds: int = Field(900, gt=0, description="newest visible partition this far ahead of the pointer")
+    full_max_age_seconds: int = Field(6 * 3600, gt=0, description="full cutoff older than this is remediated")
+    sla_interval_seconds: int = Field(30, ge=1, le=3600, description="SLA sensor tick interval")
     spark_remote: str | None = Field(None, description="Spark Connect URL sc://host:port; unset = local")
     spark_master: str = Field("local[2]", description="master for local mode")
     partitions_start: str = Field("2026-01-01", description="first hourly Dagster partition (YYYY-MM-DD)")
@@ -89,6 +99,10 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
+        if self.lag_warn_seconds >= self.lag_fail_seconds:
+            raise ValueError("lag_warn_seconds must be below lag_fail_seconds")
+        if self.silence_warn_seconds >= self.silence_fail_seconds:
+            raise ValueError("silence_warn_seconds must be below silence_fail_seconds")
         if self.max_scan_hours and self.max_scan_hours * 60 < self.window_minutes:
             raise ValueError("max_scan_hours must cover window_minutes (or be 0 for automatic)")
         return self

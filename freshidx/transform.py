@@ -187,3 +187,74 @@ def covered_ids(latest: DataFrame) -> DataFrame:
 def reason_counts(invalid: DataFrame) -> DataFrame:
     """``reason, count`` over invalid records."""
     return invalid.groupBy("reason").agg(F.count(F.lit(1)).alias("count"))
+
+
+# --------------------------------------------------------------------------- product grouping (seed 000)
+
+#: Product-level features every indexed row carries (same names as ``freshidx.index_format.FEATURE_COLUMNS``).
+PRODUCT_FEATURE_COLUMNS = ("product_active_ads", "product_best_bid")
+
+
+def product_features(latest: DataFrame) -> DataFrame:
+    """Add the product-level features to every row of ``latest`` (one row per ad).
+
+    ``product_active_ads`` (long): how many ads of the row's product are ``active``;
+    ``product_best_bid`` (double): the highest bid among them (``0.0`` when none is active).
+    Computed with a window over ``product_id`` (one shuffle, no join); rows of every status are kept,
+    so the result feeds both the documents and the kill-list. Existing feature columns are replaced.
+
+    Correct only if ``latest`` holds *every* ad of each product it mentions: for a full build that is
+    the whole latest state; for a delta build pass :func:`expand_to_products` first.
+    """
+    from pyspark.sql import Window
+
+    by_product = Window.partitionBy("product_id")
+    active = F.col("status") == F.lit(ACTIVE)
+    return latest.withColumn(
+        "product_active_ads", F.count(F.when(active, F.lit(1))).over(by_product).cast("long")
+    ).withColumn(
+        "product_best_bid",
+        F.coalesce(F.max(F.when(active, F.col("bid"))).over(by_product), F.lit(0.0)).cast("double"),
+    )
+
+
+def expand_to_products(latest_window: DataFrame, all_latest_for_products: DataFrame) -> DataFrame:
+    """The delta's rows: every ad of every product the window touched, at its latest state.
+
+    Seed 000: indexing works at the product level, so a change to one ad recomputes its product's
+    grouped features, and the delta must re-emit *all* ads of that product (its kill-list then hides
+    every stale copy in the full index, whose features are out of date).
+
+    * ``latest_window``: one row per ad changed in the delta window (:func:`latest_per_ad` output);
+    * ``all_latest_for_products``: the rows the full index holds, i.e. the ``docs.parquet`` files of
+      the current full version (``freshidx.spark.index_shards.read_version_docs``). Only its active
+      ads matter: an inactive ad contributes nothing to the features and has no document to hide.
+      Passing a superset (the whole full version) is fine, it is semi-joined on the touched products.
+
+    A product is *touched* when an ad in the window belongs to it now, or belonged to it in the full
+    version (an ad that moved products changes both). The result is, for every touched product, the
+    union of the window's rows and the full version's rows, reduced to one row per ad by
+    :func:`latest_per_ad` (the newest record wins, so a full row never overrides a newer window row),
+    restricted to ads of touched products plus every window ad. Columns: :data:`TYPED_FIELDS`.
+    Feed it to :func:`product_features`.
+    """
+    window = latest_window.select(*TYPED_FIELDS)
+    full = all_latest_for_products.select(*TYPED_FIELDS)
+    touched = (
+        window.select("product_id")
+        .unionByName(full.join(window.select("ad_id"), "ad_id", "left_semi").select("product_id"))
+        .distinct()
+    )
+    siblings = full.join(touched, "product_id", "left_semi")
+    return latest_per_ad(window.unionByName(siblings))
+
+
+def index_rows(latest: DataFrame, full_docs: DataFrame | None = None) -> DataFrame:
+    """Rows for an index build, features included.
+
+    Full build: ``index_rows(latest)`` (``latest`` is the whole state). Delta build:
+    ``index_rows(latest_window, full_docs)`` with the current full version's docs; without a full
+    version (``None``) the window's rows are all there is.
+    """
+    rows = latest.select(*TYPED_FIELDS) if full_docs is None else expand_to_products(latest, full_docs)
+    return product_features(rows)

@@ -34,7 +34,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "installing freshidx and its dependencies into .venv (log: .venv/install.log) …" >&2
+  if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e '.[dev]'; } \
+      > .venv/install.log 2>&1; then
+    tail -40 .venv/install.log >&2
+    echo "package installation failed; full log in .venv/install.log" >&2
+    exit 1
+  fi
   echo "$WANT" > "$STAMP"
 fi

@@ -4,6 +4,7 @@
 
 import dagster as dg
 
+from freshidx import ledger
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.delta import DeltaPlan, build_delta
 from freshidx.listing import newest_partition
@@ -81,16 +82,14 @@ def delta_index(
             raise dg.Failure(f"no raw partitions under {store.uri}/raw/{settings.source}/ yet")
         partition = found
     watermark = PartitionId.parse(pointer.source_partition) if pointer and pointer.source_partition else None
-    tags = context.run.tags
-    run_info = {
-        "run_id": context.run_id,
-        "trigger": tags.get(TAG_TRIGGER, "backfill" if "dagster/backfill" in tags else "manual"),
-        "run_key": tags.get("dagster/run_key"),
-        "attempt": tags.get(TAG_ATTEMPT),
-        "sensor": tags.get("dagster/sensor_name"),
-        "code_version": _code_version(),
-        "settings": {"window_minutes": settings.window_minutes, "shards": settings.delta_shards},
-    }
+    run_info = _run_info(context, settings)
+    attempt = context.run.tags.get(TAG_ATTEMPT)
+    if attempt and context.run.tags.get(TAG_PARTITION) == partition.path:
+        # Link the accepted trigger (P.aN, written by the sensor) to the run that executes it.
+        ledger.record(st, ledger.partition_key("delta", partition, f".a{attempt}.run"), ledger.Entry(
+            "delta", f"{partition.compact}.a{attempt}.run", "started", "run started for accepted trigger",
+            partition=partition.path, run_id=context.run_id, run_key=context.run.tags.get("dagster/run_key"),
+            attempt=int(attempt)))
     context.log.info(f"building delta for {partition.path} (watermark {watermark.path if watermark else None})")
     return build_delta(
         spark.get_session(), st, store.store_config(), settings,
@@ -106,3 +105,76 @@ def _code_version() -> str:
         return version("freshidx")
     except PackageNotFoundError:
         return "unknown"
+
+
+class FullIndexConfig(dg.Config):
+    cutoff_partition: str | None = None
+    """Include raw partitions up to this path (``year=…/minute=mm``). Empty: the newest visible one."""
+
+
+@dg.asset(
+    name="full_index",
+    description=(
+        "Full index rebuilt from every raw partition up to a cutoff (latest version per ad). The safety "
+        "net that makes latest-only delta skipping acceptable. Published by compare-and-swap of "
+        "indexes/full/CURRENT with the cutoff in the pointer; an older cutoff never replaces a newer one."
+    ),
+    io_manager_key="index_io_manager",
+    group_name="indexes",
+    kinds={"spark", "parquet"},
+    owners=OWNERS,
+    deps=["raw_ad_updates"],
+    tags={"freshidx/lane": "full"},
+)
+def full_index(
+    context: dg.AssetExecutionContext,
+    config: FullIndexConfig,
+    store: ObjectStoreResource,
+    spark: SparkResource,
+    freshidx: FreshidxSettings,
+) -> DraftManifest:
+    from freshidx.full import build_full
+
+    settings = freshidx.settings(store.uri, store.endpoint_url)
+    st = store.open()
+    if config.cutoff_partition:
+        try:
+            cutoff = PartitionId.parse(config.cutoff_partition)
+        except PartitionError as exc:
+            raise dg.Failure(f"config cutoff_partition: {exc}") from exc
+    else:
+        found, _ = newest_partition(st, settings.source)
+        if found is None:
+            raise dg.Failure(f"no raw partitions under {store.uri}/raw/{settings.source}/ yet")
+        cutoff = found
+    context.log.info(f"building full index up to {cutoff.path}")
+    return build_full(spark.get_session(), st, store.store_config(), settings, cutoff=cutoff,
+                      run_id=context.run_id, run_info=_run_info(context, settings))
+
+
+def _run_info(context: dg.AssetExecutionContext, settings: Settings) -> dict:
+    tags = context.run.tags
+    return {
+        "run_id": context.run_id,
+        "trigger": tags.get(TAG_TRIGGER, "backfill" if "dagster/backfill" in tags else
+                            "schedule" if "dagster/schedule_name" in tags else "manual"),
+        "run_key": tags.get("dagster/run_key"),
+        "attempt": tags.get(TAG_ATTEMPT),
+        "sensor": tags.get("dagster/sensor_name"),
+        "schedule": tags.get("dagster/schedule_name"),
+        "code_version": _code_version(),
+        "settings": {"window_minutes": settings.window_minutes, "delta_shards": settings.delta_shards,
+                     "full_shards": settings.full_shards, "source": settings.source},
+    }
+
+
+def full_index_schedule(settings: Settings) -> dg.ScheduleDefinition:
+    return dg.ScheduleDefinition(
+        name="full_index_schedule",
+        target=[full_index],
+        cron_schedule=f"7 */{settings.full_every_hours} * * *",
+        execution_timezone="UTC",
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description=f"Full rebuild every {settings.full_every_hours} h (minute 7, off the hour's burst).",
+        tags={TAG_TRIGGER: "schedule", TAG_PIPELINE: "full"},
+    )

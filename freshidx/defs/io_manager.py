@@ -10,7 +10,7 @@ from typing import Any
 
 import dagster as dg
 
-from freshidx import ledger
+from freshidx import layout, ledger
 from freshidx.defs.resources import ObjectStoreResource
 from freshidx.partitions import PartitionId
 from freshidx.publish import DraftManifest, parse_iso, publish, read_manifest, read_pointer, utcnow
@@ -37,6 +37,15 @@ class IndexIOManager(dg.ConfigurableIOManager):
                 store, pipeline, partition, decision, result.reason, run_id=context.run_id,
                 extra={"version": obj.version},
             )
+        if obj.cutoff:
+            cut = parse_iso(obj.cutoff)
+            ledger.record(
+                store, layout.ledger_key(pipeline, cut.strftime("%Y-%m-%d"), f"{cut:%Y%m%dT%H%M}-{obj.version}"),
+                ledger.Entry(pipeline, f"{cut:%Y%m%dT%H%M}-{obj.version}", {
+                    "published": ledger.PUBLISHED, "superseded": ledger.REFUSED, "invalid": ledger.INVALID,
+                }[result.outcome], result.reason, scope=f"cutoff {obj.cutoff}", run_id=context.run_id,
+                    extra={"version": obj.version}),
+            )
         meta: dict[str, Any] = {
             "outcome": result.outcome,
             "reason": result.reason,
@@ -46,8 +55,8 @@ class IndexIOManager(dg.ConfigurableIOManager):
             "shards": dg.MetadataValue.int(len(obj.shards)),
             "invalid_records": dg.MetadataValue.int(int(obj.invalid.get("count", 0))),
             "invalid_reasons": dg.MetadataValue.json(obj.invalid.get("reasons", {})),
-            "input_partitions": dg.MetadataValue.int(len(obj.inputs.get("partitions", []))),
-            "input_files": dg.MetadataValue.int(len(obj.inputs.get("files", []))),
+            "input_partitions": dg.MetadataValue.int(_count(obj.inputs.get("partitions"))),
+            "input_files": dg.MetadataValue.int(_count(obj.inputs.get("files"))),
             "ignored_keys": dg.MetadataValue.int(len(obj.inputs.get("ignored", []))),
             "build_seconds": dg.MetadataValue.float(float(obj.stats.get("total_build_seconds", 0.0))),
             "publish_seconds": dg.MetadataValue.float(round(result.seconds, 3)),
@@ -61,6 +70,9 @@ class IndexIOManager(dg.ConfigurableIOManager):
             )
         if obj.cutoff:
             meta["cutoff"] = obj.cutoff
+            meta["cutoff_age_seconds"] = dg.MetadataValue.float(
+                round((utcnow() - parse_iso(obj.cutoff)).total_seconds(), 3)
+            )
         if result.pointer is not None:
             meta["serving_version"] = result.pointer.version
         skipped = context.step_context.run_tags.get("freshidx/skipped_count") if context.step_context else None
@@ -83,3 +95,10 @@ class IndexIOManager(dg.ConfigurableIOManager):
         if pointer is None:
             raise dg.Failure(f"no published {index} index yet")
         return {"pointer": pointer.to_dict(), "manifest": read_manifest(store, index, pointer.version)}
+
+
+def _count(value: Any) -> int:
+    """Manifests list inputs (delta) or, for the full index, count them."""
+    if value is None:
+        return 0
+    return value if isinstance(value, int) else len(value)

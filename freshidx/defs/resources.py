@@ -86,8 +86,19 @@ class SparkResource(dg.ConfigurableResource):
             self._session = None
 
 
+PIPELINE_FIELDS = (
+    "source", "window_minutes", "sensor_interval_seconds", "max_scan_hours", "max_attempts", "delta_shards",
+    "full_shards", "full_every_hours", "lag_warn_seconds", "lag_fail_seconds", "silence_warn_seconds",
+    "silence_fail_seconds", "stuck_seconds", "full_max_age_seconds", "sla_interval_seconds", "partitions_start",
+    "keep_versions",
+)
+
+
 class FreshidxSettings(dg.ConfigurableResource):
-    """Pipeline settings (window, trigger interval, limits) as Dagster config; defaults from env."""
+    """Pipeline settings (window, trigger interval, thresholds) as Dagster config; defaults from env.
+
+    Every field mirrors :class:`freshidx.settings.Settings` and is validated by it.
+    """
 
     source: str = "ad_updates"
     window_minutes: int = 300
@@ -95,14 +106,21 @@ class FreshidxSettings(dg.ConfigurableResource):
     max_scan_hours: int = 0
     max_attempts: int = 3
     delta_shards: int = 2
+    full_shards: int = 2
+    full_every_hours: int = 3
+    lag_warn_seconds: int = 600
+    lag_fail_seconds: int = 1800
+    silence_warn_seconds: int = 900
+    silence_fail_seconds: int = 3600
+    stuck_seconds: int = 900
+    full_max_age_seconds: int = 6 * 3600
+    sla_interval_seconds: int = 30
+    partitions_start: str = "2026-01-01"
+    keep_versions: int = 5
 
     def settings(self, store_uri: str, endpoint_url: str | None = None) -> Settings:
-        return Settings.from_env(
-            {}, store=store_uri, s3_endpoint_url=endpoint_url, source=self.source,
-            window_minutes=self.window_minutes, sensor_interval_seconds=self.sensor_interval_seconds,
-            max_scan_hours=self.max_scan_hours, max_attempts=self.max_attempts,
-            delta_shards=self.delta_shards,
-        )
+        return Settings.from_env({}, store=store_uri, s3_endpoint_url=endpoint_url,
+                                 **{f: getattr(self, f) for f in PIPELINE_FIELDS})
 
 
 def _secret(name: str) -> Any:
@@ -121,10 +139,5 @@ def build_resources(settings: Settings) -> dict[str, Any]:
             aws_session_token=_secret("AWS_SESSION_TOKEN"),
         ),
         "spark": SparkResource(remote=settings.spark_remote, master=settings.spark_master),
-        "freshidx": FreshidxSettings(
-            source=settings.source, window_minutes=settings.window_minutes,
-            sensor_interval_seconds=settings.sensor_interval_seconds,
-            max_scan_hours=settings.max_scan_hours, max_attempts=settings.max_attempts,
-            delta_shards=settings.delta_shards,
-        ),
+        "freshidx": FreshidxSettings(**{f: getattr(settings, f) for f in PIPELINE_FIELDS}),
     }

@@ -63,7 +63,6 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Latest-only trigger of delta_index: processes the newest visible partition, "
         "records every skipped one as superseded.",
-        owners=["team:freshidx"],
     )
     def delta_index_sensor(
         context: dg.SensorEvaluationContext, store: ObjectStoreResource, freshidx: FreshidxSettings
@@ -110,9 +109,11 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
 
         # Durable reasons for everything we skip on purpose (create-once: recorded exactly once).
         skipped = found.partitions[:-1]
+        why = f"superseded by {newest.path}" if watermark else \
+            f"superseded by {newest.path} (no watermark: first start or reset, jumped to the newest)"
         for p in skipped:
             if ledger.record_partition(
-                st, PIPELINE, p, ledger.SUPERSEDED, f"superseded by {newest.path}",
+                st, PIPELINE, p, ledger.SUPERSEDED, why,
                 extra={"superseded_by": newest.path},
             ):
                 events.append(_observation(partitions_def, p, {"decision": "superseded",
@@ -122,8 +123,9 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
             ledger.record(
                 st, ledger.partition_key(PIPELINE, found.unlisted_before, ".gap"),
                 ledger.Entry(PIPELINE, f"{found.unlisted_before.compact}.gap", ledger.UNLISTED,
-                             f"more than {settings.scan_hours} h behind the newest partition {newest.path}; "
-                             "older partitions were not listed (the full rebuild covers them)",
+                             (f"more than {settings.scan_hours} h behind the newest partition {newest.path}"
+                              if watermark else "no watermark (first start or reset)")
+                             + "; older partitions were not listed (the full rebuild covers them)",
                              scope=scope),
             )
 

@@ -1,0 +1,400 @@
+"""``freshidx bench``: index build throughput (Spark shards vs one process) and query latency.
+
+``freshidx bench build [--docs N] [--shards S] [--json]``
+    Generates N synthetic ads in the JVM (the generator's vocabulary: brand + noun per product,
+    adjectives and qualifiers per ad), adds product features, caches and materializes the DataFrame,
+    then times (once each, after a warm-up on a small set):
+
+    * ``spark``: :func:`freshidx.spark.index_shards.write_index_shards` into a temporary local store,
+      S shards on the local session (index + ``docs.parquet`` + ``covered.parquet``, uploaded, sha256);
+    * ``single``: the same rows (pulled to the driver as Arrow before the clock starts) indexed by one
+      plain Python process with the same schema and builder settings
+      (:class:`freshidx.index_format.IndexBuilder`).
+
+    Prints docs/s of each and ``ratio`` = spark / single (``--json`` keys ``spark_docs_per_s``,
+    ``single_docs_per_s``, ``ratio``).
+
+``freshidx bench query [--docs N] [--queries Q] [--json]``
+    Builds (or reuses, from ``--workdir``) a local store with a published full version of N ads and a
+    published delta re-emitting the products of 1% changed ads (the real delta path), opens the real
+    :class:`freshidx.serving.Searcher` on it and runs Q 1-3 word queries after a warm-up pass.
+    Prints p50/p95 latency (``--json``: ``p50_ms``, ``p95_ms``).
+
+Numbers only: nothing here asserts on timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from freshidx.generate import ADJECTIVES, BRANDS, NOUNS, QUALIFIERS, VOCABULARY
+
+BUILD_WARMUP_DOCS = 2_000
+QUERY_WARMUP = 50
+PARTITION_FMT = "year=%Y/month=%m/day=%d/hour=%H/minute=%M"
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+# --------------------------------------------------------------------------- synthetic data
+
+
+def synthetic_docs(spark: Any, n: int, *, seed: int = 0, products: int | None = None, id_offset: int = 0) -> Any:
+    """N ads as a DataFrame of the typed record columns, generated in the JVM (deterministic)."""
+    from pyspark.sql import functions as F
+
+    products = products or max(1, n // 40)
+
+    def pick(words: Sequence[str], *salt: Any) -> Any:
+        arr = F.array(*[F.lit(w) for w in words])
+        h = F.xxhash64(*[F.lit(f"{seed}")], *salt)
+        return F.element_at(arr, (F.pmod(h, F.lit(len(words))) + 1).cast("int"))
+
+    ad = F.col("id") + F.lit(id_offset)
+    product = F.pmod(F.xxhash64(F.lit(seed), F.lit("product"), ad), F.lit(products))
+    brand = pick(BRANDS, F.lit("brand"), product)
+    noun = pick(NOUNS, F.lit("noun"), product)
+    title = F.concat_ws(
+        " ", pick(ADJECTIVES, F.lit("a1"), ad), pick(ADJECTIVES, F.lit("a2"), ad), brand, noun,
+        pick(QUALIFIERS, F.lit("q1"), ad), pick(QUALIFIERS, F.lit("q2"), ad),
+    )
+    keywords = F.array(brand, noun, pick(VOCABULARY, F.lit("k1"), ad), pick(VOCABULARY, F.lit("k2"), ad))
+    r = F.pmod(F.xxhash64(F.lit(seed), F.lit("status"), ad), F.lit(100))
+    status = F.when(r < 95, F.lit("active")).when(r < 98, F.lit("paused")).otherwise(F.lit("deleted"))
+    bid = F.round(F.lit(0.05) + F.pmod(F.xxhash64(F.lit(seed), F.lit("bid"), ad), F.lit(2000)) / F.lit(100.0), 2)
+    return spark.range(n).select(
+        F.format_string("ad-%09d", ad).alias("ad_id"),
+        F.format_string("camp-%05d", F.pmod(F.xxhash64(F.lit(seed), F.lit("camp"), ad), F.lit(500))).alias(
+            "campaign_id"),
+        F.format_string("prod-%07d", product).alias("product_id"),
+        title.alias("title"),
+        keywords.alias("keywords"),
+        bid.cast("double").alias("bid"),
+        status.alias("status"),
+        (F.lit(T0).cast("timestamp") + F.make_interval(secs=(ad % 86400).cast("int"))).alias("updated_at"),
+        ad.cast("long").alias("version"),
+    )
+
+
+def realistic_queries(q: int, seed: int = 7) -> list[str]:
+    """Q user-like queries of 1-3 words (brand / noun / adjective / qualifier combinations)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(q):
+        shape = rng.random()
+        if shape < 0.35:
+            words = [rng.choice(NOUNS)]
+        elif shape < 0.6:
+            words = [rng.choice(ADJECTIVES), rng.choice(NOUNS)]
+        elif shape < 0.8:
+            words = [rng.choice(BRANDS), rng.choice(NOUNS)]
+        else:
+            words = [rng.choice(ADJECTIVES), rng.choice(BRANDS), rng.choice(NOUNS)]
+        out.append(" ".join(words))
+    return out
+
+
+def _session() -> tuple[Any, bool]:
+    """The active session, or a new local one (returned flag: we own it and stop it)."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active, False
+    from freshidx.spark.session import build_local_session
+
+    return build_local_session(), True
+
+
+# --------------------------------------------------------------------------- build
+
+
+def _spark_build(df: Any, n_shards: int, workdir: str, version: str) -> tuple[float, int]:
+    from freshidx.spark.index_shards import write_index_shards
+    from freshidx.store import StoreConfig
+
+    cfg = StoreConfig(uri="file://" + os.path.join(workdir, "store"))
+    t = time.perf_counter()
+    commits = write_index_shards(df, cfg, "full", version, n_shards)
+    return time.perf_counter() - t, sum(c.doc_count for c in commits)
+
+
+def _conform_table(table: Any) -> Any:
+    from freshidx.index_format import INDEX_ARROW_SCHEMA
+
+    return table.select(INDEX_ARROW_SCHEMA.names).cast(INDEX_ARROW_SCHEMA).combine_chunks()
+
+
+def _single_build(table: Any, workdir: str, name: str) -> tuple[float, int]:
+    import pyarrow.compute as pc
+
+    from freshidx.index_format import IndexBuilder
+
+    path = os.path.join(workdir, name)
+    t = time.perf_counter()
+    builder = IndexBuilder(path)
+    for batch in table.to_batches(max_chunksize=65536):
+        builder.add_batch(batch.filter(pc.equal(batch.column("status"), "active")))
+    docs = builder.finish()
+    return time.perf_counter() - t, docs
+
+
+def bench_build(docs: int, shards: int, *, spark: Any = None, seed: int = 0) -> dict[str, Any]:
+    """Run the build benchmark; returns the numbers (see the module docstring)."""
+    from pyspark import StorageLevel
+
+    from freshidx.transform import index_rows
+
+    own = False
+    if spark is None:
+        spark, own = _session()
+    workdir = tempfile.mkdtemp(prefix="freshidx-bench-build-")
+    try:
+        results: dict[str, Any] = {}
+        for label, n in (("warmup", min(BUILD_WARMUP_DOCS, docs)), ("measured", docs)):
+            df = index_rows(synthetic_docs(spark, n, seed=seed)).persist(StorageLevel.MEMORY_AND_DISK)
+            rows = df.count()  # materialize before the clock starts
+            table = _conform_table(df.toArrow())
+            spark_s, spark_docs = _spark_build(df, shards, workdir, f"{label}-spark")
+            single_s, single_docs = _single_build(table, workdir, f"{label}-single")
+            df.unpersist()
+            if spark_docs != single_docs:
+                raise RuntimeError(f"spark indexed {spark_docs} docs, single {single_docs}")
+            results[label] = {"rows": rows, "indexed_docs": spark_docs, "spark_s": spark_s, "single_s": single_s}
+        m = results["measured"]
+        spark_rate = m["rows"] / m["spark_s"]
+        single_rate = m["rows"] / m["single_s"]
+        return {
+            "docs": m["rows"],
+            "indexed_docs": m["indexed_docs"],
+            "shards": shards,
+            "spark_seconds": round(m["spark_s"], 3),
+            "single_seconds": round(m["single_s"], 3),
+            "spark_docs_per_s": round(spark_rate, 1),
+            "single_docs_per_s": round(single_rate, 1),
+            "ratio": round(spark_rate / single_rate, 3),
+            "cores": os.cpu_count(),
+            "load_avg_1m": round(os.getloadavg()[0], 2),
+            "master": spark.sparkContext.master if hasattr(spark, "sparkContext") else None,
+        }
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if own:
+            spark.stop()
+
+
+# --------------------------------------------------------------------------- query
+
+
+def _bench_marker(docs: int, shards: int, seed: int) -> dict[str, Any]:
+    return {"docs": docs, "shards": shards, "seed": seed, "format": 1}
+
+
+def _store_ready(workdir: str, docs: int, shards: int, seed: int) -> bool:
+    try:
+        with open(os.path.join(workdir, "bench.json"), encoding="utf-8") as f:
+            return bool(json.load(f) == _bench_marker(docs, shards, seed))
+    except (OSError, ValueError):
+        return False
+
+
+def prepare_query_store(spark: Any, workdir: str, docs: int, shards: int, *, seed: int = 0) -> str:
+    """A local store under ``workdir`` with a published full (N ads) and delta version; reused if present.
+
+    Returns the store URI.
+    """
+    from pyspark.sql import functions as F
+
+    from freshidx.publish import DraftManifest, iso, new_version, publish, read_manifest, read_pointer
+    from freshidx.spark.index_shards import read_version_docs, write_index_shards
+    from freshidx.store import StoreConfig, open_store
+    from freshidx.transform import index_rows
+
+    marker_path = os.path.join(workdir, "bench.json")
+    uri = "file://" + os.path.join(workdir, "store")
+    want = _bench_marker(docs, shards, seed)
+    if _store_ready(workdir, docs, shards, seed):
+        return uri
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir, exist_ok=True)
+    cfg = StoreConfig(uri=uri)
+    store = open_store(cfg)
+
+    def draft(index: str, version: str, position: dt.datetime, commits: list[Any]) -> DraftManifest:
+        return DraftManifest(
+            index=index, version=version, position=iso(position), run_id="bench",
+            shards=[c.to_dict() for c in commits], doc_count=sum(c.doc_count for c in commits),
+            num_shards=len(commits), covered_count=sum(c.covered_count for c in commits),
+            cutoff=iso(position) if index == "full" else None,
+            source_partition=None if index == "full" else position.strftime(PARTITION_FMT),
+        )
+
+    full_at = T0 + dt.timedelta(hours=1)
+    full_version = new_version(full_at)
+    full = index_rows(synthetic_docs(spark, docs, seed=seed))
+    commits = write_index_shards(full, cfg, "full", full_version, shards)
+    res = publish(store, draft("full", full_version, full_at, commits))
+    if res.outcome != "published":
+        raise RuntimeError(f"bench full publish: {res.reason}")
+
+    # The delta: 1% of the ads changed (new title words, new bid), expanded to their whole products.
+    delta_at = full_at + dt.timedelta(minutes=5)
+    delta_version = new_version(delta_at)
+    pointer, _ = read_pointer(store, "full")
+    assert pointer is not None
+    full_docs = read_version_docs(spark, cfg, read_manifest(store, "full", pointer.version))
+    changed = (
+        synthetic_docs(spark, docs, seed=seed)
+        .filter(F.pmod(F.xxhash64(F.col("ad_id"), F.lit("delta")), F.lit(100)) == 0)
+        .withColumn("title", F.concat_ws(" ", F.lit("updated"), F.col("title")))
+        .withColumn("bid", F.col("bid") + F.lit(0.5))
+        .withColumn("version", F.col("version") + F.lit(10_000_000_000))
+    )
+    delta_commits = write_index_shards(index_rows(changed, full_docs), cfg, "delta", delta_version, max(1, shards // 2))
+    res = publish(store, draft("delta", delta_version, delta_at, delta_commits))
+    if res.outcome != "published":
+        raise RuntimeError(f"bench delta publish: {res.reason}")
+    with open(marker_path, "w", encoding="utf-8") as f:
+        json.dump(want, f)
+    return uri
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100)."""
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    rank = max(1, min(len(s), round(p / 100 * len(s) + 0.5)))
+    return s[rank - 1]
+
+
+def bench_query(
+    docs: int, queries: int, *, shards: int = 4, k: int = 10, workdir: str | None = None, spark: Any = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Run the query benchmark; returns the numbers (see the module docstring)."""
+    from freshidx.serving import Searcher
+    from freshidx.store import open_store
+
+    workdir = workdir or os.path.join(tempfile.gettempdir(), f"freshidx-bench-query-{docs}-{shards}-{seed}")
+    t_build = time.perf_counter()
+    reused = _store_ready(workdir, docs, shards, seed)
+    uri = "file://" + os.path.join(workdir, "store")
+    if not reused:
+        own = False
+        if spark is None:
+            spark, own = _session()
+        try:
+            uri = prepare_query_store(spark, workdir, docs, shards, seed=seed)
+        finally:
+            if own:
+                spark.stop()
+    build_s = time.perf_counter() - t_build
+    cache = os.path.join(workdir, "cache")
+    shutil.rmtree(cache, ignore_errors=True)
+    t_load = time.perf_counter()
+    searcher = Searcher(open_store(uri), cache)
+    load_s = time.perf_counter() - t_load
+    qs = realistic_queries(queries, seed=seed + 1)
+    for q in realistic_queries(QUERY_WARMUP, seed=seed + 2):
+        searcher.search(q, k)
+    lat: list[float] = []
+    hits = 0
+    for q in qs:
+        t = time.perf_counter()
+        res = searcher.search(q, k)
+        lat.append((time.perf_counter() - t) * 1000)
+        hits += len(res)
+    snap = searcher.current
+    return {
+        "docs": docs,
+        "queries": queries,
+        "k": k,
+        "shards": {"full": len(snap.full.shards) if snap.full else 0,
+                   "delta": len(snap.delta.shards) if snap.delta else 0},
+        "kill_list": len(snap.kill_list),
+        "p50_ms": round(percentile(lat, 50), 3),
+        "p95_ms": round(percentile(lat, 95), 3),
+        "mean_ms": round(statistics.fmean(lat), 3) if lat else None,
+        "max_ms": round(max(lat), 3) if lat else None,
+        "avg_hits": round(hits / max(1, len(qs)), 2),
+        "build_reused": reused,
+        "build_seconds": round(build_s, 1),
+        "load_seconds": round(load_s, 2),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "workdir": workdir,
+    }
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_bench_parser(subparsers: Any) -> None:
+    """``freshidx bench build ...`` / ``freshidx bench query ...``."""
+    p = subparsers.add_parser("bench", help="benchmarks: index build throughput, query latency")
+    add_bench_commands(p.add_subparsers(dest="bench", required=True))
+
+
+def add_bench_commands(sub: Any) -> None:
+    """The ``build`` and ``query`` sub-commands (under ``freshidx bench`` or ``python -m freshidx.bench``)."""
+    b = sub.add_parser("build", help="Spark shards vs one process: docs/s and ratio")
+    b.add_argument("--docs", type=int, default=200_000)
+    b.add_argument("--shards", type=int, default=4)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_bench_build)
+    q = sub.add_parser("query", help="query latency through the real Searcher (p50/p95)")
+    q.add_argument("--docs", type=int, default=1_000_000)
+    q.add_argument("--queries", type=int, default=300)
+    q.add_argument("--shards", type=int, default=4)
+    q.add_argument("--k", type=int, default=10)
+    q.add_argument("--workdir", help="where the benchmark store is built and reused (default: a temp dir per N)")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_bench_query)
+
+
+def cmd_bench_build(args: argparse.Namespace) -> int:
+    r = bench_build(args.docs, args.shards, seed=args.seed)
+    if args.json:
+        print(json.dumps(r))
+    else:
+        print(f"{r['docs']} docs ({r['indexed_docs']} active), {r['shards']} shards, {r['cores']} cores, "
+              f"load {r['load_avg_1m']}")
+        print(f"spark : {r['spark_docs_per_s']:>12,.0f} docs/s  ({r['spark_seconds']} s)")
+        print(f"single: {r['single_docs_per_s']:>12,.0f} docs/s  ({r['single_seconds']} s)")
+        print(f"ratio spark/single: {r['ratio']}")
+    return 0
+
+
+def cmd_bench_query(args: argparse.Namespace) -> int:
+    r = bench_query(args.docs, args.queries, shards=args.shards, k=args.k, workdir=args.workdir, seed=args.seed)
+    if args.json:
+        print(json.dumps(r))
+    else:
+        print(f"{r['docs']} docs, shards {r['shards']}, {r['queries']} queries, k={r['k']}: "
+              f"p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms (mean {r['mean_ms']}, max {r['max_ms']})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m freshidx.bench {build|query} ...`` (same options as ``freshidx bench``)."""
+    parser = argparse.ArgumentParser(prog="python -m freshidx.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_bench_commands(parser.add_subparsers(dest="bench", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

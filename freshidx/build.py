@@ -1,0 +1,76 @@
+"""The Spark half of every index build: raw files → validated latest-per-ad → staged shards.
+
+Shared by the delta and the full index. The driver passes the file list and collects task commit
+messages; reading, validation, quarantine and shard writing run on executors.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import SparkSession
+
+from freshidx import transform
+from freshidx.spark.raw_source import read_raw_lines
+from freshidx.spark.shards import QuarantineCommit, ShardCommit, write_quarantine, write_shards
+from freshidx.store import StoreConfig
+
+
+@dataclass
+class BuildResult:
+    commits: list[ShardCommit]
+    reasons: dict[str, int]
+    quarantined: list[QuarantineCommit] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def doc_count(self) -> int:
+        return sum(c.doc_count for c in self.commits)
+
+    @property
+    def covered_count(self) -> int:
+        return sum(c.covered_count for c in self.commits)
+
+    def invalid_summary(self) -> dict[str, Any]:
+        return {
+            "count": sum(self.reasons.values()),
+            "reasons": self.reasons,
+            "quarantine": [
+                {"partition": q.partition, "key": q.key, "records": q.records, "reasons": q.reasons}
+                for q in self.quarantined
+            ],
+        }
+
+
+def build_version(
+    spark: SparkSession,
+    store_config: StoreConfig,
+    *,
+    index: str,
+    version: str,
+    files: list[tuple[str, str]],
+    num_shards: int,
+    source: str,
+    run_id: str,
+    quarantine_after: str | bool | None,
+    max_read_tasks: int = 0,
+) -> BuildResult:
+    """Build and stage one version. ``quarantine_after``: partition path after which invalid records
+    are written to quarantine, ``None`` for all, ``False`` for none (counted only)."""
+    t0 = time.monotonic()
+    lines = read_raw_lines(spark, store_config, files, max_partitions=max_read_tasks)
+    # Parsed once, used twice (valid → shards, invalid → quarantine and counts).
+    parsed = transform.parse_records(lines).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        valid, invalid = transform.split_valid(parsed)
+        reasons = {r["reason"]: int(r["count"]) for r in transform.reason_counts(invalid).collect()}
+        quarantined: list[QuarantineCommit] = []
+        if quarantine_after is not False and reasons:
+            quarantined = write_quarantine(invalid, store_config, source, run_id, quarantine_after or None)
+        commits = write_shards(transform.latest_per_ad(valid), store_config, index, version, num_shards)
+    finally:
+        parsed.unpersist()
+    return BuildResult(commits, reasons, quarantined, round(time.monotonic() - t0, 3))

@@ -1,0 +1,144 @@
+"""SLA asset checks and ``freshidx_sla_sensor``, which reports them and launches remediation.
+
+The checks are real ``@asset_check`` definitions (so the UI lists them and can execute them on
+demand); the sensor evaluates the same functions every tick and stores the results as runless
+check evaluations when a state changes (plus a periodic heartbeat), so there is no run per tick.
+A coverage gap or a too-old full index launches one ``full_index`` run (idempotent via the
+ledger and a run key; never while another ``full_index`` run is in flight).
+"""
+# No `from __future__ import annotations`: Dagster inspects these annotations.
+
+import datetime as dt
+import json
+
+import dagster as dg
+from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
+
+from freshidx import layout, ledger, sla
+from freshidx.defs.assets import TAG_PIPELINE, TAG_TRIGGER, full_index
+from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource
+from freshidx.publish import iso, utcnow
+
+IN_FLIGHT = [
+    DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING,
+]
+FULL_KEY = dg.AssetKey("full_index")
+DELTA_KEY = dg.AssetKey("delta_index")
+TAG_REMEDIATION = "freshidx/remediation_of"
+HEARTBEAT = dt.timedelta(minutes=10)
+MAX_REMEDIATION_ATTEMPTS = 3
+
+
+def consecutive_delta_failures(instance: dg.DagsterInstance, limit: int = 20) -> int:
+    n = 0
+    for r in instance.get_runs(RunsFilter(tags={TAG_PIPELINE: "delta"}), limit=limit):
+        if r.status in IN_FLIGHT:
+            continue
+        if r.status != DagsterRunStatus.FAILURE:
+            break
+        n += 1
+    return n
+
+
+def _evaluation(o: sla.CheckOutcome) -> dg.AssetCheckEvaluation:
+    return dg.AssetCheckEvaluation(
+        asset_key=dg.AssetKey(o.asset), check_name=o.check, passed=o.passed,
+        severity=dg.AssetCheckSeverity.ERROR if o.severity == "ERROR" else dg.AssetCheckSeverity.WARN,
+        description=o.description, metadata=dict(o.metadata),
+    )
+
+
+def _make_check(asset: str, name: str) -> dg.AssetChecksDefinition:
+    fn = {f.__name__: f for f in sla.CHECKS}[{"run_failures": "delta_failures", "age": "full_age"}.get(name, name)]
+
+    @dg.asset_check(asset=asset, name=name, description=(fn.__doc__ or name).strip().split("\n")[0],
+                    blocking=False)
+    def _check(context: dg.AssetCheckExecutionContext, store: ObjectStoreResource,
+               freshidx: FreshidxSettings) -> dg.AssetCheckResult:
+        settings = freshidx.settings(store.uri, store.endpoint_url)
+        observed = sla.observe(store.open(), settings, utcnow(), consecutive_delta_failures(context.instance))
+        o = fn(observed, settings)
+        return dg.AssetCheckResult(
+            passed=o.passed, description=o.description, metadata=dict(o.metadata),
+            severity=dg.AssetCheckSeverity.ERROR if o.severity == "ERROR" else dg.AssetCheckSeverity.WARN,
+        )
+
+    return _check
+
+
+def sla_checks() -> list[dg.AssetChecksDefinition]:
+    return [_make_check(asset, name) for asset, names in sla.CHECK_NAMES.items() for name in names]
+
+
+def make_sla_sensor(interval_seconds: int) -> dg.SensorDefinition:
+    @dg.sensor(
+        name="freshidx_sla_sensor",
+        target=[full_index],
+        minimum_interval_seconds=interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Data-aware SLA: lag, coverage, source silence, stuck publication, run failures. "
+        "Reports asset check results and launches a full_index rebuild when coverage or full age fails.",
+    )
+    def freshidx_sla_sensor(
+        context: dg.SensorEvaluationContext, store: ObjectStoreResource, freshidx: FreshidxSettings
+    ) -> dg.SensorResult:
+        settings = freshidx.settings(store.uri, store.endpoint_url)
+        st = store.open()
+        now = utcnow()
+        observed = sla.observe(st, settings, now, consecutive_delta_failures(context.instance))
+        outcomes = sla.evaluate(observed, settings)
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        states: dict = cursor.get("states", {})
+        events: list[dg.AssetCheckEvaluation] = []
+        for o in outcomes:
+            key = f"{o.asset}.{o.check}"
+            prev = states.get(key)
+            due = prev is None or prev["state"] != o.state or now - dt.datetime.fromisoformat(prev["at"]) >= HEARTBEAT
+            if due:
+                events.append(_evaluation(o))
+                if prev is not None and prev["state"] != o.state:
+                    ledger.record(st, layout.ledger_key("sla", now.strftime("%Y-%m-%d"),
+                                                        f"{now:%Y%m%dT%H%M%S}-{o.check}-{o.state}"),
+                                  ledger.Entry("sla", f"{o.check}-{o.state}", "check_state_changed",
+                                               f"{o.asset}.{o.check}: {prev['state']} → {o.state}: {o.description}",
+                                               scope=o.asset))
+                states[key] = {"state": o.state, "at": now.isoformat()}
+        cursor["states"] = states
+
+        requests: list[dg.RunRequest] = []
+        reasons = [o for o in outcomes if o.remediate == "full_index"]
+        skip = None
+        if reasons:
+            requests, skip = _remediation(context, st, observed, reasons, now)
+        return dg.SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(cursor),
+                               skip_reason=skip if not requests else None)
+
+    return freshidx_sla_sensor
+
+
+def _remediation(context: dg.SensorEvaluationContext, st, observed: sla.Observed,  # type: ignore[no-untyped-def]
+                 reasons: list[sla.CheckOutcome], now: dt.datetime) -> tuple[list[dg.RunRequest], str | None]:
+    in_flight = [r for r in context.instance.get_runs(RunsFilter(statuses=IN_FLIGHT), limit=50)
+                 if FULL_KEY in (r.asset_selection or ()) or r.tags.get(TAG_PIPELINE) == "full"]
+    if in_flight:
+        return [], f"full_index run {in_flight[0].run_id[:8]} in flight; not launching another"
+    of = observed.full.version if observed.full else "none"
+    previous = context.instance.get_runs(RunsFilter(tags={TAG_REMEDIATION: of}), limit=20)
+    if any(r.status == DagsterRunStatus.SUCCESS for r in previous):
+        return [], f"remediation for full version {of} already succeeded; waiting for its publication to show"
+    attempt = len(previous) + 1
+    if attempt > MAX_REMEDIATION_ATTEMPTS:
+        return [], f"remediation for full version {of} failed {len(previous)} times; not retrying"
+    why = "; ".join(f"{o.asset}.{o.check}: {o.description}" for o in reasons)
+    run_key = f"sla-full:{of}:a{attempt}"
+    if not ledger.record(
+        st, layout.ledger_key("sla", now.strftime("%Y-%m-%d"), f"remediate-full-{of}-a{attempt}"),
+        ledger.Entry("sla", f"remediate-full-{of}-a{attempt}", "remediation_launched", why,
+                     scope=f"full_index after version {of}", run_key=run_key, attempt=attempt,
+                     extra={"at": iso(now)}),
+    ):
+        return [], f"{run_key} already launched"
+    return [dg.RunRequest(run_key=run_key, asset_selection=[FULL_KEY],
+                          tags={TAG_TRIGGER: "sla_remediation", TAG_PIPELINE: "full",
+                                TAG_REMEDIATION: of})], None

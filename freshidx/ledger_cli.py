@@ -1,0 +1,57 @@
+"""``freshidx ledger``: why did this run happen, why was this partition not processed."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from typing import Any
+
+from freshidx import ledger
+from freshidx.settings import Settings
+from freshidx.store import open_store
+
+PIPELINES = ("delta", "full", "sla")
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("ledger", help="trigger decisions: processed, superseded, refused, remediation")
+    p.add_argument("--store", help="store URI (default: FRESHIDX_STORE or ./.freshidx/store)")
+    p.add_argument("--pipeline", choices=(*PIPELINES, "all"), default="all")
+    p.add_argument("--since", type=dt.date.fromisoformat, help="first date (YYYY-MM-DD, UTC)")
+    p.add_argument("--until", type=dt.date.fromisoformat, help="last date (YYYY-MM-DD, UTC)")
+    p.add_argument("--partition", help="only entries of this partition path (year=…/minute=mm)")
+    p.add_argument("--json", action="store_true", help="a JSON list of entries")
+    p.set_defaults(func=cmd_ledger)
+
+
+def entries(store: Any, pipelines: list[str], since: dt.date | None, until: dt.date | None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for pipeline in pipelines:
+        rows = list(ledger.read(store, pipeline, since, until))
+        # Attempts are accepted by the sensor before a run exists; the run links itself (P.aN.run).
+        started = {r["trigger_id"].removesuffix(".run"): r for r in rows if r["trigger_id"].endswith(".run")}
+        for r in rows:
+            if r["trigger_id"].endswith(".run"):
+                continue
+            if r.get("run_id") is None and r["trigger_id"] in started:
+                r["run_id"] = started[r["trigger_id"]]["run_id"]
+            out.append(r)
+    return out
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    settings = Settings.from_env(store=args.store)
+    store = open_store(settings.store_config())
+    pipelines = list(PIPELINES) if args.pipeline == "all" else [args.pipeline]
+    rows = entries(store, pipelines, args.since, args.until)
+    if args.partition:
+        rows = [r for r in rows if r.get("partition") == args.partition]
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    for r in rows:
+        subject = r.get("partition") or r.get("scope") or r["trigger_id"]
+        run = f"  run {r['run_id'][:8]}" if r.get("run_id") else ""
+        print(f"{r['at'][:19]}  {r['pipeline']:5}  {subject:45}  {r['decision']:18}{run}  {r['reason']}")
+    return 0

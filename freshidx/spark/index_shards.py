@@ -1,0 +1,257 @@
+"""Executor-side tantivy shard builds: one Spark task = one shard = one tantivy index (DESIGN §6).
+
+Same contract as :func:`freshidx.spark.shards.write_shards` (and the same reasons, see there):
+exactly ``num_shards`` commits, rows hash-partitioned by ``xxhash64(product_id)`` so a product is
+never split, the Spark partition id of a task is its shard number, the attempt number is part of
+every key, and the driver collects only the small commit messages. Each task
+
+1. builds a tantivy index of the shard's *active* ads in a local temp dir
+   (:class:`freshidx.index_format.IndexBuilder`: 128 MB heap, one thread, commit, wait for merges);
+2. writes ``covered.parquet`` (``ad_id, status, version`` of *every* ad of the shard: the shard's part
+   of the kill-list) and ``docs.parquet`` (the active ads' typed records, read back by the next
+   delta build to re-emit all ads of a touched product, see ``transform.expand_to_products``);
+3. uploads the index files (never ``.tantivy-*.lock``) under ``shard_prefix(...) + "index/"`` and the
+   two Parquet files under ``shard_prefix(...)``, hashing each on the way (sha256), and returns a
+   :class:`~freshidx.spark.shards.ShardCommit` listing every uploaded file.
+
+Layout of one shard attempt::
+
+    indexes/<index>/versions/<version>/shards/shard-NNNNN-aK/index/meta.json
+                                                           index/.managed.json
+                                                           index/<segment>.{idx,pos,term,store,fast,fieldnorm}
+                                                           docs.parquet
+                                                           covered.parquet
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from freshidx import layout
+from freshidx.index_format import FEATURE_COLUMNS, INDEX_ARROW_SCHEMA, INDEX_DIR, IndexBuilder
+from freshidx.records import ACTIVE
+from freshidx.spark.raw_source import store_from_json, store_to_json
+from freshidx.spark.shards import (
+    _SHARD_RESULT_DDL,
+    COVERED_ARROW_SCHEMA,
+    COVERED_FILE,
+    DOCS_ARROW_SCHEMA,
+    DOCS_FILE,
+    ShardCommit,
+    ShardFile,
+    _BufferedParquet,
+    _check_name,
+    _collect_commits,
+    _conform,
+    _shard_result,
+    _task_ids,
+    upload_file,
+)
+from freshidx.store import StoreConfig
+from freshidx.transform import product_features
+
+log = logging.getLogger(__name__)
+
+INDEX_COLUMNS: tuple[str, ...] = tuple(INDEX_ARROW_SCHEMA.names)
+DOCS_DDL = (
+    "ad_id string, campaign_id string, product_id string, title string, keywords array<string>, "
+    "bid double, status string, updated_at timestamp, version long"
+)
+assert tuple(c.split()[0] for c in DOCS_DDL.split(", ")) == tuple(DOCS_ARROW_SCHEMA.names)
+
+
+def index_key_prefix(index: str, version: str, shard: int, attempt: int) -> str:
+    """Where the tantivy files of one shard attempt live."""
+    return layout.shard_prefix(index, version, shard, attempt) + INDEX_DIR
+
+
+def write_one_index_shard(
+    config: StoreConfig, index: str, version: str, shard: int, attempt: int,
+    batches: Iterable[pa.RecordBatch], *, with_docs: bool = True,
+) -> ShardCommit:
+    """Build and upload one shard attempt (runs on an executor; callable directly, e.g. in tests).
+
+    ``batches`` carry :data:`~freshidx.index_format.INDEX_ARROW_SCHEMA` columns (extra columns are
+    ignored). Returns a commit whose files are the index files (sorted by name), then
+    ``docs.parquet`` (unless ``with_docs=False``), then ``covered.parquet``.
+    """
+    fs = config.arrow_fs()
+    prefix = layout.shard_prefix(index, version, shard, attempt)
+    with tempfile.TemporaryDirectory(prefix="freshidx-ishard-") as tmp:
+        index_dir = os.path.join(tmp, "index")
+        builder = IndexBuilder(index_dir)
+        covered = _BufferedParquet(os.path.join(tmp, COVERED_FILE), COVERED_ARROW_SCHEMA)
+        docs = _BufferedParquet(os.path.join(tmp, DOCS_FILE), DOCS_ARROW_SCHEMA) if with_docs else None
+        try:
+            for raw_batch in batches:
+                if raw_batch.num_rows == 0:
+                    continue
+                batch = _conform(raw_batch, INDEX_ARROW_SCHEMA)
+                covered.write(_conform(batch, COVERED_ARROW_SCHEMA))
+                active = batch.filter(pc.equal(batch.column("status"), ACTIVE))
+                if docs is not None:
+                    docs.write(_conform(active, DOCS_ARROW_SCHEMA))
+                builder.add_batch(active)
+            doc_count = builder.finish()
+        finally:
+            covered.close()
+            if docs is not None:
+                docs.close()
+        files: list[ShardFile] = [
+            upload_file(fs, config, os.path.join(index_dir, name), prefix + INDEX_DIR + name, 0)
+            for name in builder.files()
+        ]
+        if docs is not None:
+            files.append(upload_file(fs, config, docs.path, prefix + DOCS_FILE, docs.rows))
+        files.append(upload_file(fs, config, covered.path, prefix + COVERED_FILE, covered.rows))
+    return ShardCommit(
+        shard=shard, attempt=attempt, doc_count=doc_count, covered_count=covered.rows, files=tuple(files)
+    )
+
+
+def _index_shard_task(
+    store_json: str, index: str, version: str, num_shards: int, with_docs: bool
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        shard, attempt = _task_ids()
+        if not 0 <= shard < num_shards:
+            raise RuntimeError(f"task partition {shard} outside 0..{num_shards - 1}: shards must not be re-split")
+        config = store_from_json(store_json)
+        yield _shard_result(
+            write_one_index_shard(config, index, version, shard, attempt, batches, with_docs=with_docs)
+        )
+
+    return run
+
+
+def _index_fill_task(
+    store_json: str, index: str, version: str, with_docs: bool
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    # Empty shards whose numbers come from the data (tasks of this job are not shards).
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        _, attempt = _task_ids()
+        config = store_from_json(store_json)
+        for batch in batches:
+            for shard in batch.column("shard").to_pylist():
+                yield _shard_result(
+                    write_one_index_shard(config, index, version, int(shard), attempt, [], with_docs=with_docs)
+                )
+
+    return run
+
+
+def write_index_shards(
+    latest: DataFrame, store_config: StoreConfig, index: str, version: str, num_shards: int,
+    *, with_docs: bool = True, sort: bool = True,
+) -> list[ShardCommit]:
+    """Build ``num_shards`` tantivy shards of ``latest`` (one row per ad) in Spark tasks; return commits.
+
+    ``latest`` has the typed record columns and, ideally, the product features
+    (``transform.index_rows`` / ``transform.product_features``). Without feature columns they are
+    computed here over ``latest`` itself, which is right for a full build only; a delta build must
+    expand to whole products first (``transform.expand_to_products``).
+
+    Rows are hash-partitioned by ``xxhash64(product_id)`` (one product's ads land in exactly one
+    shard; why the hash and not the bare column: see ``shards.write_shards``). With ``sort`` (default)
+    each shard is sorted by ``(product_id, ad_id)`` so a build is reproducible document for document.
+    A shard with no rows still gets an (empty) index and a commit. Returns commits sorted by shard.
+    """
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    _check_name("index", index)
+    _check_name("version", version)
+    if not set(FEATURE_COLUMNS) <= set(latest.columns):
+        latest = product_features(latest)
+    store_json = store_to_json(store_config)
+    rows = latest.select(*INDEX_COLUMNS).repartition(num_shards, F.xxhash64("product_id"))
+    if sort:
+        rows = rows.sortWithinPartitions("product_id", "ad_id")
+    commits = _collect_commits(
+        rows.mapInArrow(_index_shard_task(store_json, index, version, num_shards, with_docs), _SHARD_RESULT_DDL)
+    )
+    seen = [c.shard for c in commits]
+    if len(seen) != len(set(seen)):
+        raise RuntimeError(f"more than one commit for a shard: {sorted(seen)}")
+    missing = sorted(set(range(num_shards)) - set(seen))
+    if missing:
+        log.info("write_index_shards: %d shard(s) received no task, writing them empty: %s", len(missing), missing)
+        commits += write_empty_index_shards(
+            latest.sparkSession, store_config, index, version, missing, with_docs=with_docs
+        )
+    commits.sort(key=lambda c: c.shard)
+    if [c.shard for c in commits] != list(range(num_shards)):
+        raise RuntimeError(f"expected shards 0..{num_shards - 1}, got {[c.shard for c in commits]}")
+    return commits
+
+
+def write_empty_index_shards(
+    spark: SparkSession, store_config: StoreConfig, index: str, version: str, shards: list[int],
+    *, with_docs: bool = True,
+) -> list[ShardCommit]:
+    """Empty tantivy shards (plus empty Parquet files) for ``shards``, written from Spark tasks."""
+    _check_name("index", index)
+    _check_name("version", version)
+    if not shards:
+        return []
+    fill = spark.createDataFrame([(s,) for s in shards], "shard int").repartition(min(len(shards), 4))
+    task = _index_fill_task(store_to_json(store_config), index, version, with_docs)
+    return sorted(_collect_commits(fill.mapInArrow(task, _SHARD_RESULT_DDL)), key=lambda c: c.shard)
+
+
+# --------------------------------------------------------------------------- reading a version back
+
+
+def version_files(manifest: dict[str, Any], name: str) -> list[str]:
+    """Keys of the per-shard file ``name`` (``docs.parquet``/``covered.parquet``) listed in ``manifest``."""
+    return sorted(
+        f["key"] for s in manifest["shards"] for f in s["files"] if str(f["key"]).rsplit("/", 1)[-1] == name
+    )
+
+
+def _read_docs_task(store_json: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        config = store_from_json(store_json)
+        fs = config.arrow_fs()
+        for batch in batches:
+            for key in batch.column("key").to_pylist():
+                with fs.open_input_file(config.arrow_path(key)) as f:
+                    pf = pq.ParquetFile(f)
+                    for b in pf.iter_batches(batch_size=65536):
+                        yield _conform(b, DOCS_ARROW_SCHEMA)
+
+    return run
+
+
+def read_version_docs(spark: SparkSession, store_config: StoreConfig, manifest: dict[str, Any]) -> DataFrame:
+    """The ``docs.parquet`` rows of a published version (its active ads), read on the executors.
+
+    The file list comes from the manifest, never from a listing. Works for versions written by
+    :func:`write_index_shards` and by ``shards.write_shards`` (same ``docs.parquet`` schema).
+    Columns: ``transform.TYPED_FIELDS``.
+    """
+    keys = version_files(manifest, DOCS_FILE)
+    if not keys:
+        return spark.createDataFrame([], DOCS_DDL)
+    files = spark.createDataFrame([(k,) for k in keys], "key string").repartition(len(keys))
+    return files.mapInArrow(_read_docs_task(store_to_json(store_config)), DOCS_DDL)
+
+
+def commit_summary(commits: list[ShardCommit]) -> dict[str, Any]:
+    """Small stats for a manifest (doc/covered counts, bytes, files)."""
+    return {
+        "doc_count": sum(c.doc_count for c in commits),
+        "covered_count": sum(c.covered_count for c in commits),
+        "bytes": sum(f.bytes for c in commits for f in c.files),
+        "files": sum(len(c.files) for c in commits),
+        "shard_docs": [c.doc_count for c in commits],
+    }
