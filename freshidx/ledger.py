@@ -6,8 +6,12 @@ sensors (or a sensor and a retry) racing on the same trigger cannot both win.
 
 Trigger ids used by the delta pipeline, for partition ``P`` (compact form ``20261121T1405``):
 
-* ``P``        the partition's final decision: ``superseded`` / ``published`` / ``refused`` / ``parked``
-* ``P.aN``     attempt ``N`` accepted: a run was requested for it (run key ``delta:<P>:aN``)
+* ``P``             the partition's final decision: ``superseded`` / ``published`` / ``refused``
+* ``P.aN``          attempt ``N`` accepted: a run was requested for it (run key ``delta:<P>:aN``)
+* ``P.aN.run``      the run that executes attempt ``N`` (its run id)
+* ``P.invalid-R``   run ``R`` built a version that failed the validation gate (not final: retried)
+* ``P.parked``      attempts exhausted; waiting for a newer partition or an explicit retry
+* ``P.grant-K``     an operator granted one more attempt (``freshidx ledger retry``)
 """
 
 from __future__ import annotations
@@ -68,16 +72,40 @@ def record_partition(store: ObjectStore, pipeline: str, partition: PartitionId, 
                   Entry(pipeline, partition.compact, decision, reason, partition=partition.path, **kw))
 
 
-def attempts(store: ObjectStore, pipeline: str, partition: PartitionId) -> list[dict[str, Any]]:
-    """Accepted attempts for a partition, oldest first (one LIST call)."""
-    prefix = partition_key(pipeline, partition, ".a")[: -len(".json")]
-    out = []
-    for obj in store.list(prefix).objects:
+def partition_entries(store: ObjectStore, pipeline: str, partition: PartitionId) -> dict[str, dict[str, Any]]:
+    """Every entry of one partition keyed by suffix ("" = final decision, "a1", "a1.run", …): one LIST."""
+    base = partition_key(pipeline, partition)[: -len(".json")]
+    out: dict[str, dict[str, Any]] = {}
+    for obj in store.list(base).objects:
+        rest = obj.key[len(base):].removesuffix(".json")
+        if rest and not rest.startswith("."):
+            continue  # another partition sharing the prefix (cannot happen with fixed-width ids)
         try:
-            out.append(store.get_json(obj.key)[0])
+            out[rest.removeprefix(".")] = dict(store.get_json(obj.key)[0])
         except NotFound:
             continue
-    return sorted(out, key=lambda e: int(e.get("attempt") or 0))
+    return out
+
+
+def attempts(store: ObjectStore, pipeline: str, partition: PartitionId) -> list[dict[str, Any]]:
+    """Accepted attempts for a partition, oldest first."""
+    found = partition_entries(store, pipeline, partition)
+    return sorted((e for k, e in found.items() if k[:1] == "a" and k[1:].isdigit()),
+                  key=lambda e: int(e.get("attempt") or 0))
+
+
+def grants(store: ObjectStore, pipeline: str, partition: PartitionId) -> int:
+    return sum(1 for k in partition_entries(store, pipeline, partition) if k.startswith("grant-"))
+
+
+def grant_retry(store: ObjectStore, pipeline: str, partition: PartitionId, reason: str) -> str:
+    """Explicitly allow one more attempt for a partition (a new attempt number, a new run key)."""
+    n = grants(store, pipeline, partition) + 1
+    while not record(store, partition_key(pipeline, partition, f".grant-{n}"),
+                     Entry(pipeline, f"{partition.compact}.grant-{n}", "retry_granted", reason,
+                           partition=partition.path)):
+        n += 1
+    return f"{partition.compact}.grant-{n}"
 
 
 def decision(store: ObjectStore, pipeline: str, partition: PartitionId) -> dict[str, Any] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import sys
 from typing import Any
 
 from freshidx import ledger
@@ -23,6 +24,33 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--partition", help="only entries of this partition path (year=…/minute=mm)")
     p.add_argument("--json", action="store_true", help="a JSON list of entries")
     p.set_defaults(func=cmd_ledger)
+    sub = p.add_subparsers(dest="action")
+    r = sub.add_parser("retry", help="grant one more attempt to a failed or parked partition")
+    r.add_argument("--store", help="store URI")
+    r.add_argument("--pipeline", choices=("delta",), default="delta")
+    r.add_argument("--partition", required=True, help="partition path year=…/minute=mm")
+    r.add_argument("--reason", default="operator retry")
+    r.set_defaults(func=cmd_retry)
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    from freshidx.partitions import PartitionError, PartitionId
+
+    try:
+        partition = PartitionId.parse(args.partition)
+    except PartitionError as exc:
+        print(f"freshidx ledger retry: --partition: {exc}", file=sys.stderr)
+        return 2
+    store = open_store(Settings.from_env(store=args.store).store_config())
+    final = ledger.decision(store, args.pipeline, partition)
+    if final is not None:
+        print(f"{partition.path} already has a final decision: {final['decision']} ({final['reason']})",
+              file=sys.stderr)
+        return 1
+    grant = ledger.grant_retry(store, args.pipeline, partition, args.reason)
+    print(f"granted {grant}: the sensor requests a new attempt on its next tick if {partition.path} "
+          "is still the newest partition")
+    return 0
 
 
 def entries(store: Any, pipelines: list[str], since: dt.date | None, until: dt.date | None) -> list[dict[str, Any]]:

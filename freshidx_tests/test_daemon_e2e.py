@@ -32,8 +32,16 @@ def at(minutes: int) -> PartitionId:
     return PartitionId(T0 + dt.timedelta(minutes=minutes))
 
 
+FRESHNESS_QUERY = """
+{ assetNodes { assetKey { path }
+    freshnessStatusInfo { freshnessStatus }
+    internalFreshnessPolicy { ... on TimeWindowFreshnessPolicy { failWindowSeconds warnWindowSeconds } } } }
+"""
+
+
 def env_for(cfg: StoreConfig) -> dict[str, str]:
-    env = {"FRESHIDX_STORE": cfg.uri, "PYSPARK_PYTHON": sys.executable, "FRESHIDX_PARTITIONS_START": "2026-11-01"}
+    env = {"FRESHIDX_STORE": cfg.uri, "PYSPARK_PYTHON": sys.executable, "FRESHIDX_PARTITIONS_START": "2026-11-01",
+           "FRESHNESS_DAEMON_INTERVAL_SECONDS": "5"}
     if cfg.is_s3:
         env.update(s3_env(cfg))
     return env
@@ -96,6 +104,21 @@ def test_daemon_latest_only_and_ui_materialize(dev: tuple[DagsterDev, StoreConfi
         assert {(at(30).path, "superseded"), (at(35).path, "superseded"), (at(40).path, "accepted")} <= decisions
     finally:
         instance.dispose()
+
+    # The UI's view of freshness policies: both index assets carry one; delta's state is evaluated.
+    def freshness() -> dict[str, dict]:
+        nodes = d.graphql(FRESHNESS_QUERY)["assetNodes"]
+        return {"/".join(n["assetKey"]["path"]): n for n in nodes}
+
+    nodes = freshness()
+    for name, fail_s in (("delta_index", 1800), ("full_index", 6 * 3600)):
+        assert nodes[name]["internalFreshnessPolicy"]["failWindowSeconds"] == fail_s
+    healthy = poll_until(
+        lambda: (freshness()["delta_index"]["freshnessStatusInfo"] or {}).get("freshnessStatus") == "HEALTHY",
+        timeout=90, interval=2, what="delta_index freshness HEALTHY")
+    assert healthy
+    assert freshness()["full_index"]["freshnessStatusInfo"]["freshnessStatus"] in {
+        "HEALTHY", "WARNING", "DEGRADED", "UNKNOWN"}
 
     # UI "Materialize" with no config builds for the newest visible partition.
     d.stop_sensor("delta_index_sensor")

@@ -10,6 +10,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +25,7 @@ from freshidx.partitions import PartitionId
 from freshidx.publish import read_manifest, read_pointer
 from freshidx.records import STATUSES
 from freshidx.store import StoreConfig
+from freshidx_tests.conftest import s3_env
 from freshidx_tests.harness import GEN, Harness, at
 
 
@@ -117,7 +121,9 @@ def test_failed_partition_is_retried_as_a_new_attempt(harness: Harness, spark: A
     res = h.run(r1, raise_on_error=False)
     assert not res.success
     assert read_pointer(h.store, "delta")[0] is None  # nothing was published
-    assert ledger.decision(h.store, "delta", at(0))["decision"] == "validation_failed"  # type: ignore[index]
+    entries = ledger.partition_entries(h.store, "delta", at(0))
+    assert ledger.decision(h.store, "delta", at(0)) is None  # a failure is not a final decision
+    assert [e["decision"] for k, e in entries.items() if k.startswith("invalid-")] == ["validation_failed"]
     r2 = h.tick().run_requests[0]
     assert r2.run_key == f"delta:{at(0).compact}:a2"  # explicit retry, not swallowed by run-key dedup
     # A newer, good partition supersedes the broken one.
@@ -138,7 +144,16 @@ def test_parked_after_max_attempts(store_config: StoreConfig, spark: Any) -> Non
                 assert not h.run(h.tick().run_requests[0], raise_on_error=False).success
             parked = h.tick()
             assert not parked.run_requests and "parked" in (parked.skip_message or "")
-            assert ledger.decision(h.store, "delta", at(0)) is not None
+            assert "parked-2" in ledger.partition_entries(h.store, "delta", at(0))
+            assert not h.tick().run_requests  # stays parked
+            # An operator grants an explicit retry: a new attempt number, a new run.
+            env = {**os.environ, "FRESHIDX_STORE": h.settings.store}
+            if store_config.is_s3:
+                env.update(s3_env(store_config))
+            subprocess.run([sys.executable, "-m", "freshidx.cli", "ledger", "retry", "--partition", at(0).path],
+                           env=env, check=True, capture_output=True, timeout=120)
+            retried = h.tick().run_requests
+            assert [r.run_key for r in retried] == [f"delta:{at(0).compact}:a3"]
         finally:
             h.close()
 

@@ -30,13 +30,17 @@ class IndexIOManager(dg.ConfigurableIOManager):
         partition = PartitionId.parse(obj.source_partition) if obj.source_partition else None
         pipeline = obj.index
         if partition is not None:
-            decision = {
-                "published": ledger.PUBLISHED, "superseded": ledger.REFUSED, "invalid": ledger.INVALID,
-            }[result.outcome]
-            ledger.record_partition(
-                store, pipeline, partition, decision, result.reason, run_id=context.run_id,
-                extra={"version": obj.version},
-            )
+            if result.outcome == "invalid":  # not final: the partition is retried
+                ledger.record(store, ledger.partition_key(pipeline, partition, f".invalid-{context.run_id[:8]}"),
+                              ledger.Entry(pipeline, f"{partition.compact}.invalid-{context.run_id[:8]}",
+                                           ledger.INVALID, result.reason, partition=partition.path,
+                                           run_id=context.run_id, extra={"version": obj.version}))
+            else:
+                ledger.record_partition(
+                    store, pipeline, partition,
+                    ledger.PUBLISHED if result.outcome == "published" else ledger.REFUSED,
+                    result.reason, run_id=context.run_id, extra={"version": obj.version},
+                )
         if obj.cutoff:
             cut = parse_iso(obj.cutoff)
             ledger.record(
@@ -75,6 +79,19 @@ class IndexIOManager(dg.ConfigurableIOManager):
             )
         if result.pointer is not None:
             meta["serving_version"] = result.pointer.version
+        # The run manifest (seed 002): what this run owned and why it exists.
+        meta["trigger"] = str(obj.run.get("trigger") or "manual")
+        if obj.run.get("run_key"):
+            meta["trigger_id"] = str(obj.run["run_key"])
+        if result.outcome != "invalid":
+            meta["manifest"] = dg.MetadataValue.path(f"{store.uri}/{layout.manifest_key(obj.index, obj.version)}")
+        meta["code_version"] = str(obj.run.get("code_version", "unknown"))
+        if context.step_context is not None:
+            context.step_context.instance.add_run_tags(context.run_id, {
+                "freshidx/outcome": result.outcome, "freshidx/version": obj.version,
+                **({"freshidx/source_partition": obj.source_partition} if obj.source_partition else {}),
+                **({"freshidx/cutoff": obj.cutoff} if obj.cutoff else {}),
+            })
         skipped = context.step_context.run_tags.get("freshidx/skipped_count") if context.step_context else None
         if skipped is not None:
             meta["skipped_partitions"] = dg.MetadataValue.int(int(skipped))

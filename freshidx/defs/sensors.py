@@ -130,7 +130,10 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
             )
 
         # Which attempt is this? Explicit attempt numbers make retries visible and idempotent.
-        previous = ledger.attempts(st, PIPELINE, newest)
+        entries = ledger.partition_entries(st, PIPELINE, newest)
+        previous = sorted((e for k, e in entries.items() if k[:1] == "a" and k[1:].isdigit()),
+                          key=lambda e: int(e.get("attempt") or 0))
+        allowed = settings.max_attempts + sum(1 for k in entries if k.startswith("grant-"))
         if previous:
             last = previous[-1]
             runs = context.instance.get_runs(RunsFilter(tags={"dagster/run_key": last["run_key"]}), limit=1)
@@ -140,14 +143,15 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
                     asset_events=events, cursor=json.dumps(cursor),
                 )
         attempt = len(previous) + 1
-        if attempt > settings.max_attempts:
-            if ledger.record_partition(
-                st, PIPELINE, newest, ledger.PARKED,
-                f"{settings.max_attempts} attempts failed; waiting for a newer partition",
-            ):
+        if attempt > allowed:
+            if ledger.record(st, ledger.partition_key(PIPELINE, newest, f".parked-{attempt - 1}"), ledger.Entry(
+                PIPELINE, f"{newest.compact}.parked-{attempt - 1}", ledger.PARKED,
+                f"{attempt - 1} attempts failed; waiting for a newer partition or `freshidx ledger retry`",
+                partition=newest.path,
+            )):
                 events.append(_observation(partitions_def, newest, {"decision": "parked"}))
             return dg.SensorResult(
-                skip_reason=f"{newest.path} parked after {settings.max_attempts} failed attempts",
+                skip_reason=f"{newest.path} parked after {attempt - 1} failed attempts",
                 asset_events=events, cursor=json.dumps(cursor),
             )
 
