@@ -23,7 +23,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     from freshidx.store import open_store
 
     settings = Settings.from_env(store=args.store)
-    s = collect(open_store(settings.store_config()), settings.source)
+    s = collect(open_store(settings.store_config()), settings.source,
+                spark_server_state=settings.spark_server_state or _default_server_state())
     print(json.dumps(s, indent=1, default=str) if args.json else render(s))
     return 0
 
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     _status_parser(sub)
     demo.add_parser(sub)
     ledger_cli.add_parser(sub)
+    from freshidx.spark import server
+
+    server.add_parser(sub)
     return parser
 
 
@@ -52,3 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _default_server_state() -> str | None:
+    import os
+
+    path = os.path.join(os.getcwd(), ".freshidx", "spark-server")
+    return path if os.path.isdir(path) else None

@@ -56,6 +56,8 @@ class Settings(BaseModel):
     sla_interval_seconds: int = Field(30, ge=1, le=3600, description="SLA sensor tick interval")
     spark_remote: str | None = Field(None, description="Spark Connect URL sc://host:port; unset = local")
     spark_master: str = Field("local[2]", description="master for local mode")
+    spark_server_state: str | None = Field(
+        None, description="state dir of a supervised `freshidx spark-server` (runs take leases from it)")
     partitions_start: str = Field("2026-01-01", description="first hourly Dagster partition (YYYY-MM-DD)")
     keep_versions: int = Field(5, ge=1, le=1000, description="published versions never garbage-collected")
 

@@ -46,7 +46,21 @@ def recent_decisions(store: ObjectStore, pipeline: str, now: dt.datetime,
     return found
 
 
-def collect(store: ObjectStore, source: str, now: dt.datetime | None = None) -> dict[str, Any]:
+def spark_server(state_dir: str | None) -> dict[str, Any] | None:
+    if not state_dir:
+        return None
+    from freshidx.spark.server import read_state
+
+    state = read_state(state_dir)
+    if state is None:
+        return {"status": "not running", "state_dir": state_dir}
+    keep = ("status", "url", "pid", "started_at", "last_restart_at", "last_restart_reason", "restarts",
+            "heap_used_bytes", "heap_max_bytes", "rss_bytes", "supervisor_alive", "updated_at")
+    return {k: state.get(k) for k in keep}
+
+
+def collect(store: ObjectStore, source: str, now: dt.datetime | None = None,
+            spark_server_state: str | None = None) -> dict[str, Any]:
     now = now or utcnow()
     newest, ignored = newest_partition(store, source)
     delta = index_status(store, "delta", now)
@@ -63,7 +77,8 @@ def collect(store: ObjectStore, source: str, now: dt.datetime | None = None) -> 
         "delta": delta,
         "full": index_status(store, "full", now),
         "recent_skipped": recent_decisions(store, "delta", now, {"superseded", "not_listed"}),
-        "recent_refused": recent_decisions(store, "delta", now, {"refused", "validation_failed", "parked"}),
+        "recent_refused": recent_decisions(store, "delta", now, {"refused"}),
+        "spark_server": spark_server(spark_server_state),
     }
 
 
@@ -83,6 +98,11 @@ def render(s: dict[str, Any]) -> str:
             lines.append(f"        window ({idx['window_start']}, {idx['window_end']}]")
     if s["seconds_behind_newest"] is not None:
         lines.append(f"delta is {s['seconds_behind_newest']:.0f}s of partitions behind the newest visible one")
+    srv = s.get("spark_server")
+    if srv:
+        lines.append(f"spark   connect server {srv.get('status')}  {srv.get('url') or ''}  restarts "
+                     f"{srv.get('restarts', 0)}  last restart {srv.get('last_restart_at')} "
+                     f"({srv.get('last_restart_reason')})")
     if s["recent_skipped"]:
         lines.append("recently skipped:")
         lines += [f"  {e['partition'] or e.get('scope')}: {e['reason']}" for e in s["recent_skipped"]]

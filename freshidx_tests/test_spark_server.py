@@ -1,8 +1,9 @@
 """The supervised Spark Connect server: a real JVM on a free loopback port, killed and restarted.
 
 One supervisor (``run_forever`` in a thread) is shared by the tests of this module, in file order:
-query + Python worker importing freshidx → kill -9 → planned restart held off by a lease → heap
-sampling → stop leaves no process. The CLI entry point gets its own server. Waiting is always
+query + Python worker importing freshidx → planned restart held off by a lease → kill -9 → heap
+sampling → stop leaves no process. The CLI entry point gets its own server. The first start dumps
+an AppCDS class archive that every later start (the CLI's too) maps. Waiting is always
 polling with a deadline; the JVM start is slow on a loaded 2-core box, so deadlines are generous.
 """
 
@@ -106,9 +107,14 @@ class Supervised:
 
 
 @pytest.fixture(scope="module")
-def supervised(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervised]:
+def cds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cds")
+
+
+@pytest.fixture(scope="module")
+def supervised(tmp_path_factory: pytest.TempPathFactory, cds_dir: Path) -> Iterator[Supervised]:
     cfg = ServerConfig(
-        port=free_port(), state_dir=tmp_path_factory.mktemp("spark-server"), driver_memory="1g",
+        port=free_port(), state_dir=tmp_path_factory.mktemp("spark-server"), driver_memory="1g", cds_dir=cds_dir,
         health_interval_s=2.0, heap_check_interval_s=3600.0, drain_timeout_s=60.0,
         start_timeout_s=START_DEADLINE,
     )
@@ -181,6 +187,33 @@ def test_stale_leases_are_reaped(tmp_path: Path) -> None:
     assert sorted(p.name for p in leases.iterdir()) == ["alive--2-y.json"]
 
 
+def test_jvm_left_by_a_killed_supervisor_is_killed_on_next_start(tmp_path: Path) -> None:
+    sup = SparkConnectSupervisor(ServerConfig(state_dir=tmp_path, port=free_port()))
+    # stands in for the orphaned JVM: same markers on its command line, its own session
+    orphan = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", srv.SERVER_CLASS, str(sup.properties_path)],
+        start_new_session=True,
+    )
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        (tmp_path / "state.json").write_text(json.dumps(
+            {"status": "up", "pid": orphan.pid, "hostname": srv._HOSTNAME, "supervisor_pid": bystander.pid}))
+        # not ours (no markers): left alone
+        (tmp_path / "other").mkdir()
+        (tmp_path / "other" / "state.json").write_text(json.dumps(
+            {"status": "up", "pid": bystander.pid, "hostname": srv._HOSTNAME}))
+        SparkConnectSupervisor(ServerConfig(state_dir=tmp_path / "other"))._kill_leftover()
+        assert bystander.poll() is None
+        sup._kill_leftover()
+        assert orphan.wait(10) == -signal.SIGKILL
+        assert bystander.poll() is None
+    finally:
+        for p in (orphan, bystander):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
 # ------------------------------------------------------------------------------------------
 # one real server, shared, in order
 
@@ -196,6 +229,11 @@ def test_start_query_and_python_worker_imports_freshidx(supervised: Supervised) 
         assert st[key], key
     assert (supervised.state_dir / "server.log").stat().st_size > 0
     assert supervised.sup.health_check() is True
+    cmd = srv._cmdline(st["pid"])
+    assert "-Xmx1g" in cmd and str(supervised.sup.properties_path) in cmd
+    # a fresh cds dir: this JVM recorded its classes and dumped them once warmed up
+    assert "-XX:+RecordDynamicDumpInfo" in cmd, cmd
+    assert st["last_start_timings"]["cds_dump_s"] > 0 and Path(st["cds_archive"]).is_file(), st
 
     t0 = time.monotonic()
     res = _query_and_python_job(st["url"])
@@ -205,25 +243,6 @@ def test_start_query_and_python_worker_imports_freshidx(supervised: Supervised) 
     assert res["module"] == freshidx.partitions.__file__  # the installed package, not a pickled copy
     assert res["python"] == sys.executable
     assert res["parsed"] == "20261121T1405"
-
-
-@pytest.mark.daemon
-def test_kill_9_is_restarted(supervised: Supervised) -> None:
-    before = _state(supervised.state_dir)
-    old_pid = before["pid"]
-    t0 = time.monotonic()
-    os.kill(old_pid, signal.SIGKILL)
-    def restarted() -> dict[str, Any] | None:
-        s = read_state(supervised.state_dir)
-        return s if s and s["status"] == "up" and s["restarts"] == before["restarts"] + 1 else None
-
-    st = poll_until(restarted, timeout=START_DEADLINE + 30, interval=0.2, what="restart after kill -9")
-    took = time.monotonic() - t0
-    assert st["last_restart_reason"] == "crash"
-    assert st["pid"] != old_pid and not srv._pid_alive(old_pid)
-    assert srv._session_members(old_pid) == []  # its Python workers went too
-    print(f"\nkill -9 → up again: {took:.1f}s (supervisor: {st['last_restart_duration_s']}s)")
-    assert _query_and_python_job(st["url"])["python"] == sys.executable
 
 
 @pytest.mark.daemon
@@ -262,9 +281,31 @@ def test_planned_restart_waits_for_the_lease(supervised: Supervised) -> None:
         assert st["status"] == "up" and st["restarts"] == before["restarts"] + 1
         assert st["last_restart_reason"] == "planned-age" and st["drain_timed_out_leases"] == []
         print(f"\nlease released → new lease granted: {took:.1f}s (supervisor restart: "
-              f"{st['last_restart_duration_s']}s)")
+              f"{st['last_restart_duration_s']}s, {st['last_start_timings']})")
         assert _query_and_python_job(lease2.url)["python"] == sys.executable
     assert not srv._pid_alive(before["pid"])
+    # later starts map the class archive the first one dumped
+    assert "-XX:SharedArchiveFile=" in srv._cmdline(st["pid"])
+
+
+@pytest.mark.daemon
+def test_kill_9_is_restarted(supervised: Supervised) -> None:
+    before = _state(supervised.state_dir)
+    old_pid = before["pid"]
+    t0 = time.monotonic()
+    os.kill(old_pid, signal.SIGKILL)
+    def restarted() -> dict[str, Any] | None:
+        s = read_state(supervised.state_dir)
+        return s if s and s["status"] == "up" and s["restarts"] == before["restarts"] + 1 else None
+
+    st = poll_until(restarted, timeout=START_DEADLINE + 30, interval=0.2, what="restart after kill -9")
+    timings = st["last_start_timings"]
+    took = time.monotonic() - t0
+    assert st["last_restart_reason"] == "crash"
+    assert st["pid"] != old_pid and not srv._pid_alive(old_pid)
+    assert srv._session_members(old_pid) == []  # its Python workers went too
+    print(f"\nkill -9 → up again: {took:.1f}s (supervisor: {st['last_restart_duration_s']}s, {timings})")
+    assert _query_and_python_job(st["url"])["python"] == sys.executable
 
 
 @pytest.mark.daemon
@@ -303,8 +344,7 @@ def test_stop_leaves_no_process_behind(supervised: Supervised) -> None:
     sup = supervised.sup
     pid = sup.pid
     assert pid is not None
-    _query_and_python_job(sup.config.url)  # make sure Python workers exist
-    members = srv._session_members(pid)
+    members = srv._session_members(pid)  # the kill -9 test ran a Python job on this JVM
     assert len(members) > 1, members  # the JVM and its Python worker daemon(s)
     supervised.stop.set()
     supervised.thread.join(60)
@@ -326,14 +366,14 @@ def test_stop_leaves_no_process_behind(supervised: Supervised) -> None:
 
 
 @pytest.mark.daemon
-def test_cli_runs_in_foreground_and_cleans_up_on_sigterm(tmp_path: Path) -> None:
+def test_cli_runs_in_foreground_and_cleans_up_on_sigterm(tmp_path: Path, cds_dir: Path) -> None:
     port = free_port()
     state_dir = tmp_path / "cli"
     log = tmp_path / "cli.out"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "freshidx.spark.server", "--port", str(port), "--state-dir", str(state_dir),
-             "--driver-memory", "1g", "--json"],
+             "--driver-memory", "1g", "--cds-dir", str(cds_dir), "--no-warm-up", "--json"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:

@@ -11,6 +11,7 @@ from freshidx.listing import newest_partition
 from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import DraftManifest, read_pointer
 from freshidx.settings import Settings
+from freshidx.store import ObjectStore
 
 OWNERS = ["team:freshidx"]
 TAG_PIPELINE = "freshidx/pipeline"
@@ -60,6 +61,9 @@ class DeltaIndexConfig(dg.Config):
     owners=OWNERS,
     deps=["raw_ad_updates"],
     tags={"freshidx/lane": "delta"},
+    # Transient failures (e.g. the Connect server restarting) are retried inside the run; the
+    # validation gate raises a non-retriable Failure.
+    retry_policy=dg.RetryPolicy(max_retries=2, delay=10),
 )
 def delta_index(
     context: dg.AssetExecutionContext,
@@ -71,16 +75,7 @@ def delta_index(
     settings = freshidx.settings(store.uri, store.endpoint_url)
     st = store.open()
     pointer, _ = read_pointer(st, "delta")
-    if config.source_partition:
-        try:
-            partition = PartitionId.parse(config.source_partition)
-        except PartitionError as exc:
-            raise dg.Failure(f"config source_partition: {exc}") from exc
-    else:
-        found, _ = newest_partition(st, settings.source)
-        if found is None:
-            raise dg.Failure(f"no raw partitions under {store.uri}/raw/{settings.source}/ yet")
-        partition = found
+    partition = _resolve_partition(st, settings, config.source_partition, "source_partition", store.uri)
     watermark = PartitionId.parse(pointer.source_partition) if pointer and pointer.source_partition else None
     run_info = _run_info(context, settings)
     attempt = context.run.tags.get(TAG_ATTEMPT)
@@ -125,6 +120,7 @@ class FullIndexConfig(dg.Config):
     owners=OWNERS,
     deps=["raw_ad_updates"],
     tags={"freshidx/lane": "full"},
+    retry_policy=dg.RetryPolicy(max_retries=2, delay=30),
 )
 def full_index(
     context: dg.AssetExecutionContext,
@@ -137,19 +133,25 @@ def full_index(
 
     settings = freshidx.settings(store.uri, store.endpoint_url)
     st = store.open()
-    if config.cutoff_partition:
-        try:
-            cutoff = PartitionId.parse(config.cutoff_partition)
-        except PartitionError as exc:
-            raise dg.Failure(f"config cutoff_partition: {exc}") from exc
-    else:
-        found, _ = newest_partition(st, settings.source)
-        if found is None:
-            raise dg.Failure(f"no raw partitions under {store.uri}/raw/{settings.source}/ yet")
-        cutoff = found
+    cutoff = _resolve_partition(st, settings, config.cutoff_partition, "cutoff_partition", store.uri)
     context.log.info(f"building full index up to {cutoff.path}")
     return build_full(spark.get_session(), st, store.store_config(), settings, cutoff=cutoff,
                       run_id=context.run_id, run_info=_run_info(context, settings))
+
+
+def _resolve_partition(
+    st: ObjectStore, settings: Settings, configured: str | None, field: str, uri: str
+) -> PartitionId:
+    """The configured partition path (validated), or the newest visible partition when empty."""
+    if configured:
+        try:
+            return PartitionId.parse(configured)
+        except PartitionError as exc:
+            raise dg.Failure(f"config {field}: {exc}") from exc
+    found, _ = newest_partition(st, settings.source)
+    if found is None:
+        raise dg.Failure(f"no raw partitions under {uri}/raw/{settings.source}/ yet")
+    return found
 
 
 def _run_info(context: dg.AssetExecutionContext, settings: Settings) -> dict:

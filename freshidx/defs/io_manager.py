@@ -99,7 +99,7 @@ class IndexIOManager(dg.ConfigurableIOManager):
         if result.outcome == "invalid":
             # The previous version keeps serving; fail the run so it is visible and retried.
             raise dg.Failure(description=f"{obj.index} {obj.version} not published: {result.reason}",
-                             metadata={"reason": result.reason})
+                             metadata={"reason": result.reason}, allow_retries=False)
         if result.outcome == "superseded":
             context.log.warning(f"{obj.index} {obj.version} not published: {result.reason}")
 

@@ -1,6 +1,7 @@
 """Dagster resources: one ``ConfigurableResource`` per external system, plus the settings."""
 
 
+import contextlib
 import os
 from typing import Any
 
@@ -67,15 +68,33 @@ class SparkResource(dg.ConfigurableResource):
     remote: str | None = None
     master: str = "local[2]"
     conf: dict[str, str] = {}
+    server_state_dir: str | None = None
+    """State dir of a `freshidx spark-server` supervisor: runs hold a lease while they use it, so a
+    planned restart drains first, and a run arriving during a restart waits (then fails clearly)."""
+    lease_timeout_seconds: float = 120.0
 
     _session: Any = PrivateAttr(default=None)
+    _leases: Any = PrivateAttr(default=None)
+    _run_id: str = PrivateAttr(default="adhoc")
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        self._run_id = context.run_id or "adhoc"
 
     def get_session(self) -> Any:
         if self._session is None:
             from freshidx.spark.session import build_connect_session, build_local_session
 
             if self.remote:
-                self._session = build_connect_session(self.remote, dict(self.conf))
+                remote = self.remote
+                if self.server_state_dir:
+                    from freshidx.spark.server import acquire_lease
+
+                    self._leases = contextlib.ExitStack()
+                    lease = self._leases.enter_context(
+                        acquire_lease(self.server_state_dir, self._run_id, timeout_s=self.lease_timeout_seconds)
+                    )
+                    remote = lease.url or remote
+                self._session = build_connect_session(remote, dict(self.conf))
             else:
                 self._session = build_local_session(self.master, conf=dict(self.conf))
         return self._session
@@ -84,6 +103,9 @@ class SparkResource(dg.ConfigurableResource):
         if self._session is not None and self.remote:
             self._session.stop()
             self._session = None
+        if self._leases is not None:
+            self._leases.close()
+            self._leases = None
 
 
 PIPELINE_FIELDS = (
@@ -138,6 +160,7 @@ def build_resources(settings: Settings) -> dict[str, Any]:
             aws_secret_access_key=_secret("AWS_SECRET_ACCESS_KEY"),
             aws_session_token=_secret("AWS_SESSION_TOKEN"),
         ),
-        "spark": SparkResource(remote=settings.spark_remote, master=settings.spark_master),
+        "spark": SparkResource(remote=settings.spark_remote, master=settings.spark_master,
+                               server_state_dir=settings.spark_server_state),
         "freshidx": FreshidxSettings(**{f: getattr(settings, f) for f in PIPELINE_FIELDS}),
     }
