@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import random
 import shutil
@@ -274,7 +275,7 @@ def percentile(values: Sequence[float], p: float) -> float:
     s = sorted(values)
     if not s:
         return float("nan")
-    rank = max(1, min(len(s), round(p / 100 * len(s) + 0.5)))
+    rank = max(1, min(len(s), math.ceil(p / 100 * len(s))))
     return s[rank - 1]
 
 

@@ -14,9 +14,13 @@ from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 
 from freshidx import transform
+from freshidx.index_format import FORMAT
+from freshidx.spark.index_shards import read_version_docs, write_index_shards
 from freshidx.spark.raw_source import read_raw_lines
-from freshidx.spark.shards import QuarantineCommit, ShardCommit, write_quarantine, write_shards
+from freshidx.spark.shards import QuarantineCommit, ShardCommit, write_quarantine
 from freshidx.store import StoreConfig
+
+__all__ = ["FORMAT", "BuildResult", "build_version"]
 
 
 @dataclass
@@ -57,9 +61,15 @@ def build_version(
     run_id: str,
     quarantine_after: str | bool | None,
     max_read_tasks: int = 0,
+    full_manifest: dict[str, Any] | None = None,
 ) -> BuildResult:
-    """Build and stage one version. ``quarantine_after``: partition path after which invalid records
-    are written to quarantine, ``None`` for all, ``False`` for none (counted only)."""
+    """Build and stage one version of tantivy shards (``index_format.FORMAT``).
+
+    ``quarantine_after``: partition path after which invalid records are written to quarantine,
+    ``None`` for all, ``False`` for none (counted only). ``full_manifest``: for a delta build, the
+    serving full version, whose documents supply the untouched ads of every product the window
+    touched (seed 000: a product's grouped features are never half-updated).
+    """
     t0 = time.monotonic()
     lines = read_raw_lines(spark, store_config, files, max_partitions=max_read_tasks)
     # Parsed once, used twice (valid → shards, invalid → quarantine and counts).
@@ -70,7 +80,9 @@ def build_version(
         quarantined: list[QuarantineCommit] = []
         if quarantine_after is not False and reasons:
             quarantined = write_quarantine(invalid, store_config, source, run_id, quarantine_after or None)
-        commits = write_shards(transform.latest_per_ad(valid), store_config, index, version, num_shards)
+        full_docs = read_version_docs(spark, store_config, full_manifest) if full_manifest else None
+        rows = transform.index_rows(transform.latest_per_ad(valid), full_docs)
+        commits = write_index_shards(rows, store_config, index, version, num_shards)
     finally:
         parsed.unpersist()
     return BuildResult(commits, reasons, quarantined, round(time.monotonic() - t0, 3))

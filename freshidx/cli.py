@@ -38,9 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     _status_parser(sub)
     demo.add_parser(sub)
     ledger_cli.add_parser(sub)
+    from freshidx import bench, retention, serving
     from freshidx.spark import server
 
     server.add_parser(sub)
+    serving.add_search_parser(sub)
+    retention.add_rollback_parser(sub)
+    retention.add_gc_parser(sub)
+    bench.add_bench_parser(sub)
     return parser
 
 

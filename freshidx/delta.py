@@ -11,9 +11,9 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from freshidx import listing
-from freshidx.build import build_version
+from freshidx.build import FORMAT, build_version
 from freshidx.partitions import PartitionId
-from freshidx.publish import DraftManifest, iso, new_version
+from freshidx.publish import DraftManifest, iso, new_version, read_manifest, read_pointer
 from freshidx.settings import Settings
 from freshidx.store import ObjectStore, StoreConfig
 
@@ -49,10 +49,13 @@ def build_delta(
         on_stage("list_seconds", list_seconds)
 
     version = new_version(p.at)
+    full_pointer, _ = read_pointer(store, "full")
+    full_manifest = read_manifest(store, "full", full_pointer.version) if full_pointer else None
     result = build_version(
         spark, store_config, index=INDEX, version=version, files=file_list,
         num_shards=settings.delta_shards, source=settings.source, run_id=plan.run_id,
         quarantine_after=plan.watermark.path if plan.watermark else None,
+        full_manifest=full_manifest,
     )
     if on_stage:
         on_stage("build_seconds", result.seconds)
@@ -73,6 +76,9 @@ def build_delta(
             "partitions": [pid.path for pid in files],
             "files": [{"key": o.key, "etag": o.etag, "size": o.size} for objs in files.values() for o in objs],
             "ignored": [{"key": i.key, "reason": i.reason} for i in ignored],
+            "full_version": full_pointer.version if full_pointer else None,
+            "format": FORMAT,
+            "kill_list": "covered.parquet of every shard (every ad id this delta covers)",
         },
         invalid=result.invalid_summary(),
         stats={"list_seconds": list_seconds, "build_seconds": result.seconds,

@@ -14,7 +14,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from freshidx import layout
-from freshidx.build import build_version
+from freshidx.build import FORMAT, build_version
 from freshidx.listing import Ignored
 from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import DraftManifest, iso, new_version
@@ -80,6 +80,7 @@ def build_full(
         inputs={
             "source": settings.source,
             "cutoff_partition": cutoff.path,
+            "format": FORMAT,
             "partitions": len(files),
             "files": len(file_list),
             "first_partition": next(iter(files)).path if files else None,

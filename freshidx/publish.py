@@ -124,9 +124,31 @@ def read_manifest(store: ObjectStore, index: str, version: str) -> dict[str, Any
     return dict(data)
 
 
-def validate_draft(store: ObjectStore, draft: DraftManifest, *, allow_empty: bool = False) -> list[str]:
-    """The gate before the CAS. Returns the reasons the draft must not be published (empty = ok)."""
+REQUIRED_SHARD_FILES = ("covered.parquet", "index/meta.json")
+
+
+def validate_draft(store: ObjectStore, draft: DraftManifest, *, allow_empty: bool = False,
+                   max_drop_fraction: float | None = None, current: Pointer | None = None) -> list[str]:
+    """The gate before the CAS. Returns the reasons the draft must not be published (empty = ok).
+
+    ``max_drop_fraction``: refuse a document count that fell by more than this fraction versus the
+    serving version of the same index (a collapsed build), unless the caller forces it (None).
+    """
     problems: list[str] = []
+    if max_drop_fraction is not None and current is not None and current.doc_count > 0:
+        floor = current.doc_count * (1.0 - max_drop_fraction)
+        if draft.doc_count < floor:
+            problems.append(
+                f"document count collapsed: {draft.doc_count} < {floor:.0f} "
+                f"({max_drop_fraction:.0%} below the serving {current.doc_count}); force to publish anyway"
+            )
+    fmt = draft.inputs.get("format")
+    if fmt is not None:
+        for sh in draft.shards:
+            names = {f["key"].split("/shards/", 1)[-1].split("/", 1)[-1] for f in sh["files"]}
+            missing = [n for n in REQUIRED_SHARD_FILES if n not in names]
+            if missing:
+                problems.append(f"shard {sh['shard']} lacks {missing} (format {fmt})")
     if len(draft.shards) != draft.num_shards:
         problems.append(f"expected {draft.num_shards} shards, got {len(draft.shards)}")
     if sorted(s["shard"] for s in draft.shards) != list(range(len(draft.shards))):
@@ -178,6 +200,7 @@ def publish(
     draft: DraftManifest,
     *,
     allow_empty: bool = False,
+    max_drop_fraction: float | None = None,
     before_swap: Callable[[Pointer | None], None] | None = None,
 ) -> PublishResult:
     """Validate, write the manifest create-once, then CAS ``CURRENT`` if ``draft`` is newer.
@@ -187,7 +210,8 @@ def publish(
     """
     t0 = time.monotonic()
     current, _ = read_pointer(store, draft.index)
-    problems = validate_draft(store, draft, allow_empty=allow_empty)
+    problems = validate_draft(store, draft, allow_empty=allow_empty, max_drop_fraction=max_drop_fraction,
+                              current=current)
     if problems:
         reason = "validation failed: " + "; ".join(problems)
         record_refusal(store, draft, "invalid", reason, current)

@@ -214,6 +214,13 @@ class Searcher:
         final = self._version_dir(index, pointer.version)
         if not final.is_dir():
             self._download(index, pointer.version, manifest, final)
+        try:
+            return self._open_version(index, pointer, manifest, final)
+        except Exception:
+            shutil.rmtree(final, ignore_errors=True)  # unusable: do not keep it in the cache
+            raise
+
+    def _open_version(self, index: str, pointer: Pointer, manifest: dict[str, Any], final: Path) -> LoadedVersion:
         shards: list[Shard] = []
         covered: set[str] = set()
         for s in sorted(manifest["shards"], key=lambda s: int(s["shard"])):
@@ -341,12 +348,14 @@ class Searcher:
         """``(query, fell_back)`` for a user query over ``title`` and ``keywords``.
 
         The query language is tantivy's (``red shoes``, ``"red shoes"``, ``title:red AND -blue``,
-        ``bid:[1 TO 5]``, ...). A query tantivy cannot parse (unbalanced quotes or brackets, a
-        dangling operator, an unknown field) does **not** raise: it falls back to a plain term query,
-        the query's words (letters and digits, lowercased, like the default tokenizer) OR-ed over
-        ``title`` and ``keywords``, and ``fell_back`` is True. A query without any word gives
-        ``(None, True)``: no hits.
+        ``bid:[1 TO 5]``, ``*``, ...). An empty query gives ``(None, False)``. A query tantivy cannot
+        parse (unbalanced quotes or brackets, a dangling operator, an unknown field) does **not**
+        raise: it falls back to a plain term query, the query's words (letters and digits,
+        lowercased, like the default tokenizer) OR-ed over ``title`` and ``keywords``, and
+        ``fell_back`` is True. A query without any word gives ``(None, True)``: no hits.
         """
+        if not query.strip():
+            return None, False
         try:
             return self._parser.parse_query(query, list(SEARCH_FIELDS)), False
         except ValueError:
@@ -388,7 +397,8 @@ def _search_set(snap: VersionSet, q: tantivy.Query, k: int) -> list[Hit]:
             heap.append((-top, i, st.pos))
     heapq.heapify(heap)
     out: list[Hit] = []
-    while heap and len(out) < k:
+
+    def take_next() -> None:
         _, i, _ = heapq.heappop(heap)
         st = streams[i]
         hit = st.take()
@@ -397,8 +407,15 @@ def _search_set(snap: VersionSet, q: tantivy.Query, k: int) -> list[Hit]:
         nxt = st.peek()
         if nxt is not None:
             heapq.heappush(heap, (-nxt, i, st.pos))
+
+    while heap and len(out) < k:
+        take_next()
+    # Ties at the k-th score: take every hit with that score, so the cut by (score, ad_id) below does
+    # not depend on shard order (results are reproducible across builds and stores).
+    while heap and len(out) >= k and -heap[0][0] >= out[-1].score:
+        take_next()
     out.sort(key=lambda h: (-h.score, h.ad_id))
-    return out
+    return out[:k]
 
 
 class _Stream:

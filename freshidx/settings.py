@@ -45,6 +45,8 @@ class Settings(BaseModel):
     max_attempts: int = Field(3, ge=1, le=100, description="runs per partition before it is parked")
     delta_shards: int = Field(2, ge=1, le=4096, description="output shards of the delta index")
     full_shards: int = Field(2, ge=1, le=4096, description="output shards of the full index")
+    delta_max_drop_fraction: float = Field(0.9, ge=0, le=1, description="refuse a delta that shrank more")
+    full_max_drop_fraction: float = Field(0.5, ge=0, le=1, description="refuse a full index that shrank more")
     full_every_hours: int = Field(3, ge=1, le=24, description="full rebuild schedule (every N hours)")
     # SLA thresholds (seconds). Data lag = now - time of the partition the delta covers.
     lag_warn_seconds: int = Field(600, gt=0, description="delta data lag that warns")

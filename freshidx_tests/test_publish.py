@@ -177,3 +177,21 @@ def test_open_store_from_uri_string_roundtrip(tmp_path) -> None:  # type: ignore
     s = open_store(str(tmp_path / "s"))
     publish(s, draft(s, 0))
     assert read_pointer(s, "delta")[0] is not None
+
+
+def test_collapsed_document_count_is_refused_unless_forced(store: ObjectStore) -> None:
+    assert publish(store, draft(store, 0, docs=1000)).outcome == "published"
+    collapsed = draft(store, 5, docs=10)
+    r = publish(store, collapsed, max_drop_fraction=0.5)
+    assert r.outcome == "invalid" and "collapsed" in r.reason
+    assert read_pointer(store, "delta")[0].doc_count == 1000  # type: ignore[union-attr]
+    forced = draft(store, 10, docs=10)
+    assert publish(store, forced, max_drop_fraction=None).outcome == "published"  # force = no guard
+    assert publish(store, draft(store, 15, docs=8), max_drop_fraction=0.5).outcome == "published"  # 20% drop ok
+
+
+def test_shard_without_index_files_fails_the_schema_check(store: ObjectStore) -> None:
+    d = draft(store, 0)
+    d.inputs["format"] = "tantivy-v1"  # the staged shards hold only docs.parquet: not an index
+    r = publish(store, d)
+    assert r.outcome == "invalid" and "lacks" in r.reason

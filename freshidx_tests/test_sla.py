@@ -88,7 +88,7 @@ def test_every_partition_is_in_the_ledger_exactly_once(harness: Harness, spark: 
     h = harness
     minute = 0
     produced: list[PartitionId] = []
-    for batch in (3, 1, 4, 2, 5, 3, 4, 2, 3, 3):  # 30 partitions, 1–5 landing between ticks
+    for batch in (4, 1, 7, 3, 6, 9):  # 30 partitions, 1–9 landing between ticks
         for _ in range(batch):
             h.write(minute)
             produced.append(at(minute))
@@ -110,6 +110,6 @@ def test_every_partition_is_in_the_ledger_exactly_once(harness: Harness, spark: 
     for e in entries:
         assert {"pipeline", "decision", "reason", "at"} <= set(e) and (e.get("partition") or e.get("scope"))
     published = [e for e in final if e["decision"] == "published"]
-    assert len(published) == 10 and all(e["run_id"] for e in published)
+    assert len(published) == 6 and all(e["run_id"] for e in published)
     accepted = [e for e in entries if e["decision"] == "accepted"]
-    assert len(accepted) == 10 and all(e["run_id"] for e in accepted)  # linked to the run that ran it
+    assert len(accepted) == 6 and all(e["run_id"] for e in accepted)  # linked to the run that ran it

@@ -45,6 +45,8 @@ def raw_ad_updates_spec(settings: Settings) -> dg.AssetSpec:
 class DeltaIndexConfig(dg.Config):
     source_partition: str | None = None
     """Trigger partition path (``year=…/minute=mm``). Empty: the newest visible partition."""
+    force: bool = False
+    """Publish even if the document count collapsed versus the serving version."""
 
 
 @dg.asset(
@@ -57,7 +59,7 @@ class DeltaIndexConfig(dg.Config):
     ),
     io_manager_key="index_io_manager",
     group_name="indexes",
-    kinds={"spark", "parquet"},
+    kinds={"spark", "tantivy"},
     owners=OWNERS,
     deps=["raw_ad_updates"],
     tags={"freshidx/lane": "delta"},
@@ -77,7 +79,8 @@ def delta_index(
     pointer, _ = read_pointer(st, "delta")
     partition = _resolve_partition(st, settings, config.source_partition, "source_partition", store.uri)
     watermark = PartitionId.parse(pointer.source_partition) if pointer and pointer.source_partition else None
-    run_info = _run_info(context, settings)
+    run_info = {**_run_info(context, settings), "force": config.force,
+                "max_drop_fraction": settings.delta_max_drop_fraction}
     attempt = context.run.tags.get(TAG_ATTEMPT)
     if attempt and context.run.tags.get(TAG_PARTITION) == partition.path:
         # Link the accepted trigger (P.aN, written by the sensor) to the run that executes it.
@@ -105,6 +108,8 @@ def _code_version() -> str:
 class FullIndexConfig(dg.Config):
     cutoff_partition: str | None = None
     """Include raw partitions up to this path (``year=…/minute=mm``). Empty: the newest visible one."""
+    force: bool = False
+    """Publish even if the document count collapsed versus the serving version."""
 
 
 @dg.asset(
@@ -116,7 +121,7 @@ class FullIndexConfig(dg.Config):
     ),
     io_manager_key="index_io_manager",
     group_name="indexes",
-    kinds={"spark", "parquet"},
+    kinds={"spark", "tantivy"},
     owners=OWNERS,
     deps=["raw_ad_updates"],
     tags={"freshidx/lane": "full"},
@@ -136,7 +141,8 @@ def full_index(
     cutoff = _resolve_partition(st, settings, config.cutoff_partition, "cutoff_partition", store.uri)
     context.log.info(f"building full index up to {cutoff.path}")
     return build_full(spark.get_session(), st, store.store_config(), settings, cutoff=cutoff,
-                      run_id=context.run_id, run_info=_run_info(context, settings))
+                      run_id=context.run_id, run_info={**_run_info(context, settings), "force": config.force,
+                                                       "max_drop_fraction": settings.full_max_drop_fraction})
 
 
 def _resolve_partition(

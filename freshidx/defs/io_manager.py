@@ -26,7 +26,9 @@ class IndexIOManager(dg.ConfigurableIOManager):
         if not isinstance(obj, DraftManifest):
             raise dg.Failure(f"index assets must return a DraftManifest, got {type(obj).__name__}")
         store = self.store.open()
-        result = publish(store, obj, allow_empty=self.allow_empty)
+        guard = obj.run.get("max_drop_fraction")
+        result = publish(store, obj, allow_empty=self.allow_empty,
+                         max_drop_fraction=None if obj.run.get("force") else guard)
         partition = PartitionId.parse(obj.source_partition) if obj.source_partition else None
         pipeline = obj.index
         if partition is not None:

@@ -112,7 +112,7 @@ PIPELINE_FIELDS = (
     "source", "window_minutes", "sensor_interval_seconds", "max_scan_hours", "max_attempts", "delta_shards",
     "full_shards", "full_every_hours", "lag_warn_seconds", "lag_fail_seconds", "silence_warn_seconds",
     "silence_fail_seconds", "stuck_seconds", "full_max_age_seconds", "sla_interval_seconds", "partitions_start",
-    "keep_versions",
+    "keep_versions", "delta_max_drop_fraction", "full_max_drop_fraction",
 )
 
 
@@ -139,6 +139,8 @@ class FreshidxSettings(dg.ConfigurableResource):
     sla_interval_seconds: int = 30
     partitions_start: str = "2026-01-01"
     keep_versions: int = 5
+    delta_max_drop_fraction: float = 0.9
+    full_max_drop_fraction: float = 0.5
 
     def settings(self, store_uri: str, endpoint_url: str | None = None) -> Settings:
         return Settings.from_env({}, store=store_uri, s3_endpoint_url=endpoint_url,

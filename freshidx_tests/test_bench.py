@@ -1,0 +1,39 @@
+"""``freshidx bench`` runs end to end on a tiny N and prints its JSON keys (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from freshidx import bench
+
+
+def test_bench_build_json(spark: SparkSession, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["build", "--docs", "2000", "--shards", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"spark_docs_per_s", "single_docs_per_s", "ratio"} <= set(out)
+    assert out["docs"] == 2000 and 0 < out["indexed_docs"] <= 2000
+    assert out["spark_docs_per_s"] > 0 and out["single_docs_per_s"] > 0 and out["ratio"] > 0
+    assert not spark.sparkContext._jsc.sc().isStopped()  # a borrowed session is not stopped
+
+
+def test_bench_query_json(spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["query", "--docs", "2000", "--queries", "30", "--shards", "2", "--workdir", str(tmp_path / "w"), "--json"]
+    assert bench.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"p50_ms", "p95_ms"} <= set(out)
+    assert 0 < out["p50_ms"] <= out["p95_ms"]
+    assert out["shards"] == {"full": 2, "delta": 1} and out["kill_list"] > 0 and out["avg_hits"] > 0
+    assert not out["build_reused"]
+    assert bench.main(args) == 0  # the second run reuses the published build
+    assert json.loads(capsys.readouterr().out)["build_reused"]
+
+
+def test_queries_and_percentile() -> None:
+    qs = bench.realistic_queries(100)
+    assert qs == bench.realistic_queries(100) and all(1 <= len(q.split()) <= 3 for q in qs)
+    assert bench.percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
+    assert bench.percentile([float(i) for i in range(1, 101)], 95) == 95.0
