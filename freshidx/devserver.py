@@ -420,6 +420,10 @@ class DagsterDev:
         self.home.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self._env, "DAGSTER_HOME": str(self.home)}
+        # Left behind by a Spark Connect client in this process; would force runs into Connect mode.
+        for var in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
+            if var not in self._env:
+                env.pop(var, None)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 self.command,

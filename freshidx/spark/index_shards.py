@@ -152,7 +152,7 @@ def _index_fill_task(
 
 def write_index_shards(
     latest: DataFrame, store_config: StoreConfig, index: str, version: str, num_shards: int,
-    *, with_docs: bool = True, sort: bool = True,
+    *, with_docs: bool = True, sort: bool = False,
 ) -> list[ShardCommit]:
     """Build ``num_shards`` tantivy shards of ``latest`` (one row per ad) in Spark tasks; return commits.
 
@@ -162,8 +162,11 @@ def write_index_shards(
     expand to whole products first (``transform.expand_to_products``).
 
     Rows are hash-partitioned by ``xxhash64(product_id)`` (one product's ads land in exactly one
-    shard; why the hash and not the bare column: see ``shards.write_shards``). With ``sort`` (default)
-    each shard is sorted by ``(product_id, ad_id)`` so a build is reproducible document for document.
+    shard; why the hash and not the bare column: see ``shards.write_shards``). With ``sort`` each shard
+    is sorted by ``(product_id, ad_id)`` so a build is reproducible document for document; off by
+    default because it costs a JVM sort per shard and search results do not depend on it (BM25
+    scores do not depend on document order, and :class:`freshidx.serving.Searcher` breaks ties by
+    ``ad_id``).
     A shard with no rows still gets an (empty) index and a commit. Returns commits sorted by shard.
     """
     if num_shards < 1:

@@ -64,6 +64,10 @@ def build_local_session(
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # A Spark Connect client created earlier in this process (or a parent's) leaves these set, and
+    # the builder then refuses local mode (CONNECT_URL_NOT_SET). Asking for local mode means local.
+    for var in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
+        os.environ.pop(var, None)
     builder: Any = SparkSession.builder.master(master).appName(app_name)
     for key, value in {**LOCAL_DEFAULTS, **(conf or {})}.items():
         builder = builder.config(key, value)
