@@ -61,6 +61,9 @@ def test_latest_only_end_to_end(harness: Harness, spark: Any) -> None:
     h = harness
     # History: the window reaches back over several partitions.
     written = {m: h.write(m) for m in range(0, 30, 5)}
+    # Upstream also wrote under a malformed partition name inside the window.
+    bad_key = "raw/ad_updates/year=2026/month=11/day=20/hour=09/minute=7/part-00000.jsonl"
+    h.store.put(bad_key, b'{"ad_id": "ad-x"}\n')
     first = h.tick()
     assert len(first.run_requests) == 1
     req = first.run_requests[0]
@@ -85,7 +88,9 @@ def test_latest_only_end_to_end(harness: Harness, spark: Any) -> None:
             reasons[k] = reasons.get(k, 0) + v
     assert sum(manifest["invalid"]["reasons"].values()) == sum(reasons.values())
     assert manifest["inputs"]["partitions"] == [at(m).path for m in range(0, 30, 5)]
+    assert bad_key in [i["key"] for i in manifest["inputs"]["ignored"]]  # reported, never read
     mat = result.asset_materializations_for_node("delta_index")[0]
+    assert mat.metadata["ignored_keys"].value >= 1
     assert mat.metadata["outcome"].value == "published"
     assert mat.metadata["invalid_records"].value == manifest["invalid"]["count"] > 0
 
