@@ -12,7 +12,8 @@
       (:class:`freshidx.index_format.IndexBuilder`).
 
     Prints docs/s of each and ``ratio`` = spark / single (``--json`` keys ``spark_docs_per_s``,
-    ``single_docs_per_s``, ``ratio``).
+    ``single_docs_per_s``, ``ratio``), plus the CPU seconds each spent (whole process tree) and
+    ``cpu_ratio`` = single / spark CPU seconds: on a shared machine the steadier number.
 
 ``freshidx bench query [--docs N] [--queries Q] [--json]``
     Builds (or reuses, from ``--workdir``) a local store with a published full version of N ads and a
@@ -124,14 +125,52 @@ def _session() -> tuple[Any, bool]:
 # --------------------------------------------------------------------------- build
 
 
-def _spark_build(df: Any, n_shards: int, workdir: str, version: str) -> tuple[float, int]:
+def tree_cpu_seconds() -> float | None:
+    """CPU seconds (user + system) of this process and all its descendants (the local Spark JVM and
+    its Python workers), from ``/proc``; ``None`` where ``/proc`` is unavailable. On a shared machine
+    CPU seconds are a steadier measure than wall time."""
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        parent: dict[int, int] = {}
+        cpu: dict[int, float] = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # exited meanwhile
+            parent[int(name)] = int(fields[1])
+            cpu[int(name)] = (int(fields[11]) + int(fields[12])) / tick
+    except (OSError, ValueError, IndexError):
+        return None
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    total, stack = 0.0, [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        total += cpu.get(pid, 0.0)
+        stack.extend(children.get(pid, []))
+    return total
+
+
+def _timed(fn: Any, *args: Any) -> tuple[float, float | None, Any]:
+    c0 = tree_cpu_seconds()
+    t0 = time.perf_counter()
+    result = fn(*args)
+    wall = time.perf_counter() - t0
+    c1 = tree_cpu_seconds()
+    return wall, (c1 - c0 if c0 is not None and c1 is not None else None), result
+
+
+def _spark_build(df: Any, n_shards: int, workdir: str, version: str) -> int:
     from freshidx.spark.index_shards import write_index_shards
     from freshidx.store import StoreConfig
 
     cfg = StoreConfig(uri="file://" + os.path.join(workdir, "store"))
-    t = time.perf_counter()
-    commits = write_index_shards(df, cfg, "full", version, n_shards)
-    return time.perf_counter() - t, sum(c.doc_count for c in commits)
+    return sum(c.doc_count for c in write_index_shards(df, cfg, "full", version, n_shards))
 
 
 def _conform_table(table: Any) -> Any:
@@ -140,18 +179,19 @@ def _conform_table(table: Any) -> Any:
     return table.select(INDEX_ARROW_SCHEMA.names).cast(INDEX_ARROW_SCHEMA).combine_chunks()
 
 
-def _single_build(table: Any, workdir: str, name: str) -> tuple[float, int]:
+def _single_build(table: Any, workdir: str, name: str) -> int:
     import pyarrow.compute as pc
 
     from freshidx.index_format import IndexBuilder
 
-    path = os.path.join(workdir, name)
-    t = time.perf_counter()
-    builder = IndexBuilder(path)
+    builder = IndexBuilder(os.path.join(workdir, name))
     for batch in table.to_batches(max_chunksize=65536):
         builder.add_batch(batch.filter(pc.equal(batch.column("status"), "active")))
-    docs = builder.finish()
-    return time.perf_counter() - t, docs
+    return builder.finish()
+
+
+def _round(x: float | None, n: int = 3) -> float | None:
+    return None if x is None else round(x, n)
 
 
 def bench_build(docs: int, shards: int, *, spark: Any = None, seed: int = 0) -> dict[str, Any]:
@@ -170,12 +210,13 @@ def bench_build(docs: int, shards: int, *, spark: Any = None, seed: int = 0) -> 
             df = index_rows(synthetic_docs(spark, n, seed=seed)).persist(StorageLevel.MEMORY_AND_DISK)
             rows = df.count()  # materialize before the clock starts
             table = _conform_table(df.toArrow())
-            spark_s, spark_docs = _spark_build(df, shards, workdir, f"{label}-spark")
-            single_s, single_docs = _single_build(table, workdir, f"{label}-single")
+            spark_s, spark_cpu, spark_docs = _timed(_spark_build, df, shards, workdir, f"{label}-spark")
+            single_s, single_cpu, single_docs = _timed(_single_build, table, workdir, f"{label}-single")
             df.unpersist()
             if spark_docs != single_docs:
                 raise RuntimeError(f"spark indexed {spark_docs} docs, single {single_docs}")
-            results[label] = {"rows": rows, "indexed_docs": spark_docs, "spark_s": spark_s, "single_s": single_s}
+            results[label] = {"rows": rows, "indexed_docs": spark_docs, "spark_s": spark_s, "single_s": single_s,
+                              "spark_cpu": spark_cpu, "single_cpu": single_cpu}
         m = results["measured"]
         spark_rate = m["rows"] / m["spark_s"]
         single_rate = m["rows"] / m["single_s"]
@@ -188,6 +229,10 @@ def bench_build(docs: int, shards: int, *, spark: Any = None, seed: int = 0) -> 
             "spark_docs_per_s": round(spark_rate, 1),
             "single_docs_per_s": round(single_rate, 1),
             "ratio": round(spark_rate / single_rate, 3),
+            # CPU seconds of everything involved (driver, JVM, Python workers); cpu_ratio = single / spark
+            "spark_cpu_s": _round(m["spark_cpu"]),
+            "single_cpu_s": _round(m["single_cpu"]),
+            "cpu_ratio": _round(m["single_cpu"] / m["spark_cpu"] if m["spark_cpu"] and m["single_cpu"] else None),
             "cores": os.cpu_count(),
             "load_avg_1m": round(os.getloadavg()[0], 2),
             "master": spark.conf.get("spark.master", None),
@@ -379,7 +424,8 @@ def cmd_bench_build(args: argparse.Namespace) -> int:
               f"load {r['load_avg_1m']}")
         print(f"spark : {r['spark_docs_per_s']:>12,.0f} docs/s  ({r['spark_seconds']} s)")
         print(f"single: {r['single_docs_per_s']:>12,.0f} docs/s  ({r['single_seconds']} s)")
-        print(f"ratio spark/single: {r['ratio']}")
+        print(f"ratio spark/single: {r['ratio']}  (CPU seconds: spark {r['spark_cpu_s']}, "
+              f"single {r['single_cpu_s']}, single/spark {r['cpu_ratio']})")
     return 0
 
 

@@ -220,6 +220,8 @@ def gc(
         examined += 1
         objects = store.list(vp).objects
         if not objects:
+            if version not in protected and not dry_run:
+                _prune_local_dirs(store, vp)  # empty directories left by an interrupted sweep
             continue
         newest = max(_ensure_utc(o.last_modified) for o in objects)
         try:
