@@ -49,6 +49,16 @@ class DeltaIndexConfig(dg.Config):
     """Publish even if the document count collapsed versus the serving version."""
 
 
+# What every published index asset shares: the publishing IO manager and where it sits in the UI.
+INDEX_ASSET: dict = {
+    "io_manager_key": "index_io_manager",
+    "group_name": "indexes",
+    "kinds": {"spark", "tantivy"},
+    "owners": OWNERS,
+    "deps": ["raw_ad_updates"],
+}
+
+
 @dg.asset(
     name="delta_index",
     description=(
@@ -57,11 +67,7 @@ class DeltaIndexConfig(dg.Config):
         "a fresh version and published by compare-and-swap of indexes/delta/CURRENT (the pointer is "
         "also the watermark). A publish that is not newer than what is serving is refused and recorded."
     ),
-    io_manager_key="index_io_manager",
-    group_name="indexes",
-    kinds={"spark", "tantivy"},
-    owners=OWNERS,
-    deps=["raw_ad_updates"],
+    **INDEX_ASSET,
     tags={"freshidx/lane": "delta"},
     # Transient failures (e.g. the Connect server restarting) are retried inside the run; the
     # validation gate raises a non-retriable Failure.
@@ -119,11 +125,7 @@ class FullIndexConfig(dg.Config):
         "net that makes latest-only delta skipping acceptable. Published by compare-and-swap of "
         "indexes/full/CURRENT with the cutoff in the pointer; an older cutoff never replaces a newer one."
     ),
-    io_manager_key="index_io_manager",
-    group_name="indexes",
-    kinds={"spark", "tantivy"},
-    owners=OWNERS,
-    deps=["raw_ad_updates"],
+    **INDEX_ASSET,
     tags={"freshidx/lane": "full"},
     retry_policy=dg.RetryPolicy(max_retries=2, delay=30),
 )
