@@ -18,6 +18,8 @@ from freshidx.defs.assets import (
     hourly_partitions,
     raw_ad_updates_spec,
 )
+from freshidx.defs.bucket_io_manager import BucketIOManager
+from freshidx.defs.hourly import make_ads_hourly, make_hourly_sensor
 from freshidx.defs.io_manager import IndexIOManager
 from freshidx.defs.resources import build_resources
 from freshidx.defs.sensors import make_delta_sensor
@@ -45,13 +47,16 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     settings = settings or Settings.from_env()
     resources = build_resources(settings)
     resources["index_io_manager"] = IndexIOManager(store=resources["store"])
+    resources["bucket_io_manager"] = BucketIOManager(store=resources["store"])
+    ads_hourly = make_ads_hourly(settings)
     defs = dg.Definitions(
-        assets=[raw_ad_updates_spec(settings), delta_index, full_index],
+        assets=[raw_ad_updates_spec(settings), delta_index, full_index, ads_hourly],
         asset_checks=sla_checks(),
         schedules=[full_index_schedule(settings)],
         sensors=[
             make_delta_sensor(settings.sensor_interval_seconds, hourly_partitions(settings)),
             make_sla_sensor(settings.sla_interval_seconds),
+            make_hourly_sensor(settings, ads_hourly),
         ],
         resources=resources,
         # Spark steps run inside the run worker: saves a process spawn (~1-2 s) per run and keeps

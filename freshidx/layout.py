@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 from freshidx.partitions import PartitionId
 
 INDEX_NAMES = ("delta", "full")
@@ -20,32 +22,55 @@ def raw_hour_prefix(source: str, hour_path: str) -> str:
 
 
 def index_root(index: str) -> str:
-    return f"indexes/{index}/"
+    """Root of a published dataset. ``delta``/``full`` live under ``indexes/``; a name with a ``/``
+    (``buckets/ads_hourly/20261121T14``, see :func:`bucket_name`) is a root of its own, so hourly
+    buckets share the exact publication protocol (versions, manifest, CURRENT, history, refused)."""
+    return f"{index}/" if "/" in index else f"indexes/{index}/"
 
 
 def pointer_key(index: str) -> str:
-    return f"indexes/{index}/CURRENT"
+    return f"{index_root(index)}CURRENT"
 
 
 def version_prefix(index: str, version: str) -> str:
-    return f"indexes/{index}/versions/{version}/"
+    return f"{index_root(index)}versions/{version}/"
 
 
 def manifest_key(index: str, version: str) -> str:
-    return f"indexes/{index}/versions/{version}/manifest.json"
+    return f"{version_prefix(index, version)}manifest.json"
 
 
 def shard_prefix(index: str, version: str, shard: int, attempt: int) -> str:
     # The attempt is part of the key so a retried Spark task never overwrites a half-written upload.
-    return f"indexes/{index}/versions/{version}/shards/shard-{shard:05d}-a{attempt}/"
+    return f"{version_prefix(index, version)}shards/shard-{shard:05d}-a{attempt}/"
 
 
 def history_key(index: str, seq: int) -> str:
-    return f"indexes/{index}/history/{seq:012d}.json"
+    return f"{index_root(index)}history/{seq:012d}.json"
 
 
 def refusal_key(index: str, version: str) -> str:
-    return f"indexes/{index}/refused/{version}.json"
+    return f"{index_root(index)}refused/{version}.json"
+
+
+def hour_id(hour: dt.datetime) -> str:
+    """Compact, sortable id of a UTC hour: ``20261121T14``."""
+    return hour.astimezone(dt.UTC).strftime("%Y%m%dT%H")
+
+
+def bucket_name(asset: str, hour: dt.datetime) -> str:
+    """Publication name of one hourly bucket: ``buckets/<asset>/<YYYYMMDDTHH>``."""
+    return f"buckets/{asset}/{hour_id(hour)}"
+
+
+def bucket_part_key(asset: str, hour: dt.datetime, version: str, part: int, attempt: int) -> str:
+    # Attempt in the key for the same reason as shard_prefix.
+    return f"{version_prefix(bucket_name(asset, hour), version)}part-{part:05d}-a{attempt}.parquet"
+
+
+def catchup_state_key(asset: str) -> str:
+    """Small CAS'd object with the catch-up frontier (oldest hour not yet closed) and parked hours."""
+    return f"catchup/{asset}/STATE"
 
 
 def ledger_key(pipeline: str, date: str, trigger_id: str) -> str:

@@ -74,7 +74,12 @@ def record_partition(store: ObjectStore, pipeline: str, partition: PartitionId, 
 
 def partition_entries(store: ObjectStore, pipeline: str, partition: PartitionId) -> dict[str, dict[str, Any]]:
     """Every entry of one partition keyed by suffix ("" = final decision, "a1", "a1.run", …): one LIST."""
-    base = partition_key(pipeline, partition)[: -len(".json")]
+    return trigger_entries(store, pipeline, partition.at.strftime("%Y-%m-%d"), partition.compact)
+
+
+def trigger_entries(store: ObjectStore, pipeline: str, date: str, trigger_id: str) -> dict[str, dict[str, Any]]:
+    """Every entry whose trigger id is ``trigger_id`` or ``trigger_id.<suffix>``, keyed by suffix: one LIST."""
+    base = layout.ledger_key(pipeline, date, trigger_id)[: -len(".json")]
     out: dict[str, dict[str, Any]] = {}
     for obj in store.list(base).objects:
         rest = obj.key[len(base):].removesuffix(".json")

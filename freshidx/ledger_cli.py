@@ -12,7 +12,7 @@ from freshidx import ledger
 from freshidx.settings import Settings
 from freshidx.store import open_store
 
-PIPELINES = ("delta", "full", "sla")
+PIPELINES = ("delta", "full", "sla", "ads_hourly")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -27,8 +27,9 @@ def add_parser(subparsers: Any) -> None:
     sub = p.add_subparsers(dest="action")
     r = sub.add_parser("retry", help="grant one more attempt to a failed or parked partition")
     r.add_argument("--store", help="store URI")
-    r.add_argument("--pipeline", choices=("delta",), default="delta")
-    r.add_argument("--partition", required=True, help="partition path year=…/minute=mm")
+    r.add_argument("--pipeline", choices=("delta", "ads_hourly"), default="delta")
+    r.add_argument("--partition", help="delta: partition path year=…/minute=mm")
+    r.add_argument("--hour", help="ads_hourly: hour id YYYYMMDDTHH (UTC), e.g. 20261121T14")
     r.add_argument("--reason", default="operator retry")
     r.set_defaults(func=cmd_retry)
 
@@ -36,6 +37,11 @@ def add_parser(subparsers: Any) -> None:
 def cmd_retry(args: argparse.Namespace) -> int:
     from freshidx.partitions import PartitionError, PartitionId
 
+    if args.pipeline == "ads_hourly":
+        return _retry_hour(args)
+    if not args.partition:
+        print("freshidx ledger retry: --partition is required for --pipeline delta", file=sys.stderr)
+        return 2
     try:
         partition = PartitionId.parse(args.partition)
     except PartitionError as exc:
@@ -50,6 +56,26 @@ def cmd_retry(args: argparse.Namespace) -> int:
     grant = ledger.grant_retry(store, args.pipeline, partition, args.reason)
     print(f"granted {grant}: the sensor requests a new attempt on its next tick if {partition.path} "
           "is still the newest partition")
+    return 0
+
+
+def _retry_hour(args: argparse.Namespace) -> int:
+    from freshidx import catchup
+
+    try:
+        hour = catchup.parse_hour_id(args.hour or "")
+    except ValueError:
+        print(f"freshidx ledger retry: --hour: expected YYYYMMDDTHH, got {args.hour!r}", file=sys.stderr)
+        return 2
+    store = open_store(Settings.from_env(store=args.store).store_config())
+    if catchup.processed(store, catchup.ASSET, hour):
+        print(f"{args.hour} is already processed; launch a backfill of it from the UI to rebuild it", file=sys.stderr)
+        return 1
+    entries_ = catchup.hour_entries(store, catchup.ASSET, hour)
+    n = sum(1 for k in entries_ if k.startswith("grant-")) + 1
+    while not catchup.record(store, catchup.ASSET, hour, f".grant-{n}", "retry_granted", args.reason):
+        n += 1
+    print(f"granted {args.hour}.grant-{n}: the catch-up sensor retries the hour on its next tick")
     return 0
 
 

@@ -202,8 +202,13 @@ def publish(
     allow_empty: bool = False,
     max_drop_fraction: float | None = None,
     before_swap: Callable[[Pointer | None], None] | None = None,
+    only_if_absent: bool = False,
 ) -> PublishResult:
     """Validate, write the manifest create-once, then CAS ``CURRENT`` if ``draft`` is newer.
+
+    ``only_if_absent``: publish only the first version (create-once of ``CURRENT``); used by the
+    catch-up consumer so that an hour is processed exactly once even if a stuck run it gave up on
+    comes back to life. Anything already published wins and this draft is refused as superseded.
 
     ``before_swap`` is called after each pointer read, right before the conditional write; tests
     use it to force two real publishers to interleave at the worst moment.
@@ -224,6 +229,11 @@ def publish(
         current, etag = read_pointer(store, draft.index)
         if current is not None:
             ensure_history(store, current)
+        if current is not None and only_if_absent:
+            reason = f"superseded: already published as version {current.version} (run {current.run_id})"
+            record_refusal(store, draft, "superseded", reason, current)
+            return PublishResult("superseded", draft.version, reason, current, attempt,
+                                 time.monotonic() - t0)
         if current is not None and draft.position <= current.position:
             reason = (
                 f"superseded: position {draft.position} is not newer than published "

@@ -20,6 +20,29 @@ from freshidx.store import StoreConfig, normalize_uri
 DEFAULT_HOME = ".freshidx"
 
 
+READINESS_POLICIES = ("visible", "marker", "quiet_period", "manifest")
+OVERLAP_POLICIES = ("serialize", "skip", "queue")
+
+
+def parse_readiness(text: str) -> tuple[str, dict[str, str]]:
+    """``"marker"`` or ``"quiet_period,ad_updates=manifest"`` → (default policy, per-source policies)."""
+    default = "visible"
+    per_source: dict[str, str] = {}
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        src, eq, policy = item.rpartition("=")
+        if policy not in READINESS_POLICIES:
+            raise ValueError(f"unknown readiness policy {policy!r} (one of {', '.join(READINESS_POLICIES)})")
+        if eq and not re.match(r"^[a-z][a-z0-9_]{0,62}$", src):
+            raise ValueError(f"bad source name {src!r} in readiness")
+        if eq:
+            per_source[src] = policy
+        else:
+            default = policy
+    return default, per_source
+
+
 class SettingsError(ValueError):
     """A configuration value is invalid; the message names the field and its variable."""
 
@@ -62,6 +85,28 @@ class Settings(BaseModel):
         None, description="state dir of a supervised `freshidx spark-server` (runs take leases from it)")
     partitions_start: str = Field("2026-01-01", description="first hourly Dagster partition (YYYY-MM-DD)")
     keep_versions: int = Field(5, ge=1, le=1000, description="published versions never garbage-collected")
+    # Catch-up consumer (ads_hourly): every closed hour exactly once (DESIGN §7).
+    readiness: str = Field(
+        "visible",
+        description="when an hour is closed: visible | marker | quiet_period | manifest, or per source "
+        "'src=policy,src2=policy'",
+    )
+    quiet_seconds: int = Field(300, ge=0, le=7 * 24 * 3600, description="quiet_period: no new object for this long")
+    close_grace_seconds: int = Field(60, ge=0, le=24 * 3600, description="visible: wait this long after the hour ends")
+    hourly_max_hours_per_run: int = Field(4, ge=1, le=168, description="catch-up: at most this many hours per run")
+    hourly_timeout_seconds: int = Field(1800, ge=1, description="catch-up: a run older than this is stuck")
+    hourly_max_attempts: int = Field(3, ge=1, le=100, description="catch-up: runs per hour before it is parked")
+    hourly_lookahead_hours: int = Field(72, ge=1, le=24 * 31, description="catch-up: hours examined per tick")
+    hourly_late_lookback_hours: int = Field(24, ge=0, le=24 * 31, description="closed hours re-listed for late data")
+    hourly_late_checks_per_tick: int = Field(2, ge=0, le=100, description="closed hours re-listed per tick")
+    hourly_parts: int = Field(1, ge=1, le=256, description="Parquet files per hourly bucket")
+    hourly_sensor_interval_seconds: int = Field(30, ge=1, le=3600, description="catch-up sensor tick interval")
+    catchup_autostart: bool = Field(True, description="start the ads_hourly catch-up sensor with the code location "
+                                    "(false: it can still be started from the UI)")
+    delta_overlap: str = Field("serialize", description="a delta trigger while a run is in flight: "
+                               "serialize|skip|queue")
+    hourly_overlap: str = Field("serialize", description="a catch-up trigger while a run is in flight: "
+                                "serialize|skip|queue")
 
     @field_validator("store")
     @classmethod
@@ -92,6 +137,19 @@ class Settings(BaseModel):
         dt.date.fromisoformat(v)
         return v
 
+    @field_validator("readiness")
+    @classmethod
+    def _readiness(cls, v: str) -> str:
+        parse_readiness(v)
+        return v
+
+    @field_validator("delta_overlap", "hourly_overlap")
+    @classmethod
+    def _overlap(cls, v: str) -> str:
+        if v not in OVERLAP_POLICIES:
+            raise ValueError(f"must be one of {', '.join(OVERLAP_POLICIES)}, got {v!r}")
+        return v
+
     @field_validator("s3_endpoint_url")
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
@@ -119,6 +177,11 @@ class Settings(BaseModel):
     @property
     def scan_hours(self) -> int:
         return self.max_scan_hours or (self.window_minutes + 59) // 60 + 1
+
+    def readiness_for(self, source: str) -> str:
+        """The readiness policy of ``source`` (a per-source entry wins over the default)."""
+        default, per_source = parse_readiness(self.readiness)
+        return per_source.get(source, default)
 
     def store_config(self) -> StoreConfig:
         env = dict(os.environ)

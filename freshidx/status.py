@@ -79,7 +79,18 @@ def collect(store: ObjectStore, source: str, now: dt.datetime | None = None,
         "recent_skipped": recent_decisions(store, "delta", now, {"superseded", "not_listed"}),
         "recent_refused": recent_decisions(store, "delta", now, {"refused"}),
         "spark_server": spark_server(spark_server_state),
+        "ads_hourly": catchup_status(store),
     }
+
+
+def catchup_status(store: ObjectStore) -> dict[str, Any] | None:
+    """The catch-up frontier (every hour before it is processed or parked) and the parked hours."""
+    from freshidx.catchup import ASSET, CatchupState
+
+    state, etag = CatchupState.load(store, ASSET)
+    if etag is None:
+        return None
+    return {"frontier": state.frontier, "parked": state.parked, "late_cursor": state.late_cursor}
 
 
 def render(s: dict[str, Any]) -> str:
@@ -103,6 +114,10 @@ def render(s: dict[str, Any]) -> str:
         lines.append(f"spark   connect server {srv.get('status')}  {srv.get('url') or ''}  restarts "
                      f"{srv.get('restarts', 0)}  last restart {srv.get('last_restart_at')} "
                      f"({srv.get('last_restart_reason')})")
+    hourly = s.get("ads_hourly")
+    if hourly:
+        lines.append(f"hourly  ads_hourly frontier {hourly['frontier']} (every hour before it is processed or "
+                     f"parked)  parked: {', '.join(hourly['parked']) or 'none'}")
     if s["recent_skipped"]:
         lines.append("recently skipped:")
         lines += [f"  {e['partition'] or e.get('scope')}: {e['reason']}" for e in s["recent_skipped"]]

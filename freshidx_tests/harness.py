@@ -69,7 +69,7 @@ class Harness:
         return job.execute_in_process(
             run_config=request.run_config, instance=self.instance, tags=tags,
             asset_selection=list(request.asset_selection or [dg.AssetKey("delta_index")]),
-            raise_on_error=raise_on_error,
+            raise_on_error=raise_on_error, partition_key=request.partition_key,
         )
 
 

@@ -40,7 +40,10 @@ FRESHNESS_QUERY = """
 
 
 def env_for(cfg: StoreConfig) -> dict[str, str]:
+    # The catch-up sensor is off here: its Spark runs would compete with the delta runs under test
+    # (test_backfill_e2e.py runs both).
     env = {"FRESHIDX_STORE": cfg.uri, "PYSPARK_PYTHON": sys.executable, "FRESHIDX_PARTITIONS_START": "2026-11-01",
+           "FRESHIDX_CATCHUP_AUTOSTART": "false",
            "FRESHNESS_DAEMON_INTERVAL_SECONDS": "5"}
     if cfg.is_s3:
         env.update(s3_env(cfg))

@@ -113,6 +113,9 @@ PIPELINE_FIELDS = (
     "full_shards", "full_every_hours", "lag_warn_seconds", "lag_fail_seconds", "silence_warn_seconds",
     "silence_fail_seconds", "stuck_seconds", "full_max_age_seconds", "sla_interval_seconds", "partitions_start",
     "keep_versions", "delta_max_drop_fraction", "full_max_drop_fraction",
+    "readiness", "quiet_seconds", "close_grace_seconds", "hourly_max_hours_per_run", "hourly_timeout_seconds",
+    "hourly_max_attempts", "hourly_lookahead_hours", "hourly_late_lookback_hours", "hourly_late_checks_per_tick",
+    "hourly_parts", "hourly_sensor_interval_seconds", "delta_overlap", "hourly_overlap", "catchup_autostart",
 )
 
 
@@ -141,6 +144,20 @@ class FreshidxSettings(dg.ConfigurableResource):
     keep_versions: int = 5
     delta_max_drop_fraction: float = 0.9
     full_max_drop_fraction: float = 0.5
+    readiness: str = "visible"
+    quiet_seconds: int = 300
+    close_grace_seconds: int = 60
+    hourly_max_hours_per_run: int = 4
+    hourly_timeout_seconds: int = 1800
+    hourly_max_attempts: int = 3
+    hourly_lookahead_hours: int = 72
+    hourly_late_lookback_hours: int = 24
+    hourly_late_checks_per_tick: int = 2
+    hourly_parts: int = 1
+    hourly_sensor_interval_seconds: int = 30
+    delta_overlap: str = "serialize"
+    hourly_overlap: str = "serialize"
+    catchup_autostart: bool = True
 
     def settings(self, store_uri: str, endpoint_url: str | None = None) -> Settings:
         return Settings.from_env({}, store=store_uri, s3_endpoint_url=endpoint_url,

@@ -99,11 +99,25 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
             r for r in context.instance.get_runs(RunsFilter(statuses=IN_FLIGHT), limit=50)
             if r.tags.get(TAG_PIPELINE) == PIPELINE or DELTA_KEY in (r.asset_selection or ())
         ]
-        if in_flight:
+        # Overlap policy: serialize (wait, then jump to the newest), skip (drop triggers that arrive
+        # while a run is in flight, with a durable reason), queue (request now; dagster.yaml's
+        # freshidx/pipeline=delta limit runs them one at a time).
+        if in_flight and settings.delta_overlap != "queue":
             r = in_flight[0]
+            busy_with = r.tags.get(TAG_PARTITION)
+            if settings.delta_overlap == "skip" and busy_with != newest.path:
+                for p in found.partitions:
+                    if p.path != busy_with and ledger.record_partition(
+                        st, PIPELINE, p, ledger.SUPERSEDED,
+                        f"skipped: run {r.run_id[:8]} for {busy_with} was in flight (overlap policy skip)",
+                        run_id=r.run_id,
+                    ):
+                        events.append(_observation(partitions_def, p, {"decision": "skipped_overlap"}))
             return dg.SensorResult(
-                skip_reason=f"run {r.run_id[:8]} for {r.tags.get(TAG_PARTITION)} is {r.status.value}; "
-                f"newest visible is {newest.path}, will jump to the newest when it ends",
+                skip_reason=f"run {r.run_id[:8]} for {busy_with} is {r.status.value}; "
+                f"newest visible is {newest.path}, "
+                + ("skipped (overlap policy skip)" if settings.delta_overlap == "skip"
+                   else "will jump to the newest when it ends"),
                 asset_events=events, cursor=json.dumps(cursor),
             )
 
@@ -131,12 +145,23 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
 
         # Which attempt is this? Explicit attempt numbers make retries visible and idempotent.
         entries = ledger.partition_entries(st, PIPELINE, newest)
+        if "" in entries:  # a final decision (e.g. skipped under overlap policy skip) is never revisited
+            return dg.SensorResult(
+                skip_reason=f"{newest.path} already decided: {entries['']['decision']} ({entries['']['reason']}); "
+                "waiting for a newer partition",
+                asset_events=events, cursor=json.dumps(cursor),
+            )
         previous = sorted((e for k, e in entries.items() if k[:1] == "a" and k[1:].isdigit()),
                           key=lambda e: int(e.get("attempt") or 0))
         allowed = settings.max_attempts + sum(1 for k in entries if k.startswith("grant-"))
         if previous:
             last = previous[-1]
             runs = context.instance.get_runs(RunsFilter(tags={"dagster/run_key": last["run_key"]}), limit=1)
+            if runs and runs[0].status in IN_FLIGHT:  # overlap policy queue: never twice for one partition
+                return dg.SensorResult(
+                    skip_reason=f"attempt {last['attempt']} for {newest.path} is {runs[0].status.value}",
+                    asset_events=events, cursor=json.dumps(cursor),
+                )
             if not runs and utcnow() - parse_iso(last["at"]) < LOST_REQUEST_GRACE:
                 return dg.SensorResult(
                     skip_reason=f"attempt {last['attempt']} for {newest.path} requested, waiting for its run",
@@ -172,7 +197,8 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
                 run_key=run_key,
                 run_config={"ops": {"delta_index": {"config": {"source_partition": newest.path}}}},
                 tags={TAG_PIPELINE: PIPELINE, TAG_PARTITION: newest.path, TAG_ATTEMPT: str(attempt),
-                      TAG_TRIGGER: "sensor", TAG_SKIPPED: str(len(skipped))},
+                      TAG_TRIGGER: "sensor", TAG_SKIPPED: str(len(skipped)),
+                      "dagster/priority": "10"},  # freshness first: dequeued before catch-up and backfills
             )],
             asset_events=events,
             cursor=json.dumps(cursor),

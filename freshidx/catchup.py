@@ -1,0 +1,460 @@
+"""Catch-up progress (DESIGN §7 ``catch_up``): every closed hour exactly once, oldest first, capped.
+
+Where every interval matters, freshness-first skipping is wrong; this is the other mode, built from
+the same parts (ledger, create-once, compare-and-swap). No Dagster here: the sensor passes a
+:class:`RunIndex` that answers questions about runs, so the decisions can be tested on a store alone.
+
+What proves that an hour was processed is its bucket's ``CURRENT`` pointer, created **once**
+(``publish(only_if_absent=True)``): a stuck run that comes back to life after its hour was handed to
+another run loses that create and is recorded as superseded, so an hour never gets two first
+versions. The ledger explains every step (``ledger/<asset>/<date>/<hour-id>[.suffix].json``):
+
+``H.aN``         attempt N claimed for a run (run key, batch)    ``H.aN.run``  the run executing it
+``H.aN.failed``  that run failed / succeeded without publishing  ``H.aN.expired``  stuck past the timeout or lost
+``H.parked-N``   attempts exhausted (``freshidx ledger retry --pipeline ads_hourly --hour H`` grants more)
+``H``            terminal: processed (version, run)              ``H.notready``  first time seen not ready
+``H.cK.aN``      correction K (late data) attempt N; ``H.cK.done`` when published
+``H.backfill-R`` a UI backfill / manual run R rebuilt the hour
+
+A small CAS'd ``catchup/<asset>/STATE`` keeps the frontier (oldest hour not yet processed or parked)
+so a tick examines at most ``hourly_lookahead_hours`` hours after it: cost does not grow with history.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from freshidx import layout, ledger
+from freshidx.listing import newest_partition
+from freshidx.publish import iso, parse_iso, read_manifest, read_pointer
+from freshidx.readiness import check_ready, list_hour
+from freshidx.settings import Settings
+from freshidx.store import NotFound, ObjectStore, PreconditionFailed
+
+ASSET = "ads_hourly"
+HOUR = dt.timedelta(hours=1)
+LOST_REQUEST_GRACE = dt.timedelta(seconds=90)
+
+IN_FLIGHT = "in_flight"
+SUCCESS = "success"
+FAILURE = "failure"
+CANCELED = "canceled"
+
+# Dagster run tags the catch-up path uses (kept here so the sensor, asset and IO manager agree).
+TAG_CLAIMS = "freshidx/claims"  # JSON {hour_id: claim suffix, e.g. "a1" or "c2.a1"}
+TAG_KIND = "freshidx/kind"  # catchup | correction
+
+
+def floor_hour(t: dt.datetime) -> dt.datetime:
+    return t.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def parse_hour_id(text: str) -> dt.datetime:
+    return dt.datetime.strptime(text, "%Y%m%dT%H").replace(tzinfo=dt.UTC)
+
+
+def hour_from_dagster_key(key: str) -> dt.datetime:
+    """Dagster hourly partition key ``2026-11-21-14:00`` → UTC hour."""
+    return dt.datetime.strptime(key, "%Y-%m-%d-%H:%M").replace(tzinfo=dt.UTC)
+
+
+def dagster_key(hour: dt.datetime) -> str:
+    return hour.astimezone(dt.UTC).strftime("%Y-%m-%d-%H:00")
+
+
+def hour_path(hour: dt.datetime) -> str:
+    return hour.strftime("year=%Y/month=%m/day=%d/hour=%H")
+
+
+# ------------------------------------------------------------------------------------- ledger
+
+
+def entry_key(asset: str, hour: dt.datetime, suffix: str = "") -> str:
+    return layout.ledger_key(asset, hour.strftime("%Y-%m-%d"), layout.hour_id(hour) + suffix)
+
+
+def hour_entries(store: ObjectStore, asset: str, hour: dt.datetime) -> dict[str, dict[str, Any]]:
+    return ledger.trigger_entries(store, asset, hour.strftime("%Y-%m-%d"), layout.hour_id(hour))
+
+
+def record(store: ObjectStore, asset: str, hour: dt.datetime, suffix: str, decision: str, reason: str,
+           **kw: Any) -> bool:
+    """Create-once ledger entry ``<hour-id><suffix>`` (suffix "" = the terminal decision)."""
+    return ledger.record(store, entry_key(asset, hour, suffix), ledger.Entry(
+        asset, layout.hour_id(hour) + suffix, decision, reason, partition=hour_path(hour), **kw))
+
+
+def processed(store: ObjectStore, asset: str, hour: dt.datetime) -> bool:
+    try:
+        store.head(layout.pointer_key(layout.bucket_name(asset, hour)))
+    except NotFound:
+        return False
+    return True
+
+
+# ------------------------------------------------------------------------------------- runs
+
+
+@dataclass(frozen=True)
+class RunView:
+    run_id: str
+    status: str  # IN_FLIGHT | SUCCESS | FAILURE | CANCELED
+    created_at: float  # epoch seconds
+    started_at: float | None = None
+
+
+class RunIndex(Protocol):
+    """What the planner needs to know about runs (the sensor answers from the Dagster instance)."""
+
+    def by_run_key(self, run_key: str) -> RunView | None: ...
+
+    def busy_hours(self) -> dict[str, str]:
+        """hour id → run id for every in-flight run of the asset (catch-up, backfill, manual)."""
+        ...
+
+    def catchup_in_flight(self) -> int:
+        """Number of in-flight runs requested by the catch-up sensor."""
+        ...
+
+    def cancel(self, run_id: str, reason: str) -> None: ...
+
+
+# ------------------------------------------------------------------------------------- state
+
+
+@dataclass
+class CatchupState:
+    frontier: str | None = None  # hour id: every hour before it is processed or parked
+    parked: list[str] = field(default_factory=list)
+    late_cursor: str | None = None  # hour id the late-data sweep continues after
+
+    @classmethod
+    def load(cls, store: ObjectStore, asset: str) -> tuple[CatchupState, str | None]:
+        try:
+            data, etag = store.get_json(layout.catchup_state_key(asset))
+        except NotFound:
+            return cls(), None
+        return cls(data.get("frontier"), list(data.get("parked") or []), data.get("late_cursor")), etag
+
+    def save(self, store: ObjectStore, asset: str, etag: str | None) -> bool:
+        body = {"frontier": self.frontier, "parked": sorted(set(self.parked)), "late_cursor": self.late_cursor}
+        try:
+            store.swap_json(layout.catchup_state_key(asset), body, etag)
+        except PreconditionFailed:
+            return False  # another evaluation moved it; the next tick recomputes from the store
+        return True
+
+
+def oldest_hour(store: ObjectStore, source: str) -> dt.datetime | None:
+    """Oldest visible raw hour: descend ``year=/month=/day=/hour=`` taking the first valid prefix."""
+    prefix = layout.raw_root(source)
+    names = ("year", "month", "day", "hour")
+    values: list[int] = []
+    for name in names:
+        page = store.list(prefix, delimiter="/")
+        found = None
+        for p in sorted(page.prefixes):
+            seg = p[len(prefix):].rstrip("/")
+            key, _, val = seg.partition("=")
+            if key == name and val.isdigit() and len(val) == (4 if name == "year" else 2):
+                found = (p, int(val))
+                break
+        if found is None:
+            return None
+        prefix, v = found
+        values.append(v)
+    try:
+        return dt.datetime(values[0], values[1], values[2], values[3], tzinfo=dt.UTC)
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class Claim:
+    hour: dt.datetime
+    suffix: str  # "a2" (catch-up attempt) or "c3.a1" (correction 3, attempt 1)
+
+
+@dataclass
+class Request:
+    """One run to request: contiguous hours (catch-up) or one hour (correction)."""
+
+    kind: str  # catchup | correction
+    claims: list[Claim]
+    run_key: str
+    reason: str
+
+    @property
+    def hours(self) -> list[dt.datetime]:
+        return [c.hour for c in self.claims]
+
+
+@dataclass
+class TickPlan:
+    requests: list[Request] = field(default_factory=list)
+    waiting: dict[str, str] = field(default_factory=dict)  # hour id → why it is not ready yet
+    actions: list[str] = field(default_factory=list)  # what this tick recorded (expired, parked, …)
+    frontier: str | None = None
+    skip_reason: str = ""
+
+
+@dataclass
+class _Attempts:
+    busy: bool
+    next_attempt: int
+    failures: int
+    why_busy: str = ""
+
+
+def _attempt_state(store: ObjectStore, asset: str, hour: dt.datetime, entries: dict[str, dict[str, Any]],
+                   prefix: str, runs: RunIndex, now: dt.datetime, timeout: dt.timedelta,
+                   plan: TickPlan) -> _Attempts:
+    """Attempts under ``prefix`` ("" or "cK."): settle the last one (failed / stuck / lost) if it ended."""
+    numbers = sorted(int(k[len(prefix) + 1:]) for k in entries
+                     if k.startswith(prefix + "a") and k[len(prefix) + 1:].isdigit())
+    ended = {n for n in numbers if f"{prefix}a{n}.failed" in entries or f"{prefix}a{n}.expired" in entries}
+    if numbers and numbers[-1] not in ended:
+        n = numbers[-1]
+        claim = entries[f"{prefix}a{n}"]
+        run = runs.by_run_key(claim["run_key"])
+        hid = layout.hour_id(hour)
+        if run is None:
+            if now - parse_iso(claim["at"]) < LOST_REQUEST_GRACE:
+                return _Attempts(True, n + 1, len(ended), f"attempt {n} requested, waiting for its run")
+            record(store, asset, hour, f".{prefix}a{n}.expired", "expired",
+                   f"no run was created for {claim['run_key']} within {LOST_REQUEST_GRACE.seconds} s",
+                   run_key=claim["run_key"], attempt=n)
+            plan.actions.append(f"{hid} {prefix}a{n}: request lost")
+        elif run.status == IN_FLIGHT:
+            since = run.started_at or run.created_at
+            age = now.timestamp() - since
+            if age <= timeout.total_seconds():
+                return _Attempts(True, n + 1, len(ended), f"attempt {n} running in {run.run_id[:8]}")
+            reason = (f"stuck: run {run.run_id} in flight for {age:.0f} s (timeout "
+                      f"{timeout.total_seconds():.0f} s); its hours are handed to a new attempt")
+            record(store, asset, hour, f".{prefix}a{n}.expired", "expired", reason, run_id=run.run_id,
+                   run_key=claim["run_key"], attempt=n)
+            runs.cancel(run.run_id, reason)
+            plan.actions.append(f"{hid} {prefix}a{n}: expired")
+        else:
+            why = ("run succeeded without publishing the hour" if run.status == SUCCESS
+                   else f"run {run.status}")
+            record(store, asset, hour, f".{prefix}a{n}.failed", "failed", why, run_id=run.run_id,
+                   run_key=claim["run_key"], attempt=n)
+            plan.actions.append(f"{hid} {prefix}a{n}: {why}")
+        ended.add(n)
+    return _Attempts(False, (numbers[-1] + 1) if numbers else 1, len(ended))
+
+
+def _run_key(kind: str, claims: Iterable[Claim]) -> str:
+    claims = list(claims)
+    ident = ",".join(f"{layout.hour_id(c.hour)}:{c.suffix}" for c in claims)
+    digest = hashlib.sha1(ident.encode()).hexdigest()[:10]
+    return f"{ASSET}:{kind}:{layout.hour_id(claims[0].hour)}-{layout.hour_id(claims[-1].hour)}:{digest}"
+
+
+def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.datetime,
+              asset: str = ASSET) -> TickPlan:
+    """One evaluation of the catch-up sensor. Writes ledger entries and claims; returns runs to request."""
+    plan = TickPlan()
+    source = settings.source
+    policy = settings.readiness_for(source)
+    timeout = dt.timedelta(seconds=settings.hourly_timeout_seconds)
+    state, etag = CatchupState.load(store, asset)
+    before = (state.frontier, sorted(state.parked), state.late_cursor)
+
+    if state.frontier is None:
+        first = oldest_hour(store, source)
+        if first is None:
+            plan.skip_reason = f"no raw hours under raw/{source}/ yet"
+            return plan
+        state.frontier = layout.hour_id(first)
+    frontier = parse_hour_id(state.frontier)
+    last_closed = floor_hour(now) - HOUR  # hours whose end is <= now
+    newest, _ = newest_partition(store, source)
+    busy_hours = runs.busy_hours()
+    parked = set(state.parked)
+
+    hours = [frontier + i * HOUR for i in range(settings.hourly_lookahead_hours)
+             if frontier + i * HOUR <= last_closed]
+    # Parked hours come back when an operator grants a retry; they are few, so check each tick.
+    revisit = sorted({parse_hour_id(h) for h in parked} - set(hours))
+    available: list[Claim] = []
+    advancing = True
+    new_frontier = frontier
+    for hour in [*revisit, *hours]:
+        hid = layout.hour_id(hour)
+        in_window = hour >= frontier
+        if processed(store, asset, hour):
+            _heal_terminal(store, asset, hour)
+            parked.discard(hid)
+            if advancing and in_window:
+                new_frontier = hour + HOUR
+            continue
+        entries = hour_entries(store, asset, hour)
+        att = _attempt_state(store, asset, hour, entries, "", runs, now, timeout, plan)
+        allowed = settings.hourly_max_attempts + sum(1 for k in entries if k.startswith("grant-"))
+        if not att.busy and att.next_attempt > allowed:
+            if hid not in parked:
+                record(store, asset, hour, f".parked-{att.next_attempt - 1}", ledger.PARKED,
+                       f"{att.next_attempt - 1} attempts did not publish; "
+                       f"`freshidx ledger retry --pipeline {asset} --hour {hid}` grants another")
+                plan.actions.append(f"{hid}: parked")
+            parked.add(hid)
+            if advancing and in_window:
+                new_frontier = hour + HOUR
+            continue
+        parked.discard(hid)
+        if in_window:
+            advancing = False
+        if att.busy:
+            plan.waiting[hid] = att.why_busy
+            continue
+        if hid in busy_hours:
+            plan.waiting[hid] = f"run {busy_hours[hid][:8]} (backfill or manual) is processing it"
+            continue
+        listing = list_hour(store, source, hour)
+        ready = check_ready(store, listing, policy, now=now, quiet_seconds=settings.quiet_seconds,
+                            close_grace_seconds=settings.close_grace_seconds,
+                            newer_data_visible=newest is not None and newest.at >= hour + HOUR)
+        if not ready.ready:
+            plan.waiting[hid] = f"not ready ({policy}): {ready.reason}"
+            record(store, asset, hour, ".notready", "not_ready", f"{policy}: {ready.reason}",
+                   extra={"first_seen": iso(now)})
+            continue
+        available.append(Claim(hour, f"a{att.next_attempt}"))
+
+    state.frontier = layout.hour_id(new_frontier)
+    state.parked = sorted(parked)
+    plan.frontier = state.frontier
+
+    in_flight = runs.catchup_in_flight()
+    may_request = settings.hourly_overlap == "queue" or in_flight == 0
+    if available and may_request:
+        available.sort(key=lambda c: c.hour)
+        batch = [available[0]]
+        for c in available[1:]:
+            if len(batch) >= settings.hourly_max_hours_per_run or c.hour != batch[-1].hour + HOUR:
+                break
+            batch.append(c)
+        req = _claim(store, asset, "catchup", batch,
+                     f"oldest ready hours ({len(available)} ready, frontier {state.frontier})")
+        if req is not None:
+            plan.requests.append(req)
+    elif available:
+        plan.skip_reason = (f"{len(available)} hour(s) ready, oldest {layout.hour_id(available[0].hour)}; "
+                            f"{in_flight} catch-up run(s) in flight (overlap policy {settings.hourly_overlap})")
+
+    if may_request and not plan.requests:
+        corr = _late_data_sweep(store, settings, asset, runs, now, state, last_closed, busy_hours, plan)
+        if corr is not None:
+            plan.requests.append(corr)
+
+    if (state.frontier, sorted(state.parked), state.late_cursor) != before:
+        state.save(store, asset, etag)
+    if not plan.requests and not plan.skip_reason:
+        waiting = "; ".join(f"{h}: {r}" for h, r in list(plan.waiting.items())[:3])
+        plan.skip_reason = f"nothing to do (frontier {state.frontier})" + (f"; waiting: {waiting}" if waiting else "")
+    return plan
+
+
+def _claim(store: ObjectStore, asset: str, kind: str, claims: list[Claim], reason: str) -> Request | None:
+    """Create-once claims for every hour of the batch; a lost race abandons the request."""
+    run_key = _run_key(kind, claims)
+    for c in claims:
+        attempt = int(c.suffix.rsplit("a", 1)[1])
+        if not record(store, asset, c.hour, f".{c.suffix}", ledger.ACCEPTED, reason, run_key=run_key,
+                      attempt=attempt, extra={"kind": kind, "batch": [layout.hour_id(x.hour) for x in claims]}):
+            return None  # another evaluation claimed it; its run (or the lost-request grace) settles it
+    return Request(kind, claims, run_key, reason)
+
+
+def _heal_terminal(store: ObjectStore, asset: str, hour: dt.datetime) -> None:
+    """The terminal ``H`` entry follows ``CURRENT``; write it if a crash (or a backfill) left it out."""
+    key = entry_key(asset, hour)
+    if store.exists(key):
+        return
+    pointer, _ = read_pointer(store, layout.bucket_name(asset, hour))
+    if pointer is None:
+        return
+    record(store, asset, hour, "", "processed",
+           f"version {pointer.version} published (recorded from CURRENT)", run_id=pointer.run_id,
+           extra={"version": pointer.version})
+
+
+def input_fingerprint(files: Iterable[Any]) -> dict[str, str]:
+    return {f.key: f.etag for f in files}
+
+
+def _late_data_sweep(store: ObjectStore, settings: Settings, asset: str, runs: RunIndex, now: dt.datetime,
+                     state: CatchupState, last_closed: dt.datetime, busy_hours: dict[str, str],
+                     plan: TickPlan) -> Request | None:
+    """Re-list a few processed hours per tick (round robin over the lookback) for late data.
+
+    Cost per tick is ``hourly_late_checks_per_tick`` listings, whatever the history; each of the
+    ``hourly_late_lookback_hours`` hours behind the frontier is re-checked every ``lookback / checks`` ticks.
+    """
+    if settings.hourly_late_checks_per_tick == 0 or settings.hourly_late_lookback_hours == 0 or state.frontier is None:
+        return None
+    # The lookback ends at the frontier, not the clock: in steady state that is the last closed
+    # hour; while draining a backlog it is where the consumer is, which is where late data matters.
+    frontier = parse_hour_id(state.frontier)
+    newest = min(last_closed, frontier - HOUR)
+    oldest = newest - (settings.hourly_late_lookback_hours - 1) * HOUR
+    if newest < oldest:
+        return None
+    span = int((newest - oldest) / HOUR) + 1
+    cursor = parse_hour_id(state.late_cursor) if state.late_cursor else newest
+    timeout = dt.timedelta(seconds=settings.hourly_timeout_seconds)
+    for _ in range(min(settings.hourly_late_checks_per_tick, span)):
+        hour = cursor + HOUR
+        if hour > newest or hour < oldest:
+            hour = oldest
+        cursor = hour
+        hid = layout.hour_id(hour)
+        if hid in busy_hours or not processed(store, asset, hour):
+            continue
+        pointer, _ = read_pointer(store, layout.bucket_name(asset, hour))
+        if pointer is None:
+            continue
+        try:
+            manifest = read_manifest(store, layout.bucket_name(asset, hour), pointer.version)
+        except NotFound:
+            continue
+        published = {f["key"]: f["etag"] for f in manifest.get("inputs", {}).get("files", [])}
+        listing = list_hour(store, settings.source, hour)
+        current = input_fingerprint(listing.files)
+        if current == published:
+            continue
+        new = sorted(set(current) - set(published))
+        changed = sorted(k for k in set(current) & set(published) if current[k] != published[k])
+        seq = pointer.seq + 1
+        prefix = f"c{seq}."
+        entries = hour_entries(store, asset, hour)
+        att = _attempt_state(store, asset, hour, entries, prefix, runs, now, timeout, plan)
+        if att.busy:
+            plan.waiting[hid] = f"correction {seq}: {att.why_busy}"
+            continue
+        if att.next_attempt > settings.hourly_max_attempts:
+            with contextlib.suppress(PreconditionFailed):
+                record(store, asset, hour, f".c{seq}.parked", ledger.PARKED,
+                       f"correction {seq}: {att.next_attempt - 1} attempts did not publish")
+            continue
+        reason = (f"late data for closed hour {hid}: {len(new)} new, {len(changed)} changed object(s) "
+                  f"since version {pointer.version}")
+        req = _claim(store, asset, "correction", [Claim(hour, f"c{seq}.a{att.next_attempt}")], reason)
+        if req is not None:
+            record(store, asset, hour, f".c{seq}", "late_data", reason,
+                   extra={"new": new[:50], "changed": changed[:50], "replaces": pointer.version})
+            state.late_cursor = layout.hour_id(cursor)
+            return req
+    state.late_cursor = layout.hour_id(cursor)
+    return None

@@ -1,0 +1,116 @@
+"""The IO manager that publishes hourly buckets: one publication (stage → manifest → CAS) per hour.
+
+A catch-up run publishes with create-once semantics (an hour's first version exists exactly once);
+corrections and UI backfills compare-and-swap by listing time, so a bucket never goes back to fewer
+inputs. Every outcome lands in the ledger next to the claim that caused it.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+
+from freshidx import catchup, layout, ledger
+from freshidx.defs.resources import ObjectStoreResource
+from freshidx.publish import DraftManifest, _crash_point, publish
+
+
+@dataclass
+class HourBucket:
+    """What the ``ads_hourly`` body produced for one hour (``draft`` is None when it could not build)."""
+
+    hour_id: str
+    kind: str  # catchup | correction | backfill | manual
+    claim: str | None  # ledger suffix of the claim this run executes ("a1", "c2.a1"), if any
+    draft: DraftManifest | None
+    problems: list[str] = field(default_factory=list)
+
+
+class BucketIOManager(dg.ConfigurableIOManager):
+    """Publishes each hour's staged bucket and records the outcome; fails the run if an hour failed."""
+
+    store: dg.ResourceDependency[ObjectStoreResource]
+    asset: str = catchup.ASSET
+
+    def handle_output(self, context: dg.OutputContext, obj: list[HourBucket]) -> None:
+        store = self.store.open()
+        run_id = context.run_id
+        outcomes: dict[str, str] = {}
+        failed: list[str] = []
+        versions: dict[str, str] = {}
+        rows = invalid = 0
+        for hb in obj:
+            hour = catchup.parse_hour_id(hb.hour_id)
+            if hb.draft is None or hb.problems:
+                why = "; ".join(hb.problems) or "no bucket built"
+                catchup.record(store, self.asset, hour, f".refused-{run_id[:8]}", ledger.REFUSED, why,
+                               run_id=run_id, extra={"kind": hb.kind, "claim": hb.claim})
+                outcomes[hb.hour_id] = "not_ready"
+                failed.append(f"{hb.hour_id}: {why}")
+                continue
+            if hb.claim and store.exists(catchup.entry_key(self.asset, hour, f".{hb.claim}.expired")):
+                reason = f"claim {hb.claim} expired (the sensor handed the hour to another attempt)"
+                catchup.record(store, self.asset, hour, f".{hb.claim}.done", ledger.REFUSED, reason, run_id=run_id)
+                outcomes[hb.hour_id] = "expired"
+                continue
+            _crash_point("bucket_before_publish")  # tests: the run dies here like a kill -9, buckets staged
+            result = publish(store, hb.draft, allow_empty=True, only_if_absent=hb.kind == "catchup")
+            outcomes[hb.hour_id] = result.outcome
+            rows += hb.draft.doc_count
+            invalid += int(hb.draft.invalid.get("count", 0))
+            extra = {"version": hb.draft.version, "kind": hb.kind, "doc_count": hb.draft.doc_count,
+                     "inputs": len(hb.draft.inputs.get("files", []))}
+            if result.outcome == "invalid":
+                failed.append(f"{hb.hour_id}: {result.reason}")
+                catchup.record(store, self.asset, hour, f".invalid-{run_id[:8]}", ledger.INVALID, result.reason,
+                               run_id=run_id, extra=extra)
+                continue
+            if result.outcome == "published":
+                versions[hb.hour_id] = hb.draft.version
+            if hb.kind == "catchup":
+                if result.outcome == "published":
+                    catchup.record(store, self.asset, hour, "", "processed",
+                                   f"version {hb.draft.version} published (claim {hb.claim})", run_id=run_id,
+                                   attempt=int(hb.claim.rsplit("a", 1)[1]) if hb.claim else None, extra=extra)
+                else:
+                    catchup.record(store, self.asset, hour, f".{hb.claim}.done", ledger.REFUSED, result.reason,
+                                   run_id=run_id, extra=extra)
+            elif hb.kind == "correction" and hb.claim:
+                catchup.record(store, self.asset, hour, f".{hb.claim}.done",
+                               "corrected" if result.outcome == "published" else ledger.REFUSED,
+                               f"correction version {hb.draft.version}: {result.reason}", run_id=run_id,
+                               extra=extra)
+            else:
+                catchup.record(store, self.asset, hour, f".{hb.kind}-{run_id[:8]}",
+                               "rebuilt" if result.outcome == "published" else ledger.REFUSED,
+                               f"{hb.kind} run: {result.reason}", run_id=run_id, extra=extra)
+        meta: dict[str, Any] = {
+            "hours": dg.MetadataValue.int(len(obj)),
+            "published": dg.MetadataValue.int(sum(1 for o in outcomes.values() if o == "published")),
+            "rows": dg.MetadataValue.int(rows),
+            "invalid_records": dg.MetadataValue.int(invalid),
+            "outcomes": dg.MetadataValue.json(outcomes),
+            "versions": dg.MetadataValue.json(versions),
+            "kind": obj[0].kind if obj else "none",
+        }
+        if len(obj) == 1 and obj[0].draft is not None:
+            meta["manifest"] = dg.MetadataValue.path(
+                f"{store.uri}/{layout.manifest_key(obj[0].draft.index, obj[0].draft.version)}")
+        context.add_output_metadata(meta)
+        if failed:
+            raise dg.Failure(description=f"{len(failed)} hour(s) not published: " + " | ".join(failed),
+                             metadata={"failed": dg.MetadataValue.json(failed)}, allow_retries=False)
+
+    def load_input(self, context: dg.InputContext) -> list[dict[str, Any]]:
+        """Downstream assets get the *published* bucket pointers of the requested hours."""
+        from freshidx.publish import read_pointer
+
+        store = self.store.open()
+        out = []
+        for key in context.asset_partition_keys:
+            hour = catchup.hour_from_dagster_key(key)
+            pointer, _ = read_pointer(store, layout.bucket_name(self.asset, hour))
+            if pointer is None:
+                raise dg.Failure(f"{self.asset} {key} has not been published")
+            out.append(pointer.to_dict())
+        return out

@@ -1,0 +1,372 @@
+"""ads_hourly, Spark half: one closed hour of raw files → a validated, deduplicated, published bucket.
+
+One real build per store (local directory and moto S3) is shared by most assertions (module-scoped
+fixtures); its output is compared with an independent pure-Python reading of the generator's lines.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from freshidx import layout
+from freshidx.generate import GeneratorConfig, PartitionWritten, partition_records, write_partition
+from freshidx.hourly_build import BucketBuild, build_bucket, compare_rows, dedupe_versions, hour_file_list
+from freshidx.partitions import PartitionId
+from freshidx.publish import PublishResult, iso, publish, read_manifest, read_pointer
+from freshidx.records import MAX_BID, MAX_TITLE_CHARS, RAW_FIELDS, STATUSES
+from freshidx.spark.bucket_writer import write_empty_bucket_parts
+from freshidx.spark.shards import DOCS_ARROW_SCHEMA
+from freshidx.store import ObjectInfo, ObjectStore, StoreConfig, open_store
+from freshidx.transform import ID_FIELDS, TYPED_FIELDS
+from freshidx_tests.conftest import make_s3_config
+
+ASSET = "ads_hourly"
+SOURCE = "ad_updates"
+HOUR = dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.UTC)
+MINUTES = (0, 5, 10, 35)
+PARTS = 3
+GEN = GeneratorConfig(seed=11, ads=300, products=50, changes_per_partition=40, malformed_rate=0.08,
+                      duplicate_rate=0.2, files_per_partition=2, burst_probability=0.0)
+
+# Hand-written file: one (ad_id, version) with conflicting content, plus two invalid lines.
+CONFLICT_KEY = f"raw/{SOURCE}/year=2026/month=11/day=20/hour=09/minute=20/part-00000.jsonl"
+_BASE = {"ad_id": "ad-conflict", "campaign_id": "camp-0001", "product_id": "prod-00001", "title": "t",
+         "keywords": ["a"], "bid": 1.0, "status": "active", "updated_at": "2026-11-20T09:20:01.000Z",
+         "version": 7}
+CONFLICT_LINES = [
+    json.dumps(_BASE),
+    json.dumps({**_BASE, "title": "later", "updated_at": "2026-11-20T09:20:05.000Z"}),  # wins: latest
+    json.dumps({**_BASE, "title": "zzz-earlier", "updated_at": "2026-11-20T09:20:02.000Z"}),
+    json.dumps({**_BASE, "version": 8}),
+    json.dumps({**_BASE, "version": 8, "status": "paused"}),  # exact tie on time: paused beats active
+    json.dumps({**_BASE, "version": 8}),
+    "{not json",
+    json.dumps({**_BASE, "bid": -3}),
+]
+
+
+# ------------------------------------------------------------------------ independent expectation
+
+_TS_RE = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:?\d{2})?$")
+
+
+def _reason(line: str) -> str | None:
+    """A plain-Python reading of the validation rules (freshidx.transform docstring)."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return "malformed_json"
+    if not isinstance(obj, dict) or ("keywords" in obj and obj["keywords"] is not None
+                                     and not isinstance(obj["keywords"], list)):
+        return "malformed_json"
+    for name, (_, required) in RAW_FIELDS.items():
+        if required and (obj.get(name) is None or (name in ID_FIELDS and not str(obj[name]).strip())):
+            return f"missing_field:{name}"
+    if obj["status"] not in STATUSES:
+        return "bad_status"
+    bid = obj["bid"]
+    if isinstance(bid, bool) or not isinstance(bid, int | float) or not math.isfinite(bid) or not 0 <= bid <= MAX_BID:
+        return "bad_bid"
+    if not isinstance(obj["updated_at"], str) or not _TS_RE.match(obj["updated_at"]):
+        return "bad_updated_at"
+    try:
+        _ts(obj["updated_at"])
+    except ValueError:
+        return "bad_updated_at"
+    if isinstance(obj["version"], bool) or not isinstance(obj["version"], int) or obj["version"] < 0:
+        return "bad_version"
+    if len(obj["title"]) > MAX_TITLE_CHARS:
+        return "title_too_long"
+    return None
+
+
+def _ts(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(dt.UTC)
+
+
+def _typed(obj: dict[str, Any]) -> tuple[Any, ...]:
+    kw = obj.get("keywords")
+    return (str(obj["ad_id"]), str(obj["campaign_id"]), str(obj["product_id"]), str(obj["title"]),
+            tuple(kw) if kw is not None else None, float(obj["bid"]), obj["status"], _ts(obj["updated_at"]),
+            int(obj["version"]))
+
+
+def _winner_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    # transform._tie_break_order without the key: updated_at, status, then the other fields.
+    _ad, camp, prod, title, kw, bid, status, ts, _version = row
+    return (ts, status, camp, prod, title, (kw is not None, kw or ()), bid)
+
+
+def expected_rows(lines: list[str]) -> tuple[set[tuple[Any, ...]], Counter[str], int]:
+    """(one row per (ad_id, version), invalid reasons, valid line count) computed without Spark."""
+    best: dict[tuple[str, int], tuple[Any, ...]] = {}
+    reasons: Counter[str] = Counter()
+    valid = 0
+    for line in lines:
+        reason = _reason(line)
+        if reason is not None:
+            reasons[reason] += 1
+            continue
+        valid += 1
+        row = _typed(json.loads(line))
+        key = (row[0], row[8])
+        if key not in best or _winner_key(row) > _winner_key(best[key]):
+            best[key] = row
+    return set(best.values()), reasons, valid
+
+
+def _row_tuple(d: dict[str, Any]) -> tuple[Any, ...]:
+    kw = d["keywords"]
+    return (d["ad_id"], d["campaign_id"], d["product_id"], d["title"], tuple(kw) if kw is not None else None,
+            d["bid"], d["status"], d["updated_at"].astimezone(dt.UTC), d["version"])
+
+
+def read_part(store: ObjectStore, key: str) -> pa.Table:
+    return pq.read_table(pa.BufferReader(store.get(key).data))
+
+
+# ------------------------------------------------------------------------ shared builds
+
+
+@dataclass
+class Built:
+    cfg: StoreConfig
+    store: ObjectStore
+    files: list[ObjectInfo]
+    listed_at: dt.datetime
+    written: list[PartitionWritten]
+    lines: list[str]  # every line of the hour, all files
+    lines_per_file: dict[str, int]
+    build: BucketBuild
+    result: PublishResult
+    off_key: str  # the file whose expected row count we falsified
+
+
+def _store_config(kind: str, tmp: Path, request: pytest.FixtureRequest) -> StoreConfig:
+    if kind == "local":
+        return StoreConfig(uri=(tmp / "store").as_uri())
+    return make_s3_config(request.getfixturevalue("moto_endpoint"))
+
+
+def _list_hour(store: ObjectStore, hour: dt.datetime) -> list[ObjectInfo]:
+    return list(store.iter_objects(layout.raw_hour_prefix(SOURCE, PartitionId(hour).hour_path)))
+
+
+@pytest.fixture(scope="module", params=["local", "s3"])
+def built(request: pytest.FixtureRequest, spark: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
+    cfg = _store_config(request.param, tmp_path_factory.mktemp("hourly"), request)
+    store = open_store(cfg)
+    written = [write_partition(store, GEN, PartitionId(HOUR + dt.timedelta(minutes=m))) for m in MINUTES]
+    store.put(CONFLICT_KEY, ("\n".join(CONFLICT_LINES) + "\n\n").encode())  # a blank line is not a row
+    # Neighbouring hours: not part of the bucket (the listing is per hour).
+    write_partition(store, GEN, PartitionId(HOUR + dt.timedelta(hours=1)))
+    write_partition(store, GEN, PartitionId(HOUR - dt.timedelta(minutes=5)))
+    listed_at = dt.datetime.now(dt.UTC)
+    files = _list_hour(store, HOUR)
+    lines_per_file = {o.key: sum(1 for ln in store.get(o.key).data.decode().split("\n") if ln.strip())
+                      for o in files}
+    lines = [ln for o in files for ln in store.get(o.key).data.decode().split("\n") if ln.strip()]
+    off_key = sorted(lines_per_file)[1]
+    promised = {**lines_per_file, off_key: lines_per_file[off_key] + 1}
+    build = build_bucket(spark, cfg, asset=ASSET, source=SOURCE, hour=HOUR, files=files, listed_at=listed_at,
+                         run_id="run-hourly-1", parts=PARTS, run_info={"trigger": "test"},
+                         expected_rows=promised)
+    result = publish(store, build.draft, allow_empty=True)
+    yield Built(cfg, store, files, listed_at, written, lines, lines_per_file, build, result, off_key)
+
+
+# ------------------------------------------------------------------------ the main build
+
+
+def test_generator_fixture_is_as_intended(built: Built) -> None:
+    # Guards the test data itself: duplicates, malformed lines and several files per partition.
+    assert sum(w.duplicates for w in built.written) > 0
+    assert sum(w.malformed for w in built.written) > 0
+    assert len(built.files) == sum(len(w.keys) for w in built.written) + 1
+    assert all(o.key.startswith(f"raw/{SOURCE}/year=2026/month=11/day=20/hour=09/") for o in built.files)
+
+
+def test_published_rows_equal_independent_computation(built: Built) -> None:
+    assert built.result.outcome == "published", built.result.reason
+    pointer, _ = read_pointer(built.store, layout.bucket_name(ASSET, HOUR))
+    assert pointer is not None and pointer.version == built.build.draft.version
+    manifest = read_manifest(built.store, pointer.index, pointer.version)
+    got: list[tuple[Any, ...]] = []
+    for shard in manifest["shards"]:
+        for f in shard["files"]:
+            got += [_row_tuple(r) for r in read_part(built.store, f["key"]).to_pylist()]
+    want, _, _ = expected_rows(built.lines)
+    assert len(got) == len(set(got)) == manifest["doc_count"] == pointer.doc_count
+    assert len({(r[0], r[8]) for r in got}) == len(got)  # exactly one row per (ad_id, version)
+    assert set(got) == want
+
+
+def test_conflicting_versions_resolved_by_project_tie_break(built: Built) -> None:
+    rows = {}
+    for shard in built.build.draft.shards:
+        for f in shard["files"]:
+            for r in read_part(built.store, f["key"]).to_pylist():
+                if r["ad_id"] == "ad-conflict":
+                    rows[r["version"]] = r
+    assert set(rows) == {7, 8}
+    assert rows[7]["title"] == "later"
+    assert rows[8]["status"] == "paused"
+
+
+def test_parts_exact_sorted_zstd_and_hash_partitioned(built: Built) -> None:
+    draft = built.build.draft
+    assert draft.num_shards == PARTS and [s["shard"] for s in draft.shards] == list(range(PARTS))
+    owner: dict[str, int] = {}
+    for s in draft.shards:
+        (f,) = s["files"]
+        assert f["key"] == layout.bucket_part_key(ASSET, HOUR, draft.version, s["shard"], s["attempt"])
+        assert built.store.head(f["key"]).size == f["bytes"]
+        table = read_part(built.store, f["key"])
+        assert table.schema.remove_metadata() == DOCS_ARROW_SCHEMA
+        assert table.num_rows == f["rows"] == s["doc_count"]
+        keys = list(zip(table.column("ad_id").to_pylist(), table.column("version").to_pylist(), strict=True))
+        assert keys == sorted(keys)
+        for ad in set(table.column("ad_id").to_pylist()):
+            assert owner.setdefault(ad, s["shard"]) == s["shard"], f"{ad} in two parts"
+        meta = pq.ParquetFile(pa.BufferReader(built.store.get(f["key"]).data)).metadata
+        if meta.num_row_groups:
+            assert meta.row_group(0).column(0).compression == "ZSTD"
+
+
+def test_invalid_records_counted_and_quarantined(built: Built) -> None:
+    _, reasons, valid = expected_rows(built.lines)
+    gen_reasons: Counter[str] = Counter()
+    for w in built.written:
+        gen_reasons.update(w.reasons)
+    # The pure reading agrees with the generator's own bookkeeping, plus the two hand-written lines.
+    assert reasons == gen_reasons + Counter({"malformed_json": 1, "bad_bid": 1})
+    inv = built.build.draft.invalid
+    assert inv["reasons"] == dict(reasons) and inv["count"] == sum(reasons.values())
+    quarantined = []
+    for q in inv["quarantine"]:
+        assert "/run-hourly-1/" in q["key"] and q["key"].startswith(f"quarantine/{SOURCE}/")
+        recs = [json.loads(x) for x in built.store.get(q["key"]).data.decode().splitlines()]
+        assert len(recs) == q["records"]
+        quarantined += recs
+    assert Counter(r["reason"] for r in quarantined) == reasons
+    assert {r["raw"] for r in quarantined} == {ln for ln in built.lines if _reason(ln) is not None}
+    stats = built.build.draft.stats
+    assert stats["read_rows"] == len(built.lines) == valid + inv["count"]
+    assert stats["valid_rows"] == valid
+    assert stats["duplicates_dropped"] == valid - built.build.draft.doc_count > 0
+
+
+def test_row_counts_per_file_and_mismatch(built: Built) -> None:
+    assert built.build.rows_by_file == built.lines_per_file
+    assert built.build.rows_by_file[CONFLICT_KEY] == len(CONFLICT_LINES)
+    assert len(built.build.row_mismatches) == 1
+    assert built.off_key in built.build.row_mismatches[0]
+    assert not built.build.ok
+
+
+def test_draft_fields(built: Built) -> None:
+    d = built.build.draft
+    assert d.index == "buckets/ads_hourly/20261120T09" == layout.bucket_name(ASSET, HOUR)
+    assert d.version.startswith("20261120T0900-")
+    assert d.position == iso(built.listed_at) and d.run_id == "run-hourly-1"
+    assert d.inputs["hour"] == iso(HOUR) and d.inputs["source"] == SOURCE and d.inputs["listed_at"] == d.position
+    assert d.inputs.get("format") is None
+    assert {f["key"]: (f["etag"], f["size"]) for f in d.inputs["files"]} == {
+        o.key: (o.etag, o.size) for o in built.files}
+    assert d.stats["kind"] == "initial" and d.stats["build_seconds"] > 0
+    assert d.run == {"trigger": "test"}
+    assert d.doc_count == sum(s["doc_count"] for s in d.shards) > 0
+
+
+# ------------------------------------------------------------------------ empty and all-invalid hours
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_hour_with_only_invalid_records_is_an_empty_publishable_bucket(
+    kind: str, spark: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    cfg = _store_config(kind, tmp_path, request)
+    store = open_store(cfg)
+    hour = HOUR + dt.timedelta(hours=3)
+    key = f"raw/{SOURCE}/{PartitionId(hour).path}/part-00000.jsonl"
+    store.put(key, b'{"ad_id": "x"}\nnope\n')
+    files = _list_hour(store, hour)
+    b = build_bucket(spark, cfg, asset=ASSET, source=SOURCE, hour=hour, files=files,
+                     listed_at=dt.datetime.now(dt.UTC), run_id="run-invalid", parts=2,
+                     expected_rows={key: 2}, kind="correction")
+    d = b.draft
+    assert b.row_mismatches == [] and b.rows_by_file == {key: 2}
+    assert d.doc_count == 0 and d.num_shards == 2 and [s["shard"] for s in d.shards] == [0, 1]
+    assert d.invalid["count"] == 2 and sum(q["records"] for q in d.invalid["quarantine"]) == 2
+    assert d.stats == {**d.stats, "read_rows": 2, "valid_rows": 0, "duplicates_dropped": 0, "kind": "correction"}
+    assert publish(store, d).outcome == "invalid"  # empty: refused unless allowed
+    assert publish(store, d, allow_empty=True).outcome == "published"
+    for s in d.shards:
+        (f,) = s["files"]
+        table = read_part(store, f["key"])
+        assert table.num_rows == 0 and table.schema.remove_metadata() == DOCS_ARROW_SCHEMA
+
+
+def test_hour_without_files(spark: Any, local_store_config: StoreConfig) -> None:
+    store = open_store(local_store_config)
+    hour = HOUR + dt.timedelta(hours=5)
+    b = build_bucket(spark, local_store_config, asset=ASSET, source=SOURCE, hour=hour, files=[],
+                     listed_at=dt.datetime.now(dt.UTC), run_id="run-empty", parts=2, expected_rows={})
+    assert b.rows_by_file == {} and b.row_mismatches == []
+    assert b.draft.doc_count == 0 and len(b.draft.shards) == 2 and b.draft.invalid["count"] == 0
+    res = publish(store, b.draft, allow_empty=True)
+    assert res.outcome == "published" and res.pointer is not None and res.pointer.doc_count == 0
+    # The fallback for parts Spark launched no task for (empty shuffle): still written by executors.
+    (c,) = write_empty_bucket_parts(spark, local_store_config, ASSET, hour, "v-fill", [1])
+    assert c.shard == 1 and c.doc_count == 0
+    assert c.files[0].key == layout.bucket_part_key(ASSET, hour, "v-fill", 1, c.attempt)
+    assert read_part(store, c.files[0].key).num_rows == 0
+
+
+# ------------------------------------------------------------------------ pure pieces
+
+
+def test_dedupe_versions_is_deterministic(spark: Any) -> None:
+    lines = [ln for ln in CONFLICT_LINES if _reason(ln) is None]
+    lines += partition_records(GEN, PartitionId(HOUR))[0]
+    objs = [json.loads(ln) for ln in lines if _reason(ln) is None]
+    rows = [_typed(o) for o in objs]
+    schema = ("ad_id string, campaign_id string, product_id string, title string, keywords array<string>, "
+              "bid double, status string, updated_at timestamp, version long")
+    want, _, _ = expected_rows(lines)
+    results = []
+    for order, n in ((rows, 1), (rows[::-1], 3)):
+        df = spark.createDataFrame([(*r[:4], list(r[4]) if r[4] else None, *r[5:]) for r in order], schema)
+        out = dedupe_versions(df.withColumn("partition", df["ad_id"]).repartition(n))
+        assert tuple(out.columns) == TYPED_FIELDS
+        results.append({_row_tuple(r.asDict()) for r in out.collect()})
+    assert results[0] == results[1] == want
+
+
+def test_compare_rows_and_file_checks() -> None:
+    assert compare_rows({"a": 1, "b": 2}, {"a": 1, "b": 2}) == []
+    problems = compare_rows({"a": 1, "b": 2}, {"a": 2, "c": 5})
+    assert len(problems) == 3 and [p.split(":")[0] for p in problems] == ["a", "b", "c"]
+    now = dt.datetime.now(dt.UTC)
+    ok = ObjectInfo(f"raw/{SOURCE}/year=2026/month=11/day=20/hour=09/minute=05/part-0.jsonl", 1, "e", now)
+    assert hour_file_list(SOURCE, HOUR, [ok]) == [(ok.key, "year=2026/month=11/day=20/hour=09/minute=05")]
+    for bad in (f"raw/{SOURCE}/year=2026/month=11/day=20/hour=10/minute=05/part-0.jsonl",
+                f"raw/{SOURCE}/year=2026/month=11/day=20/hour=09/minute=05/_SUCCESS",
+                f"raw/{SOURCE}/year=2026/month=11/day=20/hour=09/../x.jsonl",
+                "raw/other/year=2026/month=11/day=20/hour=09/minute=05/part-0.jsonl"):
+        with pytest.raises(ValueError):
+            hour_file_list(SOURCE, HOUR, [ObjectInfo(bad, 1, "e", now)])
+    with pytest.raises(ValueError):
+        hour_file_list(SOURCE, HOUR, [ok, ok])

@@ -1,0 +1,95 @@
+"""Overlap policy of the delta sensor (serialize / skip / queue) against a real Dagster instance.
+
+The in-flight run is a real run record in the instance (as the daemon would have launched it); the
+sensor is evaluated for real. No Spark: only the triggering decision is under test here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+import pytest
+from dagster._core.storage.dagster_run import DagsterRunStatus
+from dagster._core.test_utils import create_run_for_test
+
+from freshidx import ledger
+from freshidx.settings import Settings, SettingsError
+from freshidx.store import StoreConfig
+from freshidx_tests.harness import Harness, at
+
+
+@pytest.fixture
+def make(local_store_config: StoreConfig) -> Iterator[Any]:
+    made: list[tuple[Harness, Any]] = []
+
+    def build(policy: str) -> Harness:
+        cm = dg.instance_for_test()
+        h = Harness(local_store_config, cm.__enter__(), delta_overlap=policy)
+        made.append((h, cm))
+        return h
+
+    yield build
+    for h, cm in made:
+        h.close()
+        cm.__exit__(None, None, None)
+
+
+def _launch(h: Harness, request: dg.RunRequest) -> Any:
+    """Record the requested run as STARTED, as the daemon would after launching it."""
+    return create_run_for_test(h.instance, job_name="__ASSET_JOB", status=DagsterRunStatus.STARTED,
+                               tags={**request.tags, "dagster/run_key": request.run_key},
+                               asset_selection=frozenset({dg.AssetKey("delta_index")}))
+
+
+def _partitions(data: Any) -> list[str]:
+    return [r.tags["freshidx/source_partition"] for r in data.run_requests or []]
+
+
+@pytest.mark.parametrize("policy", ["serialize", "skip", "queue"])
+def test_delta_overlap_policy(make: Any, policy: str) -> None:
+    h = make(policy)
+    h.write(0)
+    first = h.tick()
+    assert _partitions(first) == [at(0).path]
+    assert first.run_requests[0].tags["dagster/priority"] == "10"
+    _launch(h, first.run_requests[0])
+    h.write(5)
+    h.write(10)
+    second = h.tick()
+    if policy == "serialize":
+        assert not second.run_requests and "will jump to the newest" in second.skip_message
+        assert ledger.decision(h.store, "delta", at(5)) is None  # decided later, when the run ends
+    elif policy == "skip":
+        assert not second.run_requests and "overlap policy skip" in second.skip_message
+        for m in (5, 10):
+            entry = ledger.decision(h.store, "delta", at(m))
+            assert entry is not None and entry["decision"] == "superseded" and "overlap policy skip" in entry["reason"]
+    else:
+        assert _partitions(second) == [at(10).path]  # requested now; the run queue serializes execution
+        _launch(h, second.run_requests[0])
+        third = h.tick()
+        assert not third.run_requests and "is started" in third.skip_message.lower()
+
+
+def test_skipped_partition_is_never_revisited(make: Any) -> None:
+    h = make("skip")
+    h.write(0)
+    run = _launch(h, h.tick().run_requests[0])
+    h.write(5)
+    assert not h.tick().run_requests
+    h.instance.report_run_failed(h.instance.get_run_by_id(run.run_id))  # the run ends
+    again = h.tick()
+    assert not again.run_requests and "already decided" in again.skip_message
+    h.write(10)
+    assert _partitions(h.tick()) == [at(10).path]
+
+
+def test_bad_overlap_policy_fails_at_load_naming_the_field() -> None:
+    with pytest.raises(SettingsError, match=r"FRESHIDX_HOURLY_OVERLAP \(hourly_overlap\)"):
+        Settings.from_env({"FRESHIDX_HOURLY_OVERLAP": "parallel"})
+    with pytest.raises(SettingsError, match=r"FRESHIDX_READINESS \(readiness\).*sometimes"):
+        Settings.from_env({"FRESHIDX_READINESS": "ad_updates=sometimes"})
+    s = Settings.from_env({"FRESHIDX_READINESS": "quiet_period,ad_updates=marker"})
+    assert (s.readiness_for("ad_updates"), s.readiness_for("signals")) == ("marker", "quiet_period")
