@@ -392,12 +392,16 @@ def bench_query(
 
 def add_bench_parser(subparsers: Any) -> None:
     """``freshidx bench build ...`` / ``freshidx bench query ...``."""
-    p = subparsers.add_parser("bench", help="benchmarks: index build throughput, query latency")
+    p = subparsers.add_parser(
+        "bench", help="benchmarks: index build throughput, query latency, end-to-end freshness, Connect soak")
     add_bench_commands(p.add_subparsers(dest="bench", required=True))
 
 
 def add_bench_commands(sub: Any) -> None:
-    """The ``build`` and ``query`` sub-commands (under ``freshidx bench`` or ``python -m freshidx.bench``)."""
+    """The ``build``, ``query``, ``freshness`` and ``soak`` sub-commands (under ``freshidx bench`` or
+    ``python -m freshidx.bench``); the last two live in :mod:`freshidx.bench_freshness`."""
+    from freshidx.bench_freshness import add_bench_subcommands
+
     b = sub.add_parser("build", help="Spark shards vs one process: docs/s and ratio")
     b.add_argument("--docs", type=int, default=200_000)
     b.add_argument("--shards", type=int, default=os.cpu_count() or 2, help="default: one per core")
@@ -413,6 +417,7 @@ def add_bench_commands(sub: Any) -> None:
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_bench_query)
+    add_bench_subcommands(sub)
 
 
 def cmd_bench_build(args: argparse.Namespace) -> int:
@@ -440,7 +445,7 @@ def cmd_bench_query(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m freshidx.bench {build|query} ...`` (same options as ``freshidx bench``)."""
+    """``python -m freshidx.bench {build|query|freshness|soak} ...`` (same options as ``freshidx bench``)."""
     parser = argparse.ArgumentParser(prog="python -m freshidx.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_bench_commands(parser.add_subparsers(dest="bench", required=True))

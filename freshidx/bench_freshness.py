@@ -25,20 +25,29 @@
     searchable    a long-lived :class:`freshidx.serving.Searcher` (what ``freshidx search``
                   uses), after ``refresh()``, returns for ``+title:<word> +ad_id:"<ad>"`` a delta
                   hit of exactly that version, for an ad whose newest record is in the partition
+                  (if the Searcher cannot serve the published versions, ``ServingError``: the
+                  pointer covers the partition and the version's manifest lists shards;
+                  ``searchable_method`` says which)
     ============  ============================================================================
 
     and prints per-stage p50 / p95 / max (linear-interpolated percentiles) for both modes side by
     side. ``--json`` prints ``{"connect": {"arrival_to_searchable": {"p50", "p95", "max", "n"},
     "stages": {...}, "samples": [...], ...}, "local": {...}, "config": {...}}`` (seconds); the
     table then goes to stderr. Polling (0.2 s) is measurement, not synchronisation.
+    ``--window-minutes`` shortens the pipeline's window (tests); ``--health-timeout`` /
+    ``--health-failures`` tune the Connect supervisor's health check (see :func:`bench_freshness`).
 
-``freshidx bench soak [--batches N] [--restart-every S] [--restart-every-batches K] [--json]``
+``freshidx bench soak [--batches N] [--restart-every S] [--restart-every-batches K] [--shared-session]
+[--max-minutes M] [--json]``
     N micro-batches against one supervised Spark Connect server, no Dagster: each batch writes a
     new partition to a temporary local store, takes a lease, opens a Connect session, runs the real
     delta build path (:func:`freshidx.delta.build_delta`) and publishes it
     (:func:`freshidx.publish.publish`). Prints the server's heap (``jcmd``, sampled by the
-    supervisor) and RSS (JVM and the JVM's whole session incl. Python workers) over time, batch
-    latency, and every restart the supervisor performed (planned by age, heap, or every K batches).
+    supervisor) and RSS (JVM and the JVM's whole session incl. Python workers) and its process
+    count over time, batch latency, and every restart the supervisor performed (planned by age, heap,
+    or every K batches). ``--shared-session`` reuses one Connect session for all batches (a Dagster
+    run cannot: one session per run), to tell per-session costs from per-batch ones; ``--max-minutes``
+    caps the wall time.
 
 Numbers only: nothing here asserts on timings. Every process started here (Connect server,
 ``dagster dev`` and its children) is stopped on exit, also on Ctrl-C / SIGTERM.
@@ -482,6 +491,20 @@ def _stop_schedule(dev: Any, name: str) -> str:
         return f"error: {exc}"
 
 
+def _stop_sensor(dev: Any, name: str) -> str:
+    """Stop a running sensor (best effort); returns its status afterwards, or why not."""
+    try:
+        status = dev.sensor_state(name, tick_limit=0).get("status")
+    except Exception as exc:  # not in this code location
+        return f"not found ({type(exc).__name__})"
+    if status != "RUNNING":
+        return str(status)
+    try:
+        return str(dev.stop_sensor(name).get("status"))
+    except Exception as exc:  # measurement goes on; reported in the result
+        return f"error: {exc}"[:300]
+
+
 class _Deadline:
     def __init__(self, seconds: float) -> None:
         self.end = time.monotonic() + seconds
@@ -653,6 +676,7 @@ def _measure_partition(
 def _run_mode(
     mode: str, *, root: Path, seed_raw: Path, cfg: GeneratorConfig, partitions: int, timeout_s: float,
     max_delay_s: float, rng: random.Random, server: _ConnectServer | None, seed: int, window_minutes: int,
+    full_warmup: bool = True,
 ) -> dict[str, Any]:
     import dagster as dg
     from dagster._core.instance.ref import InstanceRef
@@ -672,6 +696,7 @@ def _run_mode(
         "FRESHIDX_WINDOW_MINUTES": str(window_minutes), "PYSPARK_PYTHON": sys.executable,
         "FRESHIDX_SPARK_REMOTE": server.url if server else "",
         "FRESHIDX_SPARK_SERVER_STATE": str(server.state_dir) if server else "",
+        "FRESHIDX_CATCHUP_AUTOSTART": "false",
     }
     out["spark"] = server.url if server else "local[2] (a SparkSession per run)"
     home = prepare_home(mdir / "dagster_home", _dagster_yaml())
@@ -682,11 +707,22 @@ def _run_mode(
     try:
         t0 = time.monotonic()
         dev.start()
+        if server is not None:
+            # The URL is fixed before the JVM is up: dagster dev starts meanwhile, and a run that
+            # comes first waits for its lease.
+            out["phase"] = "spark server start"
+            server.wait_up()
+            _log(f"Spark Connect server up after {server.ready_s} s ({server.timings})")
+        out["phase"] = "dagster dev start"
         dev.wait_ready(timeout=300)
         out["dagster_ready_s"] = round(time.monotonic() - t0, 1)
         out["full_index_schedule"] = _stop_schedule(dev, "full_index_schedule")
+        # The hourly catch-up (ads_hourly) would build every hour of the seeded history on the same
+        # Spark while we measure the delta path: off (env at load, and stopped here if it runs).
+        out["ads_hourly_sensor"] = _stop_sensor(dev, "ads_hourly_sensor")
         _log(f"{mode}: dagster dev ready in {out['dagster_ready_s']} s on {dev.url} "
-             f"(full_index_schedule {out['full_index_schedule']}); warming up: first delta + full index")
+             f"(full_index_schedule {out['full_index_schedule']}, ads_hourly_sensor {out['ads_hourly_sensor']}); "
+             f"warming up: first delta" + (" + full index" if full_warmup else ""))
         instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
 
         out["phase"] = "warm-up"
@@ -695,7 +731,7 @@ def _run_mode(
             delta, _ = read_pointer(store, "delta")
             full, _ = read_pointer(store, "full")
             busy = _in_flight_runs(instance)
-            full_tried = full is not None or any(
+            full_tried = not full_warmup or full is not None or any(
                 dg.AssetKey("full_index") in (r.asset_selection or ()) for r in instance.get_runs(limit=20))
             if delta is not None and full_tried and not busy:
                 break
@@ -776,9 +812,12 @@ def bench_freshness(
     partitions: int = 8, window_docs: int = 100_000, *, modes: Sequence[str] = MODES, seed: int = 0,
     max_delay_s: float = 5.0, timeout_s: float = 300.0, workdir: str | None = None, keep: bool = False,
     driver_memory: str = "2g", window_minutes: int = WINDOW_MINUTES, health_timeout_s: float = 15.0,
-    health_failures: int = 3,
+    health_failures: int = 3, full_warmup: bool = True,
 ) -> dict[str, Any]:
     """Run the freshness benchmark (module docstring) for ``modes``; returns the JSON-able result.
+
+    ``full_warmup=False`` measures as soon as the first delta is published, without waiting for the
+    SLA sensor's first full index (which then may run during the measurement: smoke tests only).
 
     ``health_timeout_s`` / ``health_failures`` configure the Connect supervisor's health check (its
     defaults: 15 s, 3 in a row); its ``SELECT 1`` probe needs a free task slot, so a long build on a
@@ -800,6 +839,7 @@ def bench_freshness(
         "dagster_yaml": str(_dagster_yaml()), "cores": os.cpu_count(), "workdir": str(root),
         "percentiles": "linear interpolation",
         "spark_server_health": {"timeout_s": health_timeout_s, "failures": health_failures},
+        "full_warmup": full_warmup,
     }}
     server: _ConnectServer | None = None
     try:
@@ -818,19 +858,13 @@ def bench_freshness(
             srv = None
             if mode == "connect":
                 assert server is not None
-                try:
-                    server.wait_up()
-                except Exception as exc:
-                    result[mode] = {"mode": mode, "phase": "spark server start", "error": str(exc)[:2000]}
-                    continue
-                _log(f"Spark Connect server up after {server.ready_s} s ({server.timings})")
-                srv = server
+                srv = server  # _run_mode waits for it after starting dagster dev (the starts overlap)
             result[mode] = _run_mode(
                 mode, root=root, seed_raw=root / "seed" / "raw", cfg=cfg, partitions=partitions,
                 timeout_s=timeout_s, max_delay_s=max_delay_s, rng=rng, server=srv, seed=seed,
-                window_minutes=window_minutes,
+                window_minutes=window_minutes, full_warmup=full_warmup,
             )
-            if srv is not None:
+            if srv is not None and srv.ready_s is not None:
                 st = srv.state()
                 pid = st.get("pid")
                 session_rss, procs = _session_usage(pid) if isinstance(pid, int) else (None, 0)
@@ -1131,6 +1165,9 @@ def _sigterm_as_interrupt() -> Iterator[None]:
             signal.signal(signal.SIGTERM, previous)
 
 
+_INTERRUPTED = "interrupted; every process started by the benchmark was stopped"
+
+
 def _modes(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in MODES]
@@ -1158,6 +1195,9 @@ def add_bench_subcommands(bench_subparsers: Any) -> None:
     f.add_argument("--max-delay", type=float, default=5.0, help="random pause before each drop, 0..S s (default 5)")
     f.add_argument("--timeout", type=float, default=300.0, help="per-partition deadline in seconds (default 300)")
     f.add_argument("--driver-memory", default="2g", help="Spark Connect server heap (default 2g)")
+    f.add_argument("--no-full-warm-up", dest="full_warmup", action="store_false",
+                   help="measure once the first delta is published, without waiting for the first full index "
+                        "(which may then run during the measurement; for smoke tests)")
     _health_args(f)
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--workdir", help="keep everything (stores, Dagster homes, logs) here instead of a temp dir")
@@ -1192,13 +1232,17 @@ def add_bench_subcommands(bench_subparsers: Any) -> None:
 
 
 def cmd_bench_freshness(args: argparse.Namespace) -> int:
-    with _sigterm_as_interrupt():
-        r = bench_freshness(
-            args.partitions, args.window_docs, modes=args.modes, seed=args.seed, max_delay_s=args.max_delay,
-            timeout_s=args.timeout, workdir=args.workdir, keep=args.keep, driver_memory=args.driver_memory,
-            window_minutes=args.window_minutes, health_timeout_s=args.health_timeout,
-            health_failures=args.health_failures,
-        )
+    try:
+        with _sigterm_as_interrupt():
+            r = bench_freshness(
+                args.partitions, args.window_docs, modes=args.modes, seed=args.seed, max_delay_s=args.max_delay,
+                timeout_s=args.timeout, workdir=args.workdir, keep=args.keep, driver_memory=args.driver_memory,
+                window_minutes=args.window_minutes, health_timeout_s=args.health_timeout,
+                health_failures=args.health_failures, full_warmup=args.full_warmup,
+            )
+    except KeyboardInterrupt:
+        print(_INTERRUPTED, file=sys.stderr)
+        return 130
     table = render_freshness(r)
     if args.json:
         print(table, file=sys.stderr)
@@ -1209,15 +1253,19 @@ def cmd_bench_freshness(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_soak(args: argparse.Namespace) -> int:
-    with _sigterm_as_interrupt():
-        r = bench_soak(
-            args.batches, window_docs=args.window_docs, window_minutes=args.window_minutes,
-            shared_session=args.shared_session, max_minutes=args.max_minutes, restart_every_s=args.restart_every,
-            restart_every_batches=args.restart_every_batches, max_heap_fraction=args.max_heap_fraction,
-            driver_memory=args.driver_memory, heap_check_interval_s=args.heap_check_interval,
-            samples=args.samples, seed=args.seed, workdir=args.workdir, keep=args.keep,
-            health_timeout_s=args.health_timeout, health_failures=args.health_failures,
-        )
+    try:
+        with _sigterm_as_interrupt():
+            r = bench_soak(
+                args.batches, window_docs=args.window_docs, window_minutes=args.window_minutes,
+                shared_session=args.shared_session, max_minutes=args.max_minutes, restart_every_s=args.restart_every,
+                restart_every_batches=args.restart_every_batches, max_heap_fraction=args.max_heap_fraction,
+                driver_memory=args.driver_memory, heap_check_interval_s=args.heap_check_interval,
+                samples=args.samples, seed=args.seed, workdir=args.workdir, keep=args.keep,
+                health_timeout_s=args.health_timeout, health_failures=args.health_failures,
+            )
+    except KeyboardInterrupt:
+        print(_INTERRUPTED, file=sys.stderr)
+        return 130
     table = render_soak(r)
     if args.json:
         print(table, file=sys.stderr)
@@ -1236,7 +1284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
-        print("interrupted; every process started by the benchmark was stopped", file=sys.stderr)
+        print(_INTERRUPTED, file=sys.stderr)
         return 130
 
 

@@ -201,7 +201,7 @@ class Request:
 class TickPlan:
     requests: list[Request] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)  # hour id → why it is not ready yet
-    actions: list[str] = field(default_factory=list)  # what this tick recorded (expired, parked, …)
+    actions: list[tuple[str, str, str]] = field(default_factory=list)  # (hour id, decision, reason) recorded
     frontier: str | None = None
     skip_reason: str = ""
 
@@ -232,7 +232,7 @@ def _attempt_state(store: ObjectStore, asset: str, hour: dt.datetime, entries: d
             record(store, asset, hour, f".{prefix}a{n}.expired", "expired",
                    f"no run was created for {claim['run_key']} within {LOST_REQUEST_GRACE.seconds} s",
                    run_key=claim["run_key"], attempt=n)
-            plan.actions.append(f"{hid} {prefix}a{n}: request lost")
+            plan.actions.append((hid, "expired", f"{prefix}a{n}: request lost"))
         elif run.status == IN_FLIGHT:
             since = run.started_at or run.created_at
             age = now.timestamp() - since
@@ -243,13 +243,13 @@ def _attempt_state(store: ObjectStore, asset: str, hour: dt.datetime, entries: d
             record(store, asset, hour, f".{prefix}a{n}.expired", "expired", reason, run_id=run.run_id,
                    run_key=claim["run_key"], attempt=n)
             runs.cancel(run.run_id, reason)
-            plan.actions.append(f"{hid} {prefix}a{n}: expired")
+            plan.actions.append((hid, "expired", f"{prefix}a{n}: {reason}"))
         else:
             why = ("run succeeded without publishing the hour" if run.status == SUCCESS
                    else f"run {run.status}")
             record(store, asset, hour, f".{prefix}a{n}.failed", "failed", why, run_id=run.run_id,
                    run_key=claim["run_key"], attempt=n)
-            plan.actions.append(f"{hid} {prefix}a{n}: {why}")
+            plan.actions.append((hid, "failed", f"{prefix}a{n}: {why}"))
         ended.add(n)
     return _Attempts(False, (numbers[-1] + 1) if numbers else 1, len(ended))
 
@@ -276,7 +276,9 @@ def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.da
         if first is None:
             plan.skip_reason = f"no raw hours under raw/{source}/ yet"
             return plan
-        state.frontier = layout.hour_id(first)
+        # Nothing before the first Dagster partition (FRESHIDX_PARTITIONS_START) is caught up.
+        start = dt.datetime.fromisoformat(settings.partitions_start).replace(tzinfo=dt.UTC)
+        state.frontier = layout.hour_id(max(first, start))
     frontier = parse_hour_id(state.frontier)
     last_closed = floor_hour(now) - HOUR  # hours whose end is <= now
     newest, _ = newest_partition(store, source)
@@ -307,7 +309,7 @@ def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.da
                 record(store, asset, hour, f".parked-{att.next_attempt - 1}", ledger.PARKED,
                        f"{att.next_attempt - 1} attempts did not publish; "
                        f"`freshidx ledger retry --pipeline {asset} --hour {hid}` grants another")
-                plan.actions.append(f"{hid}: parked")
+                plan.actions.append((hid, ledger.PARKED, f"{att.next_attempt - 1} attempts did not publish"))
             parked.add(hid)
             if advancing and in_window:
                 new_frontier = hour + HOUR

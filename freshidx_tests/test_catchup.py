@@ -314,3 +314,46 @@ def test_late_record_for_a_closed_hour_yields_exactly_one_correction(make_harnes
     for _ in range(3):
         assert not tick(h).run_requests
     assert read_pointer(h.store, name)[0].seq == second.seq
+
+
+# --------------------------------------------------------------------------- failures → parked → retry
+
+
+def test_failing_hour_is_retried_then_parked_and_an_operator_retry_processes_it(make_harness: Any) -> None:
+    from freshidx.cli import main as cli
+
+    h = make_harness(readiness="manifest", hourly_max_attempts=2, hourly_late_checks_per_tick=0)
+    hid = layout.hour_id(hour(0))
+    written = write_partition(h.store, GEN, PartitionId(hour(0)))
+    rows = {k: len(h.store.get(k).data.decode().splitlines()) for k in written.keys}
+    hour_prefix = layout.raw_hour_prefix(h.settings.source, PartitionId(hour(0)).hour_path)
+
+    def promise(extra: int) -> None:  # upstream's manifest: all files present, row counts (wrong by `extra`)
+        h.store.put_json(hour_prefix + readiness.MANIFEST, {"files": [
+            {"name": k[len(hour_prefix):], "rows": n + extra} for k, n in sorted(rows.items())]})
+
+    promise(extra=1)
+    for attempt in (1, 2):  # each run fails its hour (rows do not match the manifest) and is retried
+        (req,) = tick(h).run_requests
+        assert json.loads(req.tags[catchup.TAG_CLAIMS]) == {hid: f"a{attempt}"}
+        result = h.run(req, raise_on_error=False)
+        assert not result.success
+    data = tick(h)
+    assert not data.run_requests
+    entries = catchup.hour_entries(h.store, "ads_hourly", hour(0))
+    assert {"a1.failed", "a2.failed", "parked-2"} <= set(entries)
+    assert "manifest rows" in next(e for k, e in entries.items() if k.startswith("refused-"))["reason"]
+    parked_events = [e for e in data.asset_events if e.metadata.get("catchup") and
+                     e.metadata["catchup"].value == "parked"]
+    assert parked_events, "the parked hour is visible on raw_ad_updates in the UI"
+    assert read_pointer(h.store, f"buckets/ads_hourly/{hid}")[0] is None
+    assert not tick(h).run_requests  # parked stays parked
+
+    # Upstream fixes its manifest; an operator grants one more attempt.
+    promise(extra=0)
+    assert cli(["ledger", "retry", "--store", h.settings.store, "--pipeline", "ads_hourly", "--hour", hid]) == 0
+    (req,) = tick(h).run_requests
+    assert json.loads(req.tags[catchup.TAG_CLAIMS]) == {hid: "a3"}
+    assert h.run(req).success
+    assert catchup.hour_entries(h.store, "ads_hourly", hour(0))[""]["attempt"] == 3
+    assert len(history(h.store, hid)) == 1

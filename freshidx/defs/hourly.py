@@ -192,21 +192,25 @@ def make_hourly_sensor(settings: Settings, ads_hourly: dg.AssetsDefinition) -> d
     ) -> dg.SensorResult:
         cfg = freshidx.settings(store.uri, store.endpoint_url)
         plan = catchup.plan_tick(store.open(), cfg, DagsterRunIndex(context.instance), utcnow())
-        for action in plan.actions:
-            context.log.info(action)
-        cursor = json.loads(context.cursor) if context.cursor else {}
-        events: list[dg.AssetObservation] = []
-        digest = hashlib.sha1(json.dumps(plan.waiting, sort_keys=True).encode()).hexdigest()
         partitions_def = hourly_partitions(cfg)
+
+        def observation(hid: str, metadata: dict) -> dg.AssetObservation:
+            key = catchup.dagster_key(catchup.parse_hour_id(hid))
+            try:
+                valid = partitions_def.has_partition_key(key)
+            except Exception:  # a key outside the definition's range must not fail the tick
+                valid = False
+            return dg.AssetObservation(asset_key="raw_ad_updates", partition=key if valid else None,
+                                       metadata={"hour": hid, **metadata})
+
+        events = [observation(hid, {"catchup": decision, "reason": reason}) for hid, decision, reason in plan.actions]
+        for hid, decision, reason in plan.actions:
+            context.log.info(f"{hid}: {decision}: {reason}")
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        digest = hashlib.sha1(json.dumps(plan.waiting, sort_keys=True).encode()).hexdigest()
         if plan.waiting and cursor.get("waiting") != digest:  # show changed reasons once, not every tick
-            for hid, reason in list(plan.waiting.items())[:24]:
-                key = catchup.dagster_key(catchup.parse_hour_id(hid))
-                try:
-                    valid = partitions_def.has_partition_key(key)
-                except Exception:  # a key outside the definition's range must not fail the tick
-                    valid = False
-                events.append(dg.AssetObservation(asset_key="raw_ad_updates", partition=key if valid else None,
-                                                  metadata={"catchup": "waiting", "hour": hid, "reason": reason}))
+            events += [observation(hid, {"catchup": "waiting", "reason": reason})
+                       for hid, reason in list(plan.waiting.items())[:24]]
         cursor["waiting"] = digest
         cursor["frontier"] = plan.frontier
         requests = [run_request(r) for r in plan.requests]

@@ -7,43 +7,54 @@ message (a :class:`~freshidx.spark.shards.ShardCommit` whose ``shard`` is the pa
 collects only those. The attempt number is in every key (:func:`freshidx.layout.bucket_part_key`), so a
 retried task never overwrites the upload of another attempt, and only the attempts that reported a
 commit end up in the manifest.
+
+:func:`write_buckets_parts` writes the parts of several buckets (one per hour) in a single job, task
+``bucket * parts + part`` writing one part of one bucket; :func:`write_bucket_parts` is its one-bucket
+case.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from freshidx import layout
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.shards import (
-    _SHARD_RESULT_DDL,
     DOCS_ARROW_SCHEMA,
     ShardCommit,
     _BufferedParquet,
     _check_name,
-    _collect_commits,
     _conform,
-    _shard_result,
     _task_ids,
     upload_file,
 )
 from freshidx.store import StoreConfig
 from freshidx.transform import TYPED_FIELDS
 
-__all__ = ["BUCKET_SORT", "write_bucket_parts", "write_empty_bucket_parts", "write_one_part"]
+__all__ = ["BUCKET_SORT", "write_bucket_parts", "write_buckets_parts", "write_empty_bucket_parts", "write_one_part"]
 
 log = logging.getLogger(__name__)
 
 #: Order of rows inside a part.
 BUCKET_SORT = ("ad_id", "version")
+
+_PID = "_freshidx_part_id"  # target task of a row: bucket * parts + part
+_BUCKET = "_freshidx_bucket"
+_BUCKET_RESULT_DDL = "bucket int, shard int, attempt int, commit string"
+_BUCKET_RESULT_SCHEMA = pa.schema(
+    [pa.field("bucket", pa.int32()), pa.field("shard", pa.int32()), pa.field("attempt", pa.int32()),
+     pa.field("commit", pa.string())]
+)
 
 
 def _check_hour(hour: dt.datetime) -> dt.datetime:
@@ -74,30 +85,126 @@ def write_one_part(
     return ShardCommit(shard=part, attempt=attempt, doc_count=out.rows, covered_count=0, files=(file,))
 
 
+def _bucket_result(bucket: int, commit: ShardCommit) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([bucket], pa.int32()),
+            pa.array([commit.shard], pa.int32()),
+            pa.array([commit.attempt], pa.int32()),
+            pa.array([json.dumps(commit.to_dict(), sort_keys=True)], pa.string()),
+        ],
+        schema=_BUCKET_RESULT_SCHEMA,
+    )
+
+
 def _part_task(
-    store_json: str, asset: str, hour: dt.datetime, version: str, parts: int
+    store_json: str, asset: str, buckets: list[tuple[dt.datetime, str]], parts: int
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    # Task (partition) id = bucket * parts + part; every row carries the id it was routed by.
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        part, attempt = _task_ids()
-        if not 0 <= part < parts:
-            raise RuntimeError(f"task partition {part} outside 0..{parts - 1}: parts must not be re-split")
-        yield _shard_result(write_one_part(store_from_json(store_json), asset, hour, version, part, attempt, batches))
+        task, attempt = _task_ids()
+        if not 0 <= task < len(buckets) * parts:
+            raise RuntimeError(f"task partition {task} outside 0..{len(buckets) * parts - 1}: must not be re-split")
+        bucket, part = divmod(task, parts)
+        hour, version = buckets[bucket]
+
+        def checked() -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                if batch.num_rows:
+                    pid = batch.column(_PID)
+                    lo_hi = pc.min_max(pid)
+                    if pid.null_count or lo_hi["min"].as_py() != task or lo_hi["max"].as_py() != task:
+                        raise RuntimeError(f"task {task} received rows routed to another part")
+                yield batch
+
+        commit = write_one_part(store_from_json(store_json), asset, hour, version, part, attempt, checked())
+        yield _bucket_result(bucket, commit)
 
     return run
 
 
 def _fill_task(
-    store_json: str, asset: str, hour: dt.datetime, version: str
+    store_json: str, asset: str, buckets: list[tuple[dt.datetime, str]]
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    # Empty parts whose numbers come from the data (the tasks of this job are not parts).
+    # Empty parts whose (bucket, part) come from the data (the tasks of this job are not parts).
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         _, attempt = _task_ids()
         config = store_from_json(store_json)
         for batch in batches:
-            for part in batch.column("shard").to_pylist():
-                yield _shard_result(write_one_part(config, asset, hour, version, int(part), attempt, []))
+            for bucket, part in zip(batch.column("bucket").to_pylist(), batch.column("shard").to_pylist(), strict=True):
+                hour, version = buckets[int(bucket)]
+                yield _bucket_result(int(bucket), write_one_part(config, asset, hour, version, int(part), attempt, []))
 
     return run
+
+
+def _collect_bucket_commits(df: DataFrame) -> list[tuple[int, ShardCommit]]:
+    return [(int(r["bucket"]), ShardCommit.from_dict(json.loads(r["commit"]))) for r in df.collect()]
+
+
+def _check_buckets(asset: str, buckets: Sequence[tuple[dt.datetime, str]]) -> list[tuple[dt.datetime, str]]:
+    _check_name("asset", asset)
+    out = [(_check_hour(hour), _check_name("version", version)) for hour, version in buckets]
+    if len({(layout.bucket_name(asset, h), v) for h, v in out}) != len(out):
+        raise ValueError("the same bucket version is listed twice")
+    return out
+
+
+def write_buckets_parts(
+    rows: DataFrame,
+    store_config: StoreConfig,
+    asset: str,
+    buckets: Sequence[tuple[dt.datetime, str]],
+    parts: int,
+    *,
+    bucket_col: str = "_bucket",
+) -> list[list[ShardCommit]]:
+    """Write exactly ``parts`` Parquet parts of each of ``buckets`` (``(hour, version)``) in ONE Spark job.
+
+    ``rows`` needs the :data:`~freshidx.transform.TYPED_FIELDS` columns and ``bucket_col``, the index
+    into ``buckets`` of the bucket a row belongs to. The job has ``len(buckets) * parts`` tasks; task
+    ``i`` writes part ``i % parts`` of bucket ``i // parts``, so a (bucket, part) that receives no rows
+    still gets an empty file from its task. Inside a bucket, rows go to part
+    ``pmod(murmur3(xxhash64(ad_id)), parts)`` — exactly the hash partitioning of
+    ``repartition(parts, xxhash64(ad_id))``, so a bucket's parts do not depend on which other buckets
+    were written in the same job — and are sorted by ``(ad_id, version)``. Returns, per bucket (same
+    order), its commits sorted by part.
+    """
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    checked = _check_buckets(asset, buckets)
+    if not checked:
+        return []
+    n = len(checked) * parts
+    store_json = store_to_json(store_config)
+    part = F.pmod(F.hash(F.xxhash64("ad_id")), F.lit(parts))
+    pid = (F.col(bucket_col).cast("int") * F.lit(parts) + part).cast("int")
+    # repartitionById routes a row to partition `pid` (no hashing), and a shuffle with an explicit
+    # number of partitions is never coalesced by adaptive execution: exactly n tasks. A null or
+    # out-of-range bucket would land in a wrong task; the task checks every row's id and fails.
+    ordered = (
+        rows.select(*TYPED_FIELDS, pid.alias(_PID))
+        .repartitionById(n, _PID)
+        .sortWithinPartitions(*BUCKET_SORT)
+    )
+    got = _collect_bucket_commits(ordered.mapInArrow(_part_task(store_json, asset, checked, parts), _BUCKET_RESULT_DDL))
+    seen = [(b, c.shard) for b, c in got]
+    if len(seen) != len(set(seen)):
+        raise RuntimeError(f"more than one commit for a part: {sorted(seen)}")
+    missing = sorted({(b, p) for b in range(len(checked)) for p in range(parts)} - set(seen))
+    if missing:
+        # Spark may skip the tasks of an empty shuffle (adaptive execution propagating an empty
+        # relation); those parts have no rows, so write them empty, still from executors.
+        log.info("write_buckets_parts: %d part(s) received no task, writing them empty: %s", len(missing), missing)
+        got += _write_empty(rows.sparkSession, store_json, asset, checked, missing)
+    out: list[list[ShardCommit]] = [[] for _ in checked]
+    for b, c in got:
+        out[b].append(c)
+    for b, commits in enumerate(out):
+        commits.sort(key=lambda c: c.shard)
+        if [c.shard for c in commits] != list(range(parts)):
+            raise RuntimeError(f"bucket {b}: expected parts 0..{parts - 1}, got {[c.shard for c in commits]}")
+    return out
 
 
 def write_bucket_parts(
@@ -109,46 +216,31 @@ def write_bucket_parts(
     hash-partitioned by ``ad_id`` (all versions of an ad in one part), sorted by ``(ad_id, version)``
     within a part. A part that receives no rows still gets an empty file (written by an executor).
     Each commit's ``shard`` is the part number, ``doc_count`` its rows, ``files`` its single file.
+    One bucket of :func:`write_buckets_parts`.
     """
     if parts < 1:
         raise ValueError(f"parts must be >= 1, got {parts}")
-    _check_name("asset", asset)
-    _check_name("version", version)
-    hour = _check_hour(hour)
-    store_json = store_to_json(store_config)
-    # An exchange on an expression (not the bare column) is never elided or coalesced, even if the
-    # input is already partitioned by ad_id (e.g. grouped by it): exactly `parts` tasks.
-    ordered = (
-        rows.select(*TYPED_FIELDS)
-        .repartition(parts, F.xxhash64("ad_id"))
-        .sortWithinPartitions(*BUCKET_SORT)
+    (commits,) = write_buckets_parts(
+        rows.select(*TYPED_FIELDS, F.lit(0).alias(_BUCKET)), store_config, asset, [(hour, version)], parts,
+        bucket_col=_BUCKET,
     )
-    task = _part_task(store_json, asset, hour, version, parts)
-    commits = _collect_commits(ordered.mapInArrow(task, _SHARD_RESULT_DDL))
-    seen = [c.shard for c in commits]
-    if len(seen) != len(set(seen)):
-        raise RuntimeError(f"more than one commit for a part: {sorted(seen)}")
-    missing = sorted(set(range(parts)) - set(seen))
-    if missing:
-        # Spark may skip the tasks of an empty shuffle (adaptive execution propagating an empty
-        # relation); those parts have no rows, so write them empty, still from executors.
-        log.info("write_bucket_parts: %d part(s) received no task, writing them empty: %s", len(missing), missing)
-        commits += write_empty_bucket_parts(rows.sparkSession, store_config, asset, hour, version, missing)
-    commits.sort(key=lambda c: c.shard)
-    if [c.shard for c in commits] != list(range(parts)):
-        raise RuntimeError(f"expected parts 0..{parts - 1}, got {[c.shard for c in commits]}")
     return commits
+
+
+def _write_empty(
+    spark: SparkSession, store_json: str, asset: str, buckets: list[tuple[dt.datetime, str]],
+    pairs: list[tuple[int, int]],
+) -> list[tuple[int, ShardCommit]]:
+    fill = spark.createDataFrame(list(pairs), "bucket int, shard int").repartition(min(len(pairs), 4))
+    return _collect_bucket_commits(fill.mapInArrow(_fill_task(store_json, asset, buckets), _BUCKET_RESULT_DDL))
 
 
 def write_empty_bucket_parts(
     spark: SparkSession, store_config: StoreConfig, asset: str, hour: dt.datetime, version: str, parts: list[int]
 ) -> list[ShardCommit]:
     """Write empty part files for ``parts`` from Spark tasks; return their commits sorted by part."""
-    _check_name("asset", asset)
-    _check_name("version", version)
-    hour = _check_hour(hour)
+    buckets = _check_buckets(asset, [(hour, version)])
     if not parts:
         return []
-    fill = spark.createDataFrame([(p,) for p in parts], "shard int").repartition(min(len(parts), 4))
-    task = _fill_task(store_to_json(store_config), asset, hour, version)
-    return sorted(_collect_commits(fill.mapInArrow(task, _SHARD_RESULT_DDL)), key=lambda c: c.shard)
+    got = _write_empty(spark, store_to_json(store_config), asset, buckets, [(0, p) for p in parts])
+    return sorted((c for _, c in got), key=lambda c: c.shard)
