@@ -33,7 +33,7 @@ def recent_decisions(store: ObjectStore, pipeline: str, now: dt.datetime,
         keys = sorted((o.key for o in store.list(f"ledger/{pipeline}/{day}/").objects), reverse=True)
         for key in keys:
             name = key.rsplit("/", 1)[1].removesuffix(".json")
-            if "." in name:  # attempts (P.aN) and gaps, not partition decisions
+            if "." in name and not name.endswith(".gap"):  # attempts (P.aN…) are not partition decisions
                 continue
             try:
                 entry = store.get_json(key)[0]

@@ -10,9 +10,11 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from freshidx import layout
 from freshidx.partitions import PartitionId
-from freshidx.publish import DraftManifest, Pointer, iso, new_version, publish, read_pointer
+from freshidx.publish import DraftManifest, Pointer, PublishResult, iso, new_version, publish, read_pointer
 from freshidx.store import ObjectStore, StoreConfig, open_store
 
 T0 = dt.datetime(2026, 11, 21, 14, 0, tzinfo=dt.UTC)
@@ -132,37 +134,48 @@ def test_process_killed_right_after_cas_history_heals(store: ObjectStore, store_
     assert [h["seq"] for h in history(store)] == [1, 2, 3]  # healed by the next publisher
 
 
-def test_concurrent_publishers_newer_wins_older_refused(store: ObjectStore) -> None:
-    """Both publishers read the same pointer, then race their conditional writes."""
+@pytest.mark.parametrize("first_swap", ["newer", "older"])
+def test_concurrent_publishers_newer_wins_older_refused(store: ObjectStore, first_swap: str) -> None:
+    """Both publishers read the same pointer, then swap in a forced order (both interleavings)."""
     base = draft(store, 0)
     publish(store, base)
-    older, newer = draft(store, 5), draft(store, 10)
-    barrier = threading.Barrier(2)
-    results = {}
+    drafts = {"older": draft(store, 5), "newer": draft(store, 10)}
+    second = "older" if first_swap == "newer" else "newer"
+    both_read = threading.Barrier(2)
+    first_done = threading.Event()
+    results: dict[str, PublishResult] = {}
 
-    def go(name: str, d: DraftManifest) -> None:
-        first = [True]
+    def go(name: str) -> None:
+        calls = [0]
 
         def sync(_: Pointer | None) -> None:
-            if first[0]:
-                first[0] = False
-                barrier.wait(timeout=30)
+            calls[0] += 1
+            if calls[0] == 1:  # both hold the same pointer and ETag ...
+                both_read.wait(timeout=30)
+                if name == second:  # ... and the second one swaps only after the first has published
+                    assert first_done.wait(timeout=30)
 
-        results[name] = publish(store, d, before_swap=sync)
+        try:
+            results[name] = publish(store, drafts[name], before_swap=sync)
+        finally:
+            if name == first_swap:
+                first_done.set()
 
-    threads = [threading.Thread(target=go, args=a) for a in (("older", older), ("newer", newer))]
+    threads = [threading.Thread(target=go, args=(n,)) for n in ("older", "newer")]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout=60)
     ptr, _ = read_pointer(store, "delta")
-    assert ptr is not None and ptr.version == newer.version
+    assert ptr is not None and ptr.version == drafts["newer"].version
     assert results["newer"].outcome == "published"
-    if results["older"].outcome == "superseded":
-        assert store.exists(layout.refusal_key("delta", older.version))
-    else:  # older won the first CAS; newer retried after re-reading and replaced it
-        assert results["newer"].cas_attempts >= 2
-    assert [h["version"] for h in history(store)][-1] == newer.version
+    if first_swap == "newer":  # the older one's CAS fails, it re-reads, sees a newer index: refused
+        assert results["older"].outcome == "superseded" and results["older"].cas_attempts == 2
+        refusal = store.get_json(layout.refusal_key("delta", drafts["older"].version))[0]
+        assert refusal["current_version"] == drafts["newer"].version
+    else:  # the older one published first; the newer one's CAS failed, it re-read and replaced it
+        assert results["older"].outcome == "published" and results["newer"].cas_attempts == 2
+    assert [h["version"] for h in history(store)][-1] == drafts["newer"].version
 
 
 def test_older_publisher_arriving_second_is_refused(store: ObjectStore) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from freshidx import layout, ledger
+from freshidx import layout, ledger, status
 from freshidx.generate import partition_records
 from freshidx.partitions import PartitionId
 from freshidx.publish import read_manifest, read_pointer
@@ -110,6 +110,15 @@ def test_latest_only_end_to_end(harness: Harness, spark: Any) -> None:
     ptr2, _ = read_pointer(h.store, "delta")
     assert ptr2 is not None and ptr2.source_partition == at(40).path and ptr2.previous_version == ptr.version
     assert ledger.decision(h.store, "delta", at(40))["decision"] == "published"  # type: ignore[index]
+
+    # `freshidx status --json` reports the serving delta and the partitions it skipped, with reasons.
+    st = status.collect(h.store, "ad_updates", now=at(40).at + dt.timedelta(seconds=90))
+    assert st["delta"]["version"] == ptr2.version and st["delta"]["source_partition"] == at(40).path
+    assert st["delta"]["doc_count"] == ptr2.doc_count and st["delta"]["lag_seconds"] == 90
+    assert st["newest_visible_partition"] == at(40).path and st["seconds_behind_newest"] == 0
+    skipped = {e["partition"]: e["reason"] for e in st["recent_skipped"]}
+    assert skipped[at(35).path] == skipped[at(30).path] == f"superseded by {at(40).path}"
+    json.dumps(st)  # what --json prints
 
     # Nothing new → no run; the same skips are not recorded twice.
     third = h.tick()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.errors import PySparkException
 
 from freshidx.spark import server as srv
 from freshidx.spark.server import (
@@ -305,8 +306,15 @@ def test_planned_restart_waits_for_the_lease(supervised: Supervised) -> None:
 
 @pytest.mark.daemon
 def test_kill_9_is_restarted(supervised: Supervised) -> None:
+    from freshidx.defs.resources import SparkResource
+
     before = _state(supervised.state_dir)
     old_pid = before["pid"]
+    # A run's resource holding a session of the server that is about to die (as a step would).
+    resource = SparkResource(remote=before["url"], server_state_dir=str(supervised.state_dir),
+                             lease_timeout_seconds=START_DEADLINE)
+    with resource.session() as session:
+        assert session.sql("SELECT 1 AS one").collect()[0]["one"] == 1
     t0 = time.monotonic()
     os.kill(old_pid, signal.SIGKILL)
     def restarted() -> dict[str, Any] | None:
@@ -321,6 +329,17 @@ def test_kill_9_is_restarted(supervised: Supervised) -> None:
     assert srv._session_members(old_pid) == []  # its Python workers went too
     print(f"\nkill -9 → up again: {took:.1f}s (supervisor: {st['last_restart_duration_s']}s, {timings})")
     assert _query_and_python_job(st["url"])["python"] == sys.executable
+    try:
+        # The step fails on the dead server's session; the resource drops it (and its lease) ...
+        with pytest.raises(PySparkException), resource.session() as stale:
+            stale.sql("SELECT 2").collect()
+        assert resource._session is None and resource._leases is None
+        # ... so the retry, in the same process with the same resource, leases and connects afresh.
+        with resource.session() as fresh:
+            assert fresh.sql("SELECT 3 AS three").collect()[0]["three"] == 3
+    finally:
+        resource.discard()
+    assert srv.active_leases(supervised.state_dir) == []
 
 
 @pytest.mark.daemon

@@ -95,11 +95,12 @@ def delta_index(
             partition=partition.path, run_id=context.run_id, run_key=context.run.tags.get("dagster/run_key"),
             attempt=int(attempt)))
     context.log.info(f"building delta for {partition.path} (watermark {watermark.path if watermark else None})")
-    return build_delta(
-        spark.get_session(), st, store.store_config(), settings,
-        DeltaPlan(partition=partition, watermark=watermark, run_id=context.run_id, run_info=run_info),
-        on_stage=lambda name, s: context.log.info(f"{name}: {s:.2f}s"),
-    )
+    with spark.session() as session:
+        return build_delta(
+            session, st, store.store_config(), settings,
+            DeltaPlan(partition=partition, watermark=watermark, run_id=context.run_id, run_info=run_info),
+            on_stage=lambda name, s: context.log.info(f"{name}: {s:.2f}s"),
+        )
 
 
 def _code_version() -> str:
@@ -142,9 +143,11 @@ def full_index(
     st = store.open()
     cutoff = _resolve_partition(st, settings, config.cutoff_partition, "cutoff_partition", store.uri)
     context.log.info(f"building full index up to {cutoff.path}")
-    return build_full(spark.get_session(), st, store.store_config(), settings, cutoff=cutoff,
-                      run_id=context.run_id, run_info={**_run_info(context, settings), "force": config.force,
-                                                       "max_drop_fraction": settings.full_max_drop_fraction})
+    run_info = {**_run_info(context, settings), "force": config.force,
+                "max_drop_fraction": settings.full_max_drop_fraction}
+    with spark.session() as session:
+        return build_full(session, st, store.store_config(), settings, cutoff=cutoff, run_id=context.run_id,
+                          run_info=run_info)
 
 
 def _resolve_partition(

@@ -70,7 +70,6 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
         run_info = {"run_id": context.run_id, "trigger": kind, "run_key": tags.get("dagster/run_key"),
                     "backfill": tags.get("dagster/backfill"), "code_version": _code_version(),
                     "readiness": policy, "claims": claims}
-        session = None
         out: list[HourBucket] = []
         for key in context.partition_keys:
             hour = catchup.hour_from_dagster_key(key)
@@ -90,12 +89,12 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
                 out.append(HourBucket(hid, kind, claim, None, [f"not ready ({policy}): {ready.reason}"]))
                 continue
             _crash_point("bucket_build")  # tests: the run dies mid-hour like a kill -9 (claim taken, run STARTED)
-            session = session or spark.get_session()
             context.log.info(f"building {catchup.ASSET} {hid}: {len(listing.files)} file(s), {kind}")
-            built = build_bucket(session, store.store_config(), asset=catchup.ASSET, source=cfg.source, hour=hour,
-                                 files=listing.files, listed_at=listed_at, run_id=context.run_id,
-                                 parts=cfg.hourly_parts, run_info=run_info, expected_rows=ready.expected_rows,
-                                 kind=kind)
+            with spark.session() as session:  # a failure drops the session, so a step retry reconnects
+                built = build_bucket(session, store.store_config(), asset=catchup.ASSET, source=cfg.source,
+                                     hour=hour, files=listing.files, listed_at=listed_at, run_id=context.run_id,
+                                     parts=cfg.hourly_parts, run_info=run_info,
+                                     expected_rows=ready.expected_rows, kind=kind)
             out.append(HourBucket(hid, kind, claim, built.draft,
                                   [f"manifest rows: {m}" for m in built.row_mismatches]))
         return out

@@ -3,6 +3,7 @@
 
 import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
@@ -99,13 +100,32 @@ class SparkResource(dg.ConfigurableResource):
                 self._session = build_local_session(self.master, conf=dict(self.conf))
         return self._session
 
-    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Any]:
+        """The run's session, dropped (with its lease) if the body fails.
+
+        A step retry runs in the same process with the same resource instance; had the Connect
+        server been restarted meanwhile, a cached session would fail every retry at once
+        (``NO_ACTIVE_SESSION``). Dropping it makes the retry lease and connect afresh.
+        """
+        try:
+            yield self.get_session()
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Forget a Connect session and release its lease (local sessions stay: they are per process)."""
         if self._session is not None and self.remote:
-            self._session.stop()
+            with contextlib.suppress(Exception):  # the server may be gone; nothing to close then
+                self._session.stop()
             self._session = None
         if self._leases is not None:
             self._leases.close()
             self._leases = None
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self.discard()
 
 
 PIPELINE_FIELDS = (
