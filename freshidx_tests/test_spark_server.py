@@ -363,6 +363,14 @@ def test_heap_is_sampled_with_jcmd_and_threshold_triggers(supervised: Supervised
     assert probe2.planned_restart_reason() is None
     hs = _state(tmp_path / "b")
     assert hs["heap_source"] == "jcmd" and hs["heap_max_bytes"] == sample.heap_max_bytes
+    assert hs["session_processes"] >= 1  # the JVM at least (plus its Python worker daemons)
+    # Leaked Python workers: more processes in the JVM's session than allowed → a planned restart.
+    (tmp_path / "c").mkdir()
+    probe3 = SparkConnectSupervisor(replace(sup.config, state_dir=tmp_path / "c", max_heap_fraction=0.99,
+                                            max_session_processes=hs["session_processes"] - 1 or 1))
+    probe3._proc, probe3._started_mono = sup._proc, time.monotonic()
+    expected = "planned-processes" if hs["session_processes"] > 1 else None
+    assert probe3.planned_restart_reason() == expected
 
 
 @pytest.mark.daemon

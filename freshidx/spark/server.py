@@ -13,6 +13,8 @@ JVM) in its own session, and acts as the watchdog the design asks for:
   its heap stays over ``max_heap_fraction`` of ``-Xmx`` even after a full GC (``planned-heap``), the
   supervisor *drains* first: it marks the state ``draining`` and waits (up to ``drain_timeout_s``)
   until no client holds a lease, then restarts. ``SIGHUP`` (CLI) requests one (``planned-manual``).
+  More than ``max_session_processes`` processes in the JVM's session (Python worker daemons that
+  Spark Connect leaks per client session) is a planned restart too (``planned-processes``).
 
 **Heap measurement.** ``jcmd <pid> GC.heap_info`` gives the used heap, ``jcmd <pid> VM.flags`` the
 ``MaxHeapSize`` (both ~0.3 s of CPU, sampled every ``heap_check_interval_s``, not every health
@@ -77,7 +79,7 @@ SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_STATE_DIR = Path(".freshidx") / "spark-server"
 DEFAULT_PORT = 15002
 STATUSES = ("starting", "up", "draining", "restarting", "down")
-RESTART_REASONS = ("crash", "health", "planned-age", "planned-heap", "planned-manual")
+RESTART_REASONS = ("crash", "health", "planned-age", "planned-heap", "planned-processes", "planned-manual")
 
 _STARTED_RE = re.compile(rb"Spark Connect server started at: *(\S+):(\d+)")
 _HEAP_USED_RE = re.compile(r"\btotal (\d+)K, used (\d+)K")
@@ -116,6 +118,10 @@ class ServerConfig:
     state_dir: Path = DEFAULT_STATE_DIR
     restart_every_s: float = 24 * 3600.0
     max_heap_fraction: float = 0.85
+    # Spark Connect starts Python worker daemons per client session and does not reap them
+    # (measured ~3 processes / ~180 MiB RSS per run): the heap stays fine while the session grows.
+    # More processes than this in the JVM's session → a planned (drained) restart. 0 = off.
+    max_session_processes: int = 48
     health_interval_s: float = 5.0
     health_timeout_s: float = 15.0
     health_failures: int = 3  # consecutive failed health checks before a restart
@@ -140,6 +146,8 @@ class ServerConfig:
             raise ValueError(f"max_heap_fraction must be in (0, 1]: {self.max_heap_fraction}")
         if self.restart_every_s <= 0 or self.health_interval_s <= 0 or self.drain_timeout_s < 0:
             raise ValueError("restart_every_s and health_interval_s must be > 0, drain_timeout_s >= 0")
+        if self.max_session_processes < 0:
+            raise ValueError(f"max_session_processes must be >= 0: {self.max_session_processes}")
         if self.health_failures < 1:
             raise ValueError("health_failures must be >= 1")
         parse_memory(self.driver_memory)  # validates
@@ -973,7 +981,7 @@ class SparkConnectSupervisor:
         return sample
 
     def planned_restart_reason(self, *, check_heap: bool = True) -> str | None:
-        """``planned-age`` / ``planned-heap`` / a requested reason, or None if no restart is due."""
+        """``planned-age`` / ``-heap`` / ``-processes`` / a requested reason, or None if none is due."""
         if self._restart_requested:
             return self._restart_requested
         if self._started_mono is not None and time.monotonic() - self._started_mono > self.config.restart_every_s:
@@ -988,6 +996,12 @@ class SparkConnectSupervisor:
                     frac = sample.fraction if sample else None
                 if frac is not None and frac > self.config.max_heap_fraction:
                     return "planned-heap"
+            pid = self.pid
+            if pid is not None:
+                procs = len(_session_members(pid))  # the JVM was started with setsid: sid == pid
+                self._update_state(session_processes=procs)
+                if self.config.max_session_processes and procs > self.config.max_session_processes:
+                    return "planned-processes"
         return None
 
     # ---- restarts ----------------------------------------------------------------------------
@@ -1131,6 +1145,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="planned restart cadence (default 86400)")
     p.add_argument("--max-heap-fraction", type=float, default=0.85,
                    help="planned restart when the live heap exceeds this fraction of -Xmx (default 0.85)")
+    p.add_argument("--max-session-processes", type=int, default=48,
+                   help="planned restart when the JVM's session (JVM + Python workers) has more processes "
+                        "(default 48; 0 = off)")
     p.add_argument("--driver-memory", default="2g", help="JVM heap (default 2g)")
     p.add_argument("--drain-timeout", type=float, default=120.0, metavar="SECONDS",
                    help="how long a planned restart waits for leases to be released (default 120)")
@@ -1165,6 +1182,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=args.host, port=args.port, master=args.master, conf=conf, state_dir=args.state_dir,
         restart_every_s=args.restart_every, max_heap_fraction=args.max_heap_fraction,
+        max_session_processes=args.max_session_processes,
         driver_memory=args.driver_memory, drain_timeout_s=args.drain_timeout, health_interval_s=args.health_interval,
         class_data_sharing=not args.no_class_data_sharing, cds_dir=args.cds_dir, warm_up=not args.no_warm_up,
     )
