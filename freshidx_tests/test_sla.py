@@ -82,6 +82,20 @@ def test_coverage_gap_launches_exactly_one_full_rebuild(harness: Harness, spark:
     gap = h.tick("freshidx_sla_sensor")
     assert check_events(gap)["coverage"] is False
     assert [r.tags["freshidx/remediation_of"] for r in gap.run_requests] == [full.version]
+    assert h.tick("freshidx_sla_sensor").run_requests == []  # one, not two
+    assert h.run(gap.run_requests[0]).success
+    full2, _ = read_pointer(h.store, "full")
+    assert full2 is not None and full2.cutoff is not None and full2.cutoff > full.cutoff
+    assert check_events(h.tick("freshidx_sla_sensor")).get("coverage") is True  # remediated
+    launched = [e for e in ledger.read(h.store, "sla") if e["decision"] == "remediation_launched"]
+    assert len(launched) == 2
+
+    # The source-silence check goes through the same sensor: these partitions are days old, so the
+    # upstream is silent past the fail threshold (the thresholds themselves: the test above).
+    silence = [e for e in first.asset_events
+               if isinstance(e, dg.AssetCheckEvaluation) and e.check_name == "source_silence"]
+    assert len(silence) == 1 and silence[0].passed is False
+    assert silence[0].severity == dg.AssetCheckSeverity.ERROR
 
 
 def test_every_partition_is_in_the_ledger_exactly_once(harness: Harness, spark: Any, tmp_path: Any) -> None:
