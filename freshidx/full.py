@@ -7,8 +7,10 @@ the listing is one paginated pass (1,000 keys per call), done once per rebuild, 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -42,6 +44,15 @@ def files_up_to(store: ObjectStore, source: str, cutoff: PartitionId
         if not name.startswith((".", "_")):
             files.setdefault(pid, []).append(obj)
     return files, ignored
+
+
+def inputs_digest(groups: Iterable[list[ObjectInfo]]) -> str:
+    """sha256 over ``key\tetag\tsize`` lines of every input object, in listing order."""
+    h = hashlib.sha256()
+    for objs in groups:
+        for o in objs:
+            h.update(f"{o.key}\t{o.etag}\t{o.size}\n".encode())
+    return h.hexdigest()
 
 
 def build_full(
@@ -84,6 +95,9 @@ def build_full(
             "partitions": len(files),
             "files": len(file_list),
             "first_partition": next(iter(files)).path if files else None,
+            # Every input object with its ETag would make the manifest O(history); a digest over
+            # (key, etag, size) in listing order still says exactly which object versions were read.
+            "files_sha256": inputs_digest(objs for objs in files.values()),
             "ignored": [{"key": i.key, "reason": i.reason} for i in ignored[:100]],
         },
         invalid=result.invalid_summary(),

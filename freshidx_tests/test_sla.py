@@ -15,9 +15,10 @@ import dagster as dg
 import pytest
 
 from freshidx import ledger, sla
+from freshidx.full import files_up_to, inputs_digest
 from freshidx.generate import write_partition
 from freshidx.partitions import PartitionId
-from freshidx.publish import read_pointer
+from freshidx.publish import read_manifest, read_pointer
 from freshidx.settings import Settings
 from freshidx.store import StoreConfig, open_store
 from freshidx_tests.harness import GEN, Harness, at
@@ -87,6 +88,13 @@ def test_coverage_gap_launches_exactly_one_full_rebuild(harness: Harness, spark:
     full2, _ = read_pointer(h.store, "full")
     assert full2 is not None and full2.cutoff is not None and full2.cutoff > full.cutoff
     assert check_events(h.tick("freshidx_sla_sensor")).get("coverage") is True  # remediated
+    # The run manifest says why the run exists and exactly what it read.
+    manifest = read_manifest(h.store, "full", full2.version)
+    assert manifest["run"]["trigger"] == "sla_remediation" and manifest["run"]["run_id"] == full2.run_id
+    assert manifest["run"]["code_version"] and manifest["run"]["settings"]["source"] == "ad_updates"
+    files, _ = files_up_to(h.store, "ad_updates", PartitionId.parse(manifest["inputs"]["cutoff_partition"]))
+    assert manifest["inputs"]["files"] == sum(len(v) for v in files.values()) > 0
+    assert manifest["inputs"]["files_sha256"] == inputs_digest(files.values())
     launched = [e for e in ledger.read(h.store, "sla") if e["decision"] == "remediation_launched"]
     assert len(launched) == 2
 
