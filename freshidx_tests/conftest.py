@@ -19,6 +19,22 @@ MOTO_ACCESS_KEY = "freshidx-test"
 MOTO_SECRET_KEY = "freshidx-test-secret"
 
 
+#: Set process-wide by a Spark Connect client session; they switch later ``pyspark.sql.functions``
+#: calls in the same xdist worker to Connect columns, so every test leaves them as it found them.
+CONNECT_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")
+
+
+@pytest.fixture(autouse=True)
+def _restore_spark_mode() -> Iterator[None]:
+    saved = {var: os.environ.get(var) for var in CONNECT_ENV}
+    yield
+    for var, value in saved.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -17,7 +17,6 @@ import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,26 +25,14 @@ import pytest
 from freshidx import bench_freshness as bf
 from freshidx.generate import history_partitions, partition_records
 from freshidx.partitions import PartitionId
+from freshidx_tests.conftest import CONNECT_ENV
 
 P = PartitionId(dt.datetime(2026, 11, 21, 14, 5, tzinfo=dt.UTC))
 REPO = Path(__file__).resolve().parents[1]
-_CONNECT_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")
 E2E = pytest.mark.skipif(not os.environ.get("FRESHIDX_BENCH_E2E"),
                          reason="heavy on the shared 2-core box (another JVM / a SparkSession per run); "
                                 "set FRESHIDX_BENCH_E2E=1")
 
-
-@pytest.fixture(autouse=True)
-def _restore_spark_mode() -> Iterator[None]:
-    """The soak opens Connect sessions in-process, which sets process-wide env vars that switch later
-    ``pyspark.sql.functions`` calls to Connect columns; other test files in the worker use classic."""
-    saved = {var: os.environ.get(var) for var in _CONNECT_ENV}
-    yield
-    for var, value in saved.items():
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
 
 
 # ----------------------------------------------------------------------------------------- statistics
@@ -217,7 +204,7 @@ def _check_mode(r: dict[str, Any], mode: str, partitions: int) -> None:
 
 def _bench(tmp_path: Path, *argv: str) -> tuple[int, dict[str, Any], str]:
     """``python -m freshidx.bench_freshness ... --json`` in a subprocess; (rc, JSON, stderr)."""
-    env = {k: v for k, v in os.environ.items() if k not in _CONNECT_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in CONNECT_ENV}
     proc = subprocess.run(
         [sys.executable, "-m", "freshidx.bench_freshness", *argv, "--json", "--workdir", str(tmp_path / "bench")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=540,

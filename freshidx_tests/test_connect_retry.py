@@ -34,7 +34,7 @@ from freshidx.generate import GeneratorConfig, write_partition
 from freshidx.publish import read_pointer
 from freshidx.spark.server import acquire_lease, read_state
 from freshidx.store import StoreConfig, open_store
-from freshidx_tests.conftest import free_port
+from freshidx_tests.conftest import CONNECT_ENV, free_port
 from freshidx_tests.harness import at
 from freshidx_tests.polling import poll_until
 
@@ -42,20 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 GEN = GeneratorConfig(seed=11, ads=200, products=30, changes_per_partition=20)
 START_DEADLINE = 240.0  # spawn → warm-up done; ~25 s here under load
 LEASE_TIMEOUT_S = 40  # per attempt; attempts 2 and 3 (10 s apart) leave ~100 s for the JVM restart
-_CONNECT_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")
 
-
-@pytest.fixture(autouse=True)
-def _restore_spark_mode() -> Iterator[None]:
-    """Nothing here should start a Connect client in-process; if anything does, undo its env switch
-    so classic-Spark tests later in the same xdist worker are unaffected."""
-    saved = {var: os.environ.get(var) for var in _CONNECT_ENV}
-    yield
-    for var, value in saved.items():
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
 
 
 @pytest.fixture
@@ -114,7 +101,7 @@ def test_run_during_a_connect_restart_fails_clearly_and_is_retried(
     env = {**os.environ, "DAGSTER_HOME": str(home), "FRESHIDX_STORE": store_cfg.uri,
            "FRESHIDX_PARTITIONS_START": "2026-11-01", "PYSPARK_PYTHON": sys.executable,
            "FRESHIDX_SPARK_REMOTE": up["url"], "FRESHIDX_SPARK_SERVER_STATE": str(state_dir)}
-    for var in _CONNECT_ENV:
+    for var in CONNECT_ENV:
         env.pop(var, None)
     # Run config for a resource replaces *all* its constructor-bound values (they are not merged),
     # so the Connect fields are repeated next to the shorter lease timeout.

@@ -43,20 +43,7 @@ START_DEADLINE = 240.0  # spawn → warm-up done; ~10 s quiet, 20–40 s under l
 # ------------------------------------------------------------------------------------------
 # helpers
 
-_CONNECT_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")
 
-
-@pytest.fixture(autouse=True)
-def _restore_spark_mode() -> Iterator[None]:
-    """A Connect client sets process-wide env vars that switch every later ``pyspark.sql.functions``
-    call to Connect columns; other test files in the same xdist worker use a classic session."""
-    saved = {var: os.environ.get(var) for var in _CONNECT_ENV}
-    yield
-    for var, value in saved.items():
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
 
 
 def _client(url: str) -> Any:
