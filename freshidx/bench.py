@@ -1,9 +1,10 @@
 """``freshidx bench``: index build throughput (Spark shards vs one process) and query latency.
 
-``freshidx bench build [--docs N] [--shards S] [--json]``
+``freshidx bench build [--docs N] [--shards S] [--rounds R] [--json]``
     Generates N synthetic ads in the JVM (the generator's vocabulary: brand + noun per product,
     adjectives and qualifiers per ad), adds product features, caches and materializes the DataFrame,
-    then times (once each, after a warm-up on a small set):
+    then, after one untimed warm-up round of each on the same N (the first Spark round in a fresh
+    JVM costs ~3x a warm one: JIT, Python workers), times R alternating rounds of:
 
     * ``spark``: :func:`freshidx.spark.index_shards.write_index_shards` into a temporary local store,
       S shards on the local session (index + ``docs.parquet`` + ``covered.parquet``, uploaded, sha256);
@@ -11,9 +12,10 @@
       plain Python process with the same schema and builder settings
       (:class:`freshidx.index_format.IndexBuilder`).
 
-    Prints docs/s of each and ``ratio`` = spark / single (``--json`` keys ``spark_docs_per_s``,
-    ``single_docs_per_s``, ``ratio``), plus the CPU seconds each spent (whole process tree) and
-    ``cpu_ratio`` = single / spark CPU seconds: on a shared machine the steadier number.
+    Prints docs/s of each from the median round time and ``ratio`` = spark / single (``--json`` keys
+    ``spark_docs_per_s``, ``single_docs_per_s``, ``ratio``, and ``rounds`` with every round), plus the
+    CPU seconds each spent (whole process tree, median) and ``cpu_ratio`` = single / spark CPU
+    seconds: on a shared machine the steadier number.
 
 ``freshidx bench query [--docs N] [--queries Q] [--json]``
     Builds (or reuses, from ``--workdir``) a local store with a published full version of N ads and a
@@ -42,7 +44,7 @@ from typing import Any
 
 from freshidx.generate import ADJECTIVES, BRANDS, NOUNS, QUALIFIERS, VOCABULARY
 
-BUILD_WARMUP_DOCS = 20_000
+BUILD_ROUNDS = 3
 #: Static confs of a session the benchmark starts itself: the local defaults cap the JIT at C1 for
 #: fast start-up (freshidx.spark.session), which roughly doubles the JVM's per-row cost of the shuffle
 #: and the Arrow hand-over to Python; its docstring says to pass your own options for heavy runs.
@@ -194,8 +196,12 @@ def _round(x: float | None, n: int = 3) -> float | None:
     return None if x is None else round(x, n)
 
 
-def bench_build(docs: int, shards: int, *, spark: Any = None, seed: int = 0) -> dict[str, Any]:
+def bench_build(
+    docs: int, shards: int, *, spark: Any = None, seed: int = 0, rounds: int = BUILD_ROUNDS
+) -> dict[str, Any]:
     """Run the build benchmark; returns the numbers (see the module docstring)."""
+    if rounds < 1:
+        raise ValueError("rounds must be >= 1")
     from pyspark import StorageLevel
 
     from freshidx.transform import index_rows
@@ -205,27 +211,36 @@ def bench_build(docs: int, shards: int, *, spark: Any = None, seed: int = 0) -> 
         spark, own = _session()
     workdir = tempfile.mkdtemp(prefix="freshidx-bench-build-")
     try:
-        results: dict[str, Any] = {}
-        for label, n in (("warmup", min(BUILD_WARMUP_DOCS, max(1, docs // 10))), ("measured", docs)):
-            df = index_rows(synthetic_docs(spark, n, seed=seed)).persist(StorageLevel.MEMORY_AND_DISK)
-            rows = df.count()  # materialize before the clock starts
-            table = _conform_table(df.toArrow())
-            spark_s, spark_cpu, spark_docs = _timed(_spark_build, df, shards, workdir, f"{label}-spark")
-            single_s, single_cpu, single_docs = _timed(_single_build, table, workdir, f"{label}-single")
-            df.unpersist()
+        df = index_rows(synthetic_docs(spark, docs, seed=seed)).persist(StorageLevel.MEMORY_AND_DISK)
+        rows = df.count()  # materialize before any clock starts
+        table = _conform_table(df.toArrow())
+        per_round: list[dict[str, Any]] = []
+        for r in range(rounds + 1):  # round 0 warms up both sides and is not counted
+            spark_s, spark_cpu, spark_docs = _timed(_spark_build, df, shards, workdir, f"r{r}-spark")
+            single_s, single_cpu, single_docs = _timed(_single_build, table, workdir, f"r{r}-single")
             if spark_docs != single_docs:
                 raise RuntimeError(f"spark indexed {spark_docs} docs, single {single_docs}")
-            results[label] = {"rows": rows, "indexed_docs": spark_docs, "spark_s": spark_s, "single_s": single_s,
-                              "spark_cpu": spark_cpu, "single_cpu": single_cpu}
-        m = results["measured"]
-        spark_rate = m["rows"] / m["spark_s"]
-        single_rate = m["rows"] / m["single_s"]
+            if r:
+                per_round.append({"spark_s": round(spark_s, 3), "single_s": round(single_s, 3),
+                                  "spark_cpu_s": _round(spark_cpu), "single_cpu_s": _round(single_cpu)})
+            shutil.rmtree(os.path.join(workdir, "store"), ignore_errors=True)
+            shutil.rmtree(os.path.join(workdir, f"r{r}-single"), ignore_errors=True)
+        df.unpersist()
+
+        def med(key: str) -> float | None:
+            vals = [x[key] for x in per_round if x[key] is not None]
+            return statistics.median(vals) if vals else None
+
+        spark_s, single_s = statistics.median(x["spark_s"] for x in per_round), \
+            statistics.median(x["single_s"] for x in per_round)
+        m = {"spark_cpu": med("spark_cpu_s"), "single_cpu": med("single_cpu_s")}
+        spark_rate, single_rate = rows / spark_s, rows / single_s
         return {
-            "docs": m["rows"],
-            "indexed_docs": m["indexed_docs"],
+            "docs": rows,
+            "indexed_docs": spark_docs,
             "shards": shards,
-            "spark_seconds": round(m["spark_s"], 3),
-            "single_seconds": round(m["single_s"], 3),
+            "spark_seconds": round(spark_s, 3),
+            "single_seconds": round(single_s, 3),
             "spark_docs_per_s": round(spark_rate, 1),
             "single_docs_per_s": round(single_rate, 1),
             "ratio": round(spark_rate / single_rate, 3),
@@ -233,6 +248,7 @@ def bench_build(docs: int, shards: int, *, spark: Any = None, seed: int = 0) -> 
             "spark_cpu_s": _round(m["spark_cpu"]),
             "single_cpu_s": _round(m["single_cpu"]),
             "cpu_ratio": _round(m["single_cpu"] / m["spark_cpu"] if m["spark_cpu"] and m["single_cpu"] else None),
+            "rounds": per_round,
             "cores": os.cpu_count(),
             "load_avg_1m": round(os.getloadavg()[0], 2),
             "master": spark.conf.get("spark.master", None),
@@ -405,6 +421,7 @@ def add_bench_commands(sub: Any) -> None:
     b = sub.add_parser("build", help="Spark shards vs one process: docs/s and ratio")
     b.add_argument("--docs", type=int, default=200_000)
     b.add_argument("--shards", type=int, default=os.cpu_count() or 2, help="default: one per core")
+    b.add_argument("--rounds", type=int, default=BUILD_ROUNDS, help="timed rounds after the warm-up (median)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench_build)
@@ -421,12 +438,14 @@ def add_bench_commands(sub: Any) -> None:
 
 
 def cmd_bench_build(args: argparse.Namespace) -> int:
-    r = bench_build(args.docs, args.shards, seed=args.seed)
+    r = bench_build(args.docs, args.shards, seed=args.seed, rounds=args.rounds)
     if args.json:
         print(json.dumps(r))
     else:
         print(f"{r['docs']} docs ({r['indexed_docs']} active), {r['shards']} shards, {r['cores']} cores, "
               f"load {r['load_avg_1m']}")
+        print(f"median of {len(r['rounds'])} rounds after a warm-up round; per round (spark s / single s): "
+              + ", ".join(f"{x['spark_s']}/{x['single_s']}" for x in r["rounds"]))
         print(f"spark : {r['spark_docs_per_s']:>12,.0f} docs/s  ({r['spark_seconds']} s)")
         print(f"single: {r['single_docs_per_s']:>12,.0f} docs/s  ({r['single_seconds']} s)")
         print(f"ratio spark/single: {r['ratio']}  (CPU seconds: spark {r['spark_cpu_s']}, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,11 @@ from freshidx import bench
 
 
 def test_bench_build_json(spark: SparkSession, capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(["build", "--docs", "2000", "--shards", "2", "--json"]) == 0
+    assert bench.main(["build", "--docs", "2000", "--shards", "2", "--rounds", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert {"spark_docs_per_s", "single_docs_per_s", "ratio"} <= set(out)
+    assert len(out["rounds"]) == 2 and all(r["spark_s"] > 0 and r["single_s"] > 0 for r in out["rounds"])
+    assert out["spark_seconds"] == round(statistics.median(r["spark_s"] for r in out["rounds"]), 3)
     assert out["docs"] == 2000 and 0 < out["indexed_docs"] <= 2000
     assert out["spark_docs_per_s"] > 0 and out["single_docs_per_s"] > 0 and out["ratio"] > 0
     assert not spark.sparkContext._jsc.sc().isStopped()  # a borrowed session is not stopped
