@@ -116,16 +116,30 @@ def bucket_rows(store: ObjectStore, cfg: StoreConfig, hid: str) -> list[dict[str
 def test_24_hours_with_outage_each_hour_exactly_once_in_capped_runs(make_harness: Any) -> None:
     n = 4
     h = make_harness(hourly_max_hours_per_run=n, hourly_late_checks_per_tick=0)
-    write_hours(h, range(0, 9))
-    before = drain(h)
-    assert [b for bs in before for b in bs] == [layout.hour_id(hour(i)) for i in range(9)], "oldest first"
+    # Live: hours 0-8 arrive one at a time and the consumer keeps up, an hour per run.
+    before: list[list[str]] = []
+    for i in range(0, 9):
+        write_hours(h, range(i, i + 1))
+        before += drain(h)
+    assert before == [[layout.hour_id(hour(i))] for i in range(9)]
 
-    # Outage: the consumer is down (no ticks, Dagster instance lost) while upstream keeps writing
-    # hours 9-23; the restarted consumer drains that backlog in capped runs, oldest first.
-    write_hours(h, range(9, 24))
+    # A 6-hour outage in the middle: the consumer is down (no ticks, its Dagster instance lost)
+    # while upstream writes hours 9-14.
+    write_hours(h, range(9, 15))
     h2 = make_harness(hourly_max_hours_per_run=n, hourly_late_checks_per_tick=0)
-    after = drain(h2)
-    assert [b for bs in after for b in bs] == [layout.hour_id(hour(i)) for i in range(9, 24)]
+    # Restarted, it drains the backlog in capped runs, oldest first, while hours 15-23 keep
+    # arriving, one per tick: new hours queue behind the backlog, never ahead of it.
+    after: list[list[str]] = []
+    for i in range(15, 24):
+        write_hours(h2, range(i, i + 1))
+        data = tick(h2)
+        assert len(data.run_requests or []) == 1, data.skip_reason
+        req = data.run_requests[0]
+        after.append(sorted(json.loads(req.tags[catchup.TAG_CLAIMS])))
+        assert h2.run(req, raise_on_error=False).success
+    after += drain(h2)
+    assert after[0] == [layout.hour_id(hour(i)) for i in range(9, 9 + n)], "backlog first, a full capped run"
+    assert [b for bs in after for b in bs] == [layout.hour_id(hour(i)) for i in range(9, 24)], "oldest first"
     assert len(after) >= (24 - 9 + n - 1) // n
 
     for batch in before + after:
