@@ -74,6 +74,28 @@ def test_rollback_restores_previous_answer(local_store_config: StoreConfig, tmp_
         rollback(store, "nope")
 
 
+def test_gate_refusals_leave_the_serving_answer(local_store_config: StoreConfig, tmp_path: Path) -> None:
+    cfg = local_store_config
+    store = open_store(cfg)
+    ads = [ad(i, i, title=f"banana {i}") for i in range(1, 11)]
+    publish_commits(store, "full", "v1", at(1), build_direct(cfg, "full", "v1", ads, 2))
+    searcher = Searcher(store, tmp_path / "cache")
+    serving = [(h.ad_id, h.version) for h in searcher.search("banana", k=20)]
+    assert len(serving) == 10 and {v for _, v in serving} == {"v1"}
+
+    empty = publish(store, draft("full", "v2", at(2), build_direct(cfg, "full", "v2", [], 2)))
+    assert empty.outcome == "invalid" and "empty document set" in empty.reason
+    one = build_direct(cfg, "full", "v3", [ad(1, 1, title="cherry")], 2)
+    collapsed = publish(store, draft("full", "v3", at(3), one), max_drop_fraction=0.5)
+    assert collapsed.outcome == "invalid" and "collapsed" in collapsed.reason
+    # The reader already serving and a reader started now both answer from v1, as before.
+    assert searcher.refresh() is False
+    assert [(h.ad_id, h.version) for h in searcher.search("banana", k=20)] == serving
+    fresh = Searcher(store, tmp_path / "cache-fresh")
+    assert fresh.versions()["full"] == "v1" and fresh.search("cherry") == []
+    assert [(h.ad_id, h.version) for h in fresh.search("banana", k=20)] == serving
+
+
 def _orphan(store: ObjectStore, index: str, version: str, shard: int, attempt: int) -> str:
     key = index_key_prefix(index, version, shard, attempt) + "meta.json"
     store.put(key, b"{}")
