@@ -122,6 +122,9 @@ def test_24_hours_with_outage_each_hour_exactly_once_in_capped_runs(make_harness
         write_hours(h, range(i, i + 1))
         before += drain(h)
     assert before == [[layout.hour_id(hour(i))] for i in range(9)]
+    meta = h.instance.get_latest_materialization_event(HOURLY_KEY).asset_materialization.metadata
+    assert meta["build_seconds"].value > 0 and meta["publish_seconds"].value > 0
+    assert meta["lag_seconds"].value > 0  # the hours are days old: plotted, large
 
     # A 6-hour outage in the middle: the consumer is down (no ticks, its Dagster instance lost)
     # while upstream writes hours 9-14.

@@ -12,7 +12,7 @@ import dagster as dg
 
 from freshidx import catchup, layout, ledger
 from freshidx.defs.resources import ObjectStoreResource
-from freshidx.publish import DraftManifest, _crash_point, publish
+from freshidx.publish import DraftManifest, _crash_point, publish, utcnow
 
 
 @dataclass
@@ -39,6 +39,7 @@ class BucketIOManager(dg.ConfigurableIOManager):
         failed: list[str] = []
         versions: dict[str, str] = {}
         rows = invalid = 0
+        publish_seconds = build_seconds = 0.0
         for hb in obj:
             hour = catchup.parse_hour_id(hb.hour_id)
             if hb.draft is None or hb.problems:
@@ -56,6 +57,9 @@ class BucketIOManager(dg.ConfigurableIOManager):
             _crash_point("bucket_before_publish")  # tests: the run dies here like a kill -9, buckets staged
             result = publish(store, hb.draft, allow_empty=True, only_if_absent=hb.kind == "catchup")
             outcomes[hb.hour_id] = result.outcome
+            publish_seconds += result.seconds
+            # hours built in one Spark pass share its time: keep the largest, not a sum
+            build_seconds = max(build_seconds, float(hb.draft.stats.get("build_seconds") or 0.0))
             rows += hb.draft.doc_count
             invalid += int(hb.draft.invalid.get("count", 0))
             extra = {"version": hb.draft.version, "kind": hb.kind, "doc_count": hb.draft.doc_count,
@@ -92,7 +96,12 @@ class BucketIOManager(dg.ConfigurableIOManager):
             "outcomes": dg.MetadataValue.json(outcomes),
             "versions": dg.MetadataValue.json(versions),
             "kind": obj[0].kind if obj else "none",
+            "build_seconds": dg.MetadataValue.float(round(build_seconds, 3)),
+            "publish_seconds": dg.MetadataValue.float(round(publish_seconds, 3)),
         }
+        if versions:  # how long after its hour closed the newest bucket became visible
+            newest_end = max(catchup.parse_hour_id(h) for h in versions) + catchup.HOUR
+            meta["lag_seconds"] = dg.MetadataValue.float(round((utcnow() - newest_end).total_seconds(), 3))
         if len(obj) == 1 and obj[0].draft is not None:
             meta["manifest"] = dg.MetadataValue.path(
                 f"{store.uri}/{layout.manifest_key(obj[0].draft.index, obj[0].draft.version)}")
