@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -242,7 +241,7 @@ def build_buckets(
     :func:`build_bucket` would return for that hour alone (its own version, position = its
     ``listed_at``, inputs, counts, reasons, quarantine files and row mismatches; the rows of a bucket
     and their split into parts do not depend on the other hours). ``stats.build_seconds`` is the time
-    of the whole pass. The work is one read of all files, one parse (persisted), one
+    of the whole pass. The work is one read of all files, one parse (checkpointed), one
     ``groupBy(file, reason)`` count, at most one quarantine write and one write job of
     ``len(hours) * parts`` tasks (:func:`~freshidx.spark.bucket_writer.write_buckets_parts`). Hours
     without files give empty buckets. The hours must be distinct.
@@ -261,8 +260,9 @@ def build_buckets(
     file_list = sorted(pair for h in todo for pair in h.file_list)
 
     lines = read_raw_lines(spark, store_config, file_list, max_partitions=_read_task_limit(spark))
-    # Parsed once, used three times (counts, quarantine, bucket parts).
-    parsed = transform.parse_records(lines).persist(StorageLevel.MEMORY_AND_DISK)
+    # Parsed once, used three times (counts, quarantine, bucket parts). A checkpoint, not persist():
+    # under Spark Connect a persisted plan never matches and every action re-read (see build.py).
+    parsed = transform.parse_records(lines).localCheckpoint(eager=True)
     try:
         # One small aggregation gives the lines per file and the invalid reasons of every hour.
         for row in parsed.groupBy("file", "reason").agg(F.count(F.lit(1)).alias("n")).collect():

@@ -142,6 +142,10 @@ def test_24_hours_with_outage_each_hour_exactly_once_in_capped_runs(make_harness
         assert h2.run(req, raise_on_error=False).success
     after += drain(h2)
     assert after[0] == [layout.hour_id(hour(i)) for i in range(9, 9 + n)], "backlog first, a full capped run"
+    # ... built in one Spark pass: every bucket of that run carries the time of the same pass
+    passes = {read_manifest(h2.store, name, read_pointer(h2.store, name)[0].version)["stats"]["build_seconds"]
+              for name in (f"buckets/ads_hourly/{hid}" for hid in after[0])}
+    assert len(passes) == 1, passes
     assert [b for bs in after for b in bs] == [layout.hour_id(hour(i)) for i in range(9, 24)], "oldest first"
     assert len(after) >= (24 - 9 + n - 1) // n
 

@@ -58,7 +58,7 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
         spark: SparkResource,
         freshidx: FreshidxSettings,
     ) -> list:
-        from freshidx.hourly_build import build_bucket
+        from freshidx.hourly_build import HourInput, build_buckets
 
         cfg = freshidx.settings(store.uri, store.endpoint_url)
         st = store.open()
@@ -71,6 +71,7 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
                     "backfill": tags.get("dagster/backfill"), "code_version": _code_version(),
                     "readiness": policy, "claims": claims}
         out: list[HourBucket] = []
+        todo: list[tuple[str, str | None, HourInput]] = []
         for key in context.partition_keys:
             hour = catchup.hour_from_dagster_key(key)
             hid = catchup.layout.hour_id(hour)
@@ -88,15 +89,19 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
                 context.log.warning(f"{hid} not ready ({policy}): {ready.reason}")
                 out.append(HourBucket(hid, kind, claim, None, [f"not ready ({policy}): {ready.reason}"]))
                 continue
+            todo.append((hid, claim, HourInput(hour=hour, files=listing.files, listed_at=listed_at,
+                                               expected_rows=ready.expected_rows)))
+        if todo:
             _crash_point("bucket_build")  # tests: the run dies mid-hour like a kill -9 (claim taken, run STARTED)
-            context.log.info(f"building {catchup.ASSET} {hid}: {len(listing.files)} file(s), {kind}")
+            context.log.info(f"building {catchup.ASSET} {', '.join(h for h, _, _ in todo)} in one Spark pass: "
+                             f"{sum(len(i.files) for _, _, i in todo)} file(s), {kind}")
             with spark.session() as session:  # a failure drops the session, so a step retry reconnects
-                built = build_bucket(session, store.store_config(), asset=catchup.ASSET, source=cfg.source,
-                                     hour=hour, files=listing.files, listed_at=listed_at, run_id=context.run_id,
-                                     parts=cfg.hourly_parts, run_info=run_info,
-                                     expected_rows=ready.expected_rows, kind=kind)
-            out.append(HourBucket(hid, kind, claim, built.draft,
-                                  [f"manifest rows: {m}" for m in built.row_mismatches]))
+                built = build_buckets(session, store.store_config(), asset=catchup.ASSET, source=cfg.source,
+                                      hours=[i for _, _, i in todo], run_id=context.run_id,
+                                      parts=cfg.hourly_parts, run_info=run_info, kind=kind)
+            for (hid, claim, _), b in zip(todo, built, strict=True):
+                out.append(HourBucket(hid, kind, claim, b.draft, [f"manifest rows: {m}" for m in b.row_mismatches]))
+        out.sort(key=lambda hb: hb.hour_id)
         return out
 
     return ads_hourly
