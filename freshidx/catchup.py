@@ -339,6 +339,11 @@ def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.da
     plan.frontier = state.frontier
 
     in_flight = runs.catchup_in_flight()
+    lane = "catch-up run(s)"
+    if settings.hourly_overlap == "skip":
+        # skip if running: any run of the asset (catch-up, UI backfill, manual) holds the tick back;
+        # serialize only waits for its own catch-up runs (backfills run alongside, on other hours).
+        in_flight, lane = max(in_flight, len(set(busy_hours.values()))), f"run(s) of {asset}"
     may_request = settings.hourly_overlap == "queue" or in_flight == 0
     if available and may_request:
         available.sort(key=lambda c: c.hour)
@@ -353,7 +358,7 @@ def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.da
             plan.requests.append(req)
     elif available:
         plan.skip_reason = (f"{len(available)} hour(s) ready, oldest {layout.hour_id(available[0].hour)}; "
-                            f"{in_flight} catch-up run(s) in flight (overlap policy {settings.hourly_overlap})")
+                            f"{in_flight} {lane} in flight (overlap policy {settings.hourly_overlap})")
 
     if may_request and not plan.requests:
         corr = _late_data_sweep(store, settings, asset, runs, now, state, last_closed, busy_hours, plan)

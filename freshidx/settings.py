@@ -106,7 +106,9 @@ class Settings(BaseModel):
     delta_overlap: str = Field("serialize", description="a delta trigger while a run is in flight: "
                                "serialize|skip|queue")
     hourly_overlap: str = Field("serialize", description="a catch-up trigger while a run is in flight: "
-                                "serialize|skip|queue")
+                                "serialize (wait for the catch-up run; backfills run alongside) | skip (no "
+                                "request while any ads_hourly run, backfills included, is in flight) | queue "
+                                "(request now; dagster.yaml runs them one at a time)")
 
     @field_validator("store")
     @classmethod

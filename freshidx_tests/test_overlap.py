@@ -1,4 +1,4 @@
-"""Overlap policy of the delta sensor (serialize / skip / queue) against a real Dagster instance.
+"""Overlap policies (serialize / skip / queue) of the delta sensor and of the ads_hourly catch-up sensor.
 
 The in-flight run is a real run record in the instance (as the daemon would have launched it); the
 sensor is evaluated for real. No Spark: only the triggering decision is under test here.
@@ -6,6 +6,7 @@ sensor is evaluated for real. No Spark: only the triggering decision is under te
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,10 +15,11 @@ import pytest
 from dagster._core.storage.dagster_run import DagsterRunStatus
 from dagster._core.test_utils import create_run_for_test
 
-from freshidx import ledger
+from freshidx import catchup, layout, ledger
 from freshidx.settings import Settings, SettingsError
 from freshidx.store import StoreConfig
 from freshidx_tests.harness import Harness, at
+from freshidx_tests.test_catchup import hour, write_hours
 
 
 @pytest.fixture
@@ -93,3 +95,55 @@ def test_bad_overlap_policy_fails_at_load_naming_the_field() -> None:
         Settings.from_env({"FRESHIDX_READINESS": "ad_updates=sometimes"})
     s = Settings.from_env({"FRESHIDX_READINESS": "quiet_period,ad_updates=marker"})
     assert (s.readiness_for("ad_updates"), s.readiness_for("signals")) == ("marker", "quiet_period")
+
+
+# --------------------------------------------------------------------------- catch-up sensor (ads_hourly)
+
+
+@pytest.fixture
+def make_hourly(local_store_config: StoreConfig) -> Iterator[Any]:
+    made: list[tuple[Harness, Any]] = []
+
+    def build(policy: str) -> Harness:
+        cm = dg.instance_for_test()
+        h = Harness(local_store_config, cm.__enter__(), hourly_overlap=policy, hourly_max_hours_per_run=1,
+                    hourly_late_checks_per_tick=0)
+        made.append((h, cm))
+        return h
+
+    yield build
+    for h, cm in made:
+        h.close()
+        cm.__exit__(None, None, None)
+
+
+def _hourly_run(h: Harness, tags: dict[str, str]) -> Any:
+    return create_run_for_test(h.instance, job_name="__ASSET_JOB", status=DagsterRunStatus.STARTED, tags=tags,
+                               asset_selection=frozenset({dg.AssetKey("ads_hourly")}))
+
+
+def _claimed(data: Any) -> list[str]:
+    return [sorted(json.loads(r.tags[catchup.TAG_CLAIMS])) for r in data.run_requests or []]
+
+
+@pytest.mark.parametrize("policy", ["serialize", "skip", "queue"])
+def test_hourly_overlap_policy(make_hourly: Any, policy: str) -> None:
+    h = make_hourly(policy)
+    write_hours(h, range(0, 3))
+    ids = [layout.hour_id(hour(i)) for i in range(3)]
+    # A UI backfill run of hour 2 is in flight: only "skip" holds the catch-up lane back for it.
+    _hourly_run(h, {"dagster/partition": catchup.dagster_key(hour(2)), "dagster/backfill": "bf-1"})
+    first = h.tick("ads_hourly_sensor")
+    if policy == "skip":
+        assert not first.run_requests and "1 run(s) of ads_hourly in flight (overlap policy skip)" in first.skip_message
+        return
+    assert _claimed(first) == [[ids[0]]]
+    # The catch-up run of hour 0 is in flight: serialize waits for it, queue requests the next hour now.
+    req = first.run_requests[0]
+    _hourly_run(h, {**req.tags, "dagster/run_key": req.run_key})
+    second = h.tick("ads_hourly_sensor")
+    if policy == "serialize":
+        assert not second.run_requests
+        assert "1 catch-up run(s) in flight (overlap policy serialize)" in second.skip_message
+    else:
+        assert _claimed(second) == [[ids[1]]]  # never hour 2: the backfill holds it
