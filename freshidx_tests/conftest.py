@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,3 +136,25 @@ def spark():  # type: ignore[no-untyped-def]
     session = build_local_session("local[2]")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def make_harness(local_store_config: StoreConfig) -> Iterator[Any]:
+    """``make_harness(**settings_overrides)``: a :class:`Harness` on the local store with a fresh Dagster
+    instance each call (two calls = a consumer restarted without its instance); all closed at the end."""
+    import dagster as dg
+
+    from freshidx_tests.harness import Harness
+
+    made: list[tuple[Harness, Any]] = []
+
+    def make(**overrides: Any) -> Harness:
+        cm = dg.instance_for_test()
+        h = Harness(local_store_config, cm.__enter__(), **overrides)
+        made.append((h, cm))
+        return h
+
+    yield make
+    for h, cm in made:
+        h.close()
+        cm.__exit__(None, None, None)

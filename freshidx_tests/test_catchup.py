@@ -14,13 +14,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import pyarrow.parquet as pq
-import pytest
 from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
 from dagster._serdes import serialize_value
 
@@ -45,23 +43,6 @@ def write_hours(h: Harness, hours: range, per_hour: int = 2) -> None:
     for i in hours:
         for k in range(per_hour):
             write_partition(h.store, GEN, PartitionId(hour(i) + dt.timedelta(minutes=k * 60 // per_hour)))
-
-
-@pytest.fixture
-def make_harness(local_store_config: StoreConfig) -> Iterator[Any]:
-    made: list[tuple[Harness, Any]] = []
-
-    def make(**overrides: Any) -> Harness:
-        cm = dg.instance_for_test()
-        instance = cm.__enter__()
-        h = Harness(local_store_config, instance, **overrides)
-        made.append((h, cm))
-        return h
-
-    yield make
-    for h, cm in made:
-        h.close()
-        cm.__exit__(None, None, None)
 
 
 def tick(h: Harness) -> Any:

@@ -7,7 +7,6 @@ sensor is evaluated for real. No Spark: only the triggering decision is under te
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
@@ -17,25 +16,8 @@ from dagster._core.test_utils import create_run_for_test
 
 from freshidx import catchup, layout, ledger
 from freshidx.settings import Settings, SettingsError
-from freshidx.store import StoreConfig
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.test_catchup import hour, write_hours
-
-
-@pytest.fixture
-def make(local_store_config: StoreConfig) -> Iterator[Any]:
-    made: list[tuple[Harness, Any]] = []
-
-    def build(policy: str) -> Harness:
-        cm = dg.instance_for_test()
-        h = Harness(local_store_config, cm.__enter__(), delta_overlap=policy)
-        made.append((h, cm))
-        return h
-
-    yield build
-    for h, cm in made:
-        h.close()
-        cm.__exit__(None, None, None)
 
 
 def _launch(h: Harness, request: dg.RunRequest) -> Any:
@@ -50,8 +32,8 @@ def _partitions(data: Any) -> list[str]:
 
 
 @pytest.mark.parametrize("policy", ["serialize", "skip", "queue"])
-def test_delta_overlap_policy(make: Any, policy: str) -> None:
-    h = make(policy)
+def test_delta_overlap_policy(make_harness: Any, policy: str) -> None:
+    h = make_harness(delta_overlap=policy)
     h.write(0)
     first = h.tick()
     assert _partitions(first) == [at(0).path]
@@ -75,8 +57,8 @@ def test_delta_overlap_policy(make: Any, policy: str) -> None:
         assert not third.run_requests and "is started" in third.skip_message.lower()
 
 
-def test_skipped_partition_is_never_revisited(make: Any) -> None:
-    h = make("skip")
+def test_skipped_partition_is_never_revisited(make_harness: Any) -> None:
+    h = make_harness(delta_overlap="skip")
     h.write(0)
     run = _launch(h, h.tick().run_requests[0])
     h.write(5)
@@ -100,23 +82,6 @@ def test_bad_overlap_policy_fails_at_load_naming_the_field() -> None:
 # --------------------------------------------------------------------------- catch-up sensor (ads_hourly)
 
 
-@pytest.fixture
-def make_hourly(local_store_config: StoreConfig) -> Iterator[Any]:
-    made: list[tuple[Harness, Any]] = []
-
-    def build(policy: str) -> Harness:
-        cm = dg.instance_for_test()
-        h = Harness(local_store_config, cm.__enter__(), hourly_overlap=policy, hourly_max_hours_per_run=1,
-                    hourly_late_checks_per_tick=0)
-        made.append((h, cm))
-        return h
-
-    yield build
-    for h, cm in made:
-        h.close()
-        cm.__exit__(None, None, None)
-
-
 def _hourly_run(h: Harness, tags: dict[str, str]) -> Any:
     return create_run_for_test(h.instance, job_name="__ASSET_JOB", status=DagsterRunStatus.STARTED, tags=tags,
                                asset_selection=frozenset({dg.AssetKey("ads_hourly")}))
@@ -127,8 +92,8 @@ def _claimed(data: Any) -> list[str]:
 
 
 @pytest.mark.parametrize("policy", ["serialize", "skip", "queue"])
-def test_hourly_overlap_policy(make_hourly: Any, policy: str) -> None:
-    h = make_hourly(policy)
+def test_hourly_overlap_policy(make_harness: Any, policy: str) -> None:
+    h = make_harness(hourly_overlap=policy, hourly_max_hours_per_run=1, hourly_late_checks_per_tick=0)
     write_hours(h, range(0, 3))
     ids = [layout.hour_id(hour(i)) for i in range(3)]
     # A UI backfill run of hour 2 is in flight: only "skip" holds the catch-up lane back for it.
