@@ -109,6 +109,11 @@ def test_ui_backfill_rebuilds_hours_while_delta_only_moves_forward(dev: tuple[Da
         runs = instance.get_runs(RunsFilter(tags={"dagster/backfill": backfill_id}))
         assert len(runs) == 3 and all(r.tags.get(catchup.TAG_KIND) is None for r in runs)  # not catch-up claims
         assert all(r.status.value == "SUCCESS" for r in runs)
+        # Lower priority than live work: the run queue dequeues the live delta runs first.
+        live_runs = instance.get_runs(RunsFilter(tags={"freshidx/pipeline": "delta"}))
+        assert live_runs and all(int(r.tags.get("dagster/priority", 0)) > 0 for r in live_runs)
+        assert all(int(r.tags.get("dagster/priority", 0)) < min(int(x.tags["dagster/priority"]) for x in live_runs)
+                   for r in runs)
     finally:
         instance.dispose()
 
