@@ -55,7 +55,8 @@ def spark_server(state_dir: str | None) -> dict[str, Any] | None:
     if state is None:
         return {"status": "not running", "state_dir": state_dir}
     keep = ("status", "url", "pid", "started_at", "last_restart_at", "last_restart_reason", "restarts",
-            "heap_used_bytes", "heap_max_bytes", "rss_bytes", "supervisor_alive", "updated_at")
+            "heap_used_bytes", "heap_max_bytes", "rss_bytes", "session_processes", "consecutive_health_failures",
+            "health_busy_since", "health_busy_failures", "supervisor_alive", "updated_at")
     return {k: state.get(k) for k in keep}
 
 
@@ -114,6 +115,9 @@ def render(s: dict[str, Any]) -> str:
         lines.append(f"spark   connect server {srv.get('status')}  {srv.get('url') or ''}  restarts "
                      f"{srv.get('restarts', 0)}  last restart {srv.get('last_restart_at')} "
                      f"({srv.get('last_restart_reason')})")
+        if srv.get("health_busy_since"):
+            lines.append(f"        health probes failing since {srv['health_busy_since']} while runs keep it busy "
+                         f"({srv.get('health_busy_failures')} probes; not restarted within the busy grace)")
     hourly = s.get("ads_hourly")
     if hourly:
         lines.append(f"hourly  ads_hourly frontier {hourly['frontier']} (every hour before it is processed or "

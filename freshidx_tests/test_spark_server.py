@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from pyspark.errors import PySparkException
 
+from freshidx import status
 from freshidx.spark import server as srv
 from freshidx.spark.server import (
     ServerConfig,
@@ -354,6 +355,8 @@ def test_failed_probes_count_only_when_the_server_is_not_busy_with_leased_runs(s
             st = poll_until(lambda: (s := _state(state_dir)).get("health_busy_failures", 0) >= need and s,
                             timeout=120, interval=0.2, what=f"{need} failed probes while busy")
             assert st["health_busy_since"] and st["status"] == "up"
+            shown = status.spark_server(str(state_dir))  # what `freshidx status` prints from
+            assert shown is not None and shown["health_busy_since"] == st["health_busy_since"]
             assert (st["pid"], st["restarts"]) == (before["pid"], before["restarts"]), "a busy server was restarted"
             stop.set()
             worker.join(120)
