@@ -526,7 +526,10 @@ def generate(
             on_written(result)
 
     if history:
-        now = first.at if first is not None else dt.datetime.fromtimestamp(clock(), dt.UTC)
+        # Live: before the clock's minute, which the first live write takes (else every later write
+        # would be pushed a minute into the future by the "never twice" rule below).
+        now = first.at if first is not None else PartitionId.from_datetime(
+            dt.datetime.fromtimestamp(clock(), dt.UTC)).at
         for partition in history_partitions(now, history):
             emit(partition)
 

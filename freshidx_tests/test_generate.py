@@ -429,6 +429,16 @@ def test_history_then_live(local: ObjectStore) -> None:
     assert len(raw_keys(local)) == len(set(keys)) == len(keys)
 
 
+def test_history_leaves_the_live_minute_to_the_live_writes(local: ObjectStore) -> None:
+    # At 14:10:30 the 5-minute history must stop at 14:05: a history partition at 14:10 would push
+    # every live partition a minute into the future (14:11 written at 14:10:30, 14:12 at 14:11:30).
+    now = dt.datetime(2026, 11, 21, 14, 10, 30, tzinfo=dt.UTC)
+    clock = FakeClock([now, now, now + dt.timedelta(seconds=60)])
+    written = generate(local, GeneratorConfig(), count=2, every_s=60, history=dt.timedelta(minutes=12),
+                       clock=clock, sleep=lambda s: None)
+    assert [w.partition.at.strftime("%H:%M") for w in written] == ["14:00", "14:05", "14:10", "14:11"]
+
+
 def test_history_in_simulated_mode_ends_before_start(local: ObjectStore) -> None:
     written = generate(
         local, GeneratorConfig(), count=1, every_s=0, start=T0.replace(minute=0),
