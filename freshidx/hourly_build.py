@@ -3,7 +3,7 @@
 :func:`build_bucket` reads the hour's files on executors (``freshidx_raw``), validates them
 (:func:`freshidx.transform.parse_records`), quarantines and counts invalid records (never failing the
 hour), keeps one row per ``(ad_id, version)`` (:func:`dedupe_versions`) and writes ``parts`` Parquet
-files from Spark tasks (:func:`freshidx.spark.bucket_writer.write_bucket_parts`). It returns a
+files from Spark tasks (:func:`freshidx.spark.bucket_writer.write_buckets_parts`). It returns a
 :class:`~freshidx.publish.DraftManifest` built from the task commit messages, ready for
 :func:`freshidx.publish.publish` (``allow_empty=True``: an hour with no valid record is a valid, empty
 bucket). The driver handles only the file list, one count row per (file, reason) and the commits.

@@ -9,8 +9,7 @@ retried task never overwrites the upload of another attempt, and only the attemp
 commit end up in the manifest.
 
 :func:`write_buckets_parts` writes the parts of several buckets (one per hour) in a single job, task
-``bucket * parts + part`` writing one part of one bucket; :func:`write_bucket_parts` is its one-bucket
-case.
+``bucket * parts + part`` writing one part of one bucket.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from freshidx.spark.shards import (
 from freshidx.store import StoreConfig
 from freshidx.transform import TYPED_FIELDS
 
-__all__ = ["BUCKET_SORT", "write_bucket_parts", "write_buckets_parts", "write_empty_bucket_parts", "write_one_part"]
+__all__ = ["BUCKET_SORT", "write_buckets_parts", "write_empty_bucket_parts", "write_one_part"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,6 @@ log = logging.getLogger(__name__)
 BUCKET_SORT = ("ad_id", "version")
 
 _PID = "_freshidx_part_id"  # target task of a row: bucket * parts + part
-_BUCKET = "_freshidx_bucket"
 _BUCKET_RESULT_DDL = "bucket int, shard int, attempt int, commit string"
 _BUCKET_RESULT_SCHEMA = pa.schema(
     [pa.field("bucket", pa.int32()), pa.field("shard", pa.int32()), pa.field("attempt", pa.int32()),
@@ -205,26 +203,6 @@ def write_buckets_parts(
         if [c.shard for c in commits] != list(range(parts)):
             raise RuntimeError(f"bucket {b}: expected parts 0..{parts - 1}, got {[c.shard for c in commits]}")
     return out
-
-
-def write_bucket_parts(
-    rows: DataFrame, store_config: StoreConfig, asset: str, hour: dt.datetime, version: str, parts: int
-) -> list[ShardCommit]:
-    """Write exactly ``parts`` Parquet parts of ``rows`` from Spark tasks; return commits sorted by part.
-
-    ``rows`` needs the :data:`~freshidx.transform.TYPED_FIELDS` columns (others are dropped). Rows are
-    hash-partitioned by ``ad_id`` (all versions of an ad in one part), sorted by ``(ad_id, version)``
-    within a part. A part that receives no rows still gets an empty file (written by an executor).
-    Each commit's ``shard`` is the part number, ``doc_count`` its rows, ``files`` its single file.
-    One bucket of :func:`write_buckets_parts`.
-    """
-    if parts < 1:
-        raise ValueError(f"parts must be >= 1, got {parts}")
-    (commits,) = write_buckets_parts(
-        rows.select(*TYPED_FIELDS, F.lit(0).alias(_BUCKET)), store_config, asset, [(hour, version)], parts,
-        bucket_col=_BUCKET,
-    )
-    return commits
 
 
 def _write_empty(
