@@ -231,9 +231,8 @@ def bench_build(
             vals = [x[key] for x in per_round if x[key] is not None]
             return statistics.median(vals) if vals else None
 
-        spark_s, single_s = statistics.median(x["spark_s"] for x in per_round), \
-            statistics.median(x["single_s"] for x in per_round)
-        m = {"spark_cpu": med("spark_cpu_s"), "single_cpu": med("single_cpu_s")}
+        spark_s, single_s = med("spark_s") or 0.0, med("single_s") or 0.0  # rounds >= 1: never None
+        spark_cpu, single_cpu = med("spark_cpu_s"), med("single_cpu_s")
         spark_rate, single_rate = rows / spark_s, rows / single_s
         return {
             "docs": rows,
@@ -245,9 +244,9 @@ def bench_build(
             "single_docs_per_s": round(single_rate, 1),
             "ratio": round(spark_rate / single_rate, 3),
             # CPU seconds of everything involved (driver, JVM, Python workers); cpu_ratio = single / spark
-            "spark_cpu_s": _round(m["spark_cpu"]),
-            "single_cpu_s": _round(m["single_cpu"]),
-            "cpu_ratio": _round(m["single_cpu"] / m["spark_cpu"] if m["spark_cpu"] and m["single_cpu"] else None),
+            "spark_cpu_s": _round(spark_cpu),
+            "single_cpu_s": _round(single_cpu),
+            "cpu_ratio": _round(single_cpu / spark_cpu if spark_cpu and single_cpu else None),
             "rounds": per_round,
             "cores": os.cpu_count(),
             "load_avg_1m": round(os.getloadavg()[0], 2),

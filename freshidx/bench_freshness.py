@@ -888,37 +888,13 @@ def bench_freshness(
 # ============================================================================== soak
 
 
-def _proc_rss(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def _session_usage(sid: int) -> tuple[int | None, int]:
     """(summed RSS, process count) of the live processes in session ``sid``: the JVM and its Python
     worker daemons (which Spark Connect starts per client session and does not reap, SPARK-54055)."""
-    total, count = 0, 0
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return None, 0
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            fields_ = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        if len(fields_) > 3 and fields_[3] == str(sid) and fields_[0] != "Z":
-            rss = _proc_rss(int(name))
-            if rss is not None:
-                total += rss
-                count += 1
-    return (total if count else None), count
+    from freshidx.spark.server import _rss_bytes, _session_members
+
+    rss = [r for r in (_rss_bytes(p) for p in _session_members(sid)) if r is not None]
+    return (sum(rss) if rss else None), len(rss)
 
 
 def _mib(v: Any) -> str:
@@ -942,7 +918,7 @@ def bench_soak(
     from freshidx.delta import DeltaPlan, build_delta
     from freshidx.publish import publish
     from freshidx.settings import Settings
-    from freshidx.spark.server import acquire_lease
+    from freshidx.spark.server import _rss_bytes, acquire_lease
     from freshidx.spark.session import build_connect_session
     from freshidx.store import StoreConfig, open_store
 
@@ -1052,7 +1028,7 @@ def bench_soak(
             row = {
                 "batch": i, "elapsed_s": round(time.monotonic() - t_start, 1), "batch_s": round(dur, 3),
                 "lease_wait_s": lease_wait, "server_pid": spid,
-                "jvm_rss_bytes": _proc_rss(spid) if spid else None,
+                "jvm_rss_bytes": _rss_bytes(spid) if spid else None,
                 "session_rss_bytes": sess_rss, "session_processes": procs,
                 "heap_used_bytes": st.get("heap_used_bytes") if st.get("pid") == spid else None,
                 "heap_max_bytes": st.get("heap_max_bytes"),

@@ -1093,6 +1093,7 @@ class SparkConnectSupervisor:
         failed_starts = 0
         health_failures = 0
         busy_since: float | None = None
+        busy_failures = 0
         cpu_mark: tuple[float, int, float | None] = (time.monotonic(), 0, None)  # (when, JVM pid, its CPU s)
         next_health = time.monotonic() + cfg.health_interval_s
         next_heap = time.monotonic() + min(cfg.heap_check_interval_s, cfg.health_interval_s)
@@ -1140,9 +1141,10 @@ class SparkConnectSupervisor:
                         busy_since is None or time.monotonic() - busy_since < cfg.health_busy_grace_s
                     ):
                         if busy_since is None:
-                            busy_since = time.monotonic()
-                            self._update_state(health_busy_since=_now_iso(), health_busy_failures=0)
-                        self._update_state(health_busy_failures=int(self._state.get("health_busy_failures") or 0) + 1)
+                            busy_since, busy_failures = time.monotonic(), 0
+                            self._update_state(health_busy_since=_now_iso())
+                        busy_failures += 1
+                        self._update_state(health_busy_failures=busy_failures)
                         continue
                     else:
                         health_failures += 1
