@@ -91,7 +91,10 @@ def build_connect_session(
     builder: Any = SparkSession.builder.remote(remote)
     for key, value in {**CONNECT_DEFAULTS, **(conf or {})}.items():
         builder = builder.config(key, value)
-    spark: SparkSession = builder.getOrCreate()
+    # create(), not getOrCreate(): a new session every time (a cached one may belong to a server that
+    # was restarted since), and it works beside a classic SparkSession in the same process, where
+    # getOrCreate() raises SESSION_ALREADY_EXIST.
+    spark: SparkSession = builder.create()
     register_sources(spark)
     return spark
 
