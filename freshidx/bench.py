@@ -1,10 +1,11 @@
 """``freshidx bench``: index build throughput (Spark shards vs one process) and query latency.
 
-``freshidx bench build [--docs N] [--shards S] [--rounds R] [--json]``
+``freshidx bench build [--docs N] [--shards S] [--rounds R] [--warmup W] [--json]``
     Generates N synthetic ads in the JVM (the generator's vocabulary: brand + noun per product,
     adjectives and qualifiers per ad), adds product features, caches and materializes the DataFrame,
-    then, after one untimed warm-up round of each on the same N (the first Spark round in a fresh
-    JVM costs ~3x a warm one: JIT, Python workers), times R alternating rounds of:
+    then, after W untimed warm-up rounds of each on the same N (default 4: the first Spark round in a
+    fresh JVM costs ~2-3x a warm one, and the JIT compiler keeps spending 0.3-0.5 CPU-s a round for
+    the next few, measured per JVM thread), times R alternating rounds of:
 
     * ``spark``: :func:`freshidx.spark.index_shards.write_index_shards` into a temporary local store,
       S shards on the local session (index + ``docs.parquet`` + ``covered.parquet``, uploaded, sha256);
@@ -12,10 +13,20 @@
       plain Python process with the same schema and builder settings
       (:class:`freshidx.index_format.IndexBuilder`).
 
+    Each side starts on a quiet process tree (:func:`quiesce`: the JVM's compiler and collector
+    threads go on working for a second or more after a Spark job; measured in the single side's
+    window they took 0.4-0.8 CPU-s from it). Spark's CPU seconds include that trailing work. Each
+    round records ``started_quiet`` (false: some side waited :data:`QUIET_WAIT_S` in vain, e.g. on a
+    machine shared with other work: read that round's numbers with care).
+
     Prints docs/s of each from the median round time and ``ratio`` = spark / single (``--json`` keys
     ``spark_docs_per_s``, ``single_docs_per_s``, ``ratio``, and ``rounds`` with every round), plus the
     CPU seconds each spent (whole process tree, median) and ``cpu_ratio`` = single / spark CPU
-    seconds: on a shared machine the steadier number.
+    seconds: on a shared machine the steadier number. A third side, ``floor`` (``floor_seconds``,
+    ``floor_cpu_s``), runs only the Spark part of the build: the same shard split and Arrow hand-over
+    to the Python workers, with a task that counts rows. ``spark_cpu_s`` minus ``single_cpu_s`` is what
+    Spark costs on top of the shared indexing work; ``floor_cpu_s`` shows how much of that is the
+    hand-over itself (the rest: ``docs.parquet``/``covered.parquet``, upload and hashing).
 
 ``freshidx bench query [--docs N] [--queries Q] [--json]``
     Builds (or reuses, from ``--workdir``) a local store with a published full version of N ads and a
@@ -44,7 +55,11 @@ from typing import Any
 
 from freshidx.generate import ADJECTIVES, BRANDS, NOUNS, QUALIFIERS, VOCABULARY
 
-BUILD_ROUNDS = 3
+BUILD_ROUNDS = 5
+BUILD_WARMUP = 4
+#: Quiet = the process tree used less than this share of one core over a 0.2 s window.
+QUIET_CORE_SHARE = 0.05
+QUIET_WAIT_S = 15.0
 #: Static confs of a session the benchmark starts itself: the local defaults cap the JIT at C1 for
 #: fast start-up (freshidx.spark.session), which roughly doubles the JVM's per-row cost of the shuffle
 #: and the Arrow hand-over to Python; its docstring says to pass your own options for heavy runs.
@@ -158,13 +173,34 @@ def tree_cpu_seconds() -> float | None:
     return total
 
 
-def _timed(fn: Any, *args: Any) -> tuple[float, float | None, Any]:
+def quiesce(deadline_s: float = QUIET_WAIT_S, window_s: float = 0.2) -> bool:
+    """Wait until this process tree is quiet (see :data:`QUIET_CORE_SHARE`); ``False`` if it never
+    got quiet before the deadline (or ``/proc`` is unavailable)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        c0 = tree_cpu_seconds()
+        time.sleep(window_s)  # a measurement window, not synchronisation
+        c1 = tree_cpu_seconds()
+        if c0 is None or c1 is None:
+            return False
+        if c1 - c0 < QUIET_CORE_SHARE * window_s:
+            return True
+    return False
+
+
+def _timed(fn: Any, *args: Any, trailing: bool = False) -> tuple[float, float | None, bool, Any]:
+    """Wall seconds, CPU seconds of the process tree, whether it started quiet, result. With
+    ``trailing`` the CPU seconds run on until the tree is quiet again (background JIT/GC work the
+    call caused)."""
+    quiet = quiesce()
     c0 = tree_cpu_seconds()
     t0 = time.perf_counter()
     result = fn(*args)
     wall = time.perf_counter() - t0
+    if trailing:
+        quiesce()
     c1 = tree_cpu_seconds()
-    return wall, (c1 - c0 if c0 is not None and c1 is not None else None), result
+    return wall, (c1 - c0 if c0 is not None and c1 is not None else None), quiet, result
 
 
 def _spark_build(df: Any, n_shards: int, workdir: str, version: str) -> int:
@@ -173,6 +209,20 @@ def _spark_build(df: Any, n_shards: int, workdir: str, version: str) -> int:
 
     cfg = StoreConfig(uri="file://" + os.path.join(workdir, "store"))
     return sum(c.doc_count for c in write_index_shards(df, cfg, "full", version, n_shards))
+
+
+def _count_rows(batches: Any) -> Any:
+    import pyarrow as pa
+
+    yield pa.RecordBatch.from_pydict({"rows": [sum(b.num_rows for b in batches)]})
+
+
+def _spark_floor(df: Any, n_shards: int) -> int:
+    """The Spark part of a shard build without the shard work: the same split and Arrow hand-over to
+    the Python workers, whose task only counts rows."""
+    from freshidx.spark.index_shards import shard_rows
+
+    return sum(r["rows"] for r in shard_rows(df, n_shards).mapInArrow(_count_rows, "rows long").collect())
 
 
 def _conform_table(table: Any) -> Any:
@@ -197,11 +247,14 @@ def _round(x: float | None, n: int = 3) -> float | None:
 
 
 def bench_build(
-    docs: int, shards: int, *, spark: Any = None, seed: int = 0, rounds: int = BUILD_ROUNDS
+    docs: int, shards: int, *, spark: Any = None, seed: int = 0, rounds: int = BUILD_ROUNDS,
+    warmup: int = BUILD_WARMUP,
 ) -> dict[str, Any]:
     """Run the build benchmark; returns the numbers (see the module docstring)."""
     if rounds < 1:
         raise ValueError("rounds must be >= 1")
+    if warmup < 0:
+        raise ValueError("warmup must be >= 0")
     from pyspark import StorageLevel
 
     from freshidx.transform import index_rows
@@ -215,14 +268,20 @@ def bench_build(
         rows = df.count()  # materialize before any clock starts
         table = _conform_table(df.toArrow())
         per_round: list[dict[str, Any]] = []
-        for r in range(rounds + 1):  # round 0 warms up both sides and is not counted
-            spark_s, spark_cpu, spark_docs = _timed(_spark_build, df, shards, workdir, f"r{r}-spark")
-            single_s, single_cpu, single_docs = _timed(_single_build, table, workdir, f"r{r}-single")
+        for r in range(warmup + rounds):  # the first `warmup` rounds are not counted
+            spark_s, spark_cpu, spark_quiet, spark_docs = _timed(
+                _spark_build, df, shards, workdir, f"r{r}-spark", trailing=True)
+            single_s, single_cpu, single_quiet, single_docs = _timed(_single_build, table, workdir, f"r{r}-single")
+            floor_s, floor_cpu, floor_quiet, floor_rows = _timed(_spark_floor, df, shards, trailing=True)
             if spark_docs != single_docs:
                 raise RuntimeError(f"spark indexed {spark_docs} docs, single {single_docs}")
-            if r:
+            if floor_rows != rows:
+                raise RuntimeError(f"the hand-over floor saw {floor_rows} rows of {rows}")
+            if r >= warmup:
                 per_round.append({"spark_s": round(spark_s, 3), "single_s": round(single_s, 3),
-                                  "spark_cpu_s": _round(spark_cpu), "single_cpu_s": _round(single_cpu)})
+                                  "spark_cpu_s": _round(spark_cpu), "single_cpu_s": _round(single_cpu),
+                                  "floor_s": round(floor_s, 3), "floor_cpu_s": _round(floor_cpu),
+                                  "started_quiet": spark_quiet and single_quiet and floor_quiet})
             shutil.rmtree(os.path.join(workdir, "store"), ignore_errors=True)
             shutil.rmtree(os.path.join(workdir, f"r{r}-single"), ignore_errors=True)
         df.unpersist()
@@ -232,7 +291,7 @@ def bench_build(
             return statistics.median(vals) if vals else None
 
         spark_s, single_s = med("spark_s") or 0.0, med("single_s") or 0.0  # rounds >= 1: never None
-        spark_cpu, single_cpu = med("spark_cpu_s"), med("single_cpu_s")
+        spark_cpu, single_cpu, floor_cpu = med("spark_cpu_s"), med("single_cpu_s"), med("floor_cpu_s")
         spark_rate, single_rate = rows / spark_s, rows / single_s
         return {
             "docs": rows,
@@ -247,7 +306,11 @@ def bench_build(
             "spark_cpu_s": _round(spark_cpu),
             "single_cpu_s": _round(single_cpu),
             "cpu_ratio": _round(single_cpu / spark_cpu if spark_cpu and single_cpu else None),
+            # the Spark part alone (split + Arrow hand-over, no shard work), see _spark_floor
+            "floor_seconds": _round(med("floor_s")),
+            "floor_cpu_s": _round(floor_cpu),
             "rounds": per_round,
+            "warmup_rounds": warmup,
             "cores": os.cpu_count(),
             "load_avg_1m": round(os.getloadavg()[0], 2),
             "master": spark.conf.get("spark.master", None),
@@ -421,6 +484,7 @@ def add_bench_commands(sub: Any) -> None:
     b.add_argument("--docs", type=int, default=200_000)
     b.add_argument("--shards", type=int, default=os.cpu_count() or 2, help="default: one per core")
     b.add_argument("--rounds", type=int, default=BUILD_ROUNDS, help="timed rounds after the warm-up (median)")
+    b.add_argument("--warmup", type=int, default=BUILD_WARMUP, help="untimed rounds first (JIT, Python workers)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench_build)
@@ -437,18 +501,20 @@ def add_bench_commands(sub: Any) -> None:
 
 
 def cmd_bench_build(args: argparse.Namespace) -> int:
-    r = bench_build(args.docs, args.shards, seed=args.seed, rounds=args.rounds)
+    r = bench_build(args.docs, args.shards, seed=args.seed, rounds=args.rounds, warmup=args.warmup)
     if args.json:
         print(json.dumps(r))
     else:
         print(f"{r['docs']} docs ({r['indexed_docs']} active), {r['shards']} shards, {r['cores']} cores, "
               f"load {r['load_avg_1m']}")
-        print(f"median of {len(r['rounds'])} rounds after a warm-up round; per round (spark s / single s): "
-              + ", ".join(f"{x['spark_s']}/{x['single_s']}" for x in r["rounds"]))
+        print(f"median of {len(r['rounds'])} rounds after {r['warmup_rounds']} warm-up rounds; "
+              "per round (spark s / single s): " + ", ".join(f"{x['spark_s']}/{x['single_s']}" for x in r["rounds"]))
         print(f"spark : {r['spark_docs_per_s']:>12,.0f} docs/s  ({r['spark_seconds']} s)")
         print(f"single: {r['single_docs_per_s']:>12,.0f} docs/s  ({r['single_seconds']} s)")
         print(f"ratio spark/single: {r['ratio']}  (CPU seconds: spark {r['spark_cpu_s']}, "
               f"single {r['single_cpu_s']}, single/spark {r['cpu_ratio']})")
+        print(f"spark floor (split + Arrow hand-over, no shard work): {r['floor_seconds']} s, "
+              f"{r['floor_cpu_s']} CPU-s")
     return 0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,13 @@ from freshidx import bench
 
 
 def test_bench_build_json(spark: SparkSession, capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(["build", "--docs", "2000", "--shards", "2", "--rounds", "2", "--json"]) == 0
+    args = ["build", "--docs", "2000", "--shards", "2", "--rounds", "2", "--warmup", "1", "--json"]
+    assert bench.main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert {"spark_docs_per_s", "single_docs_per_s", "ratio"} <= set(out)
     assert len(out["rounds"]) == 2 and all(r["spark_s"] > 0 and r["single_s"] > 0 for r in out["rounds"])
+    assert out["warmup_rounds"] == 1 and all(isinstance(r["started_quiet"], bool) for r in out["rounds"])
+    assert out["floor_seconds"] > 0 and all(r["floor_s"] > 0 for r in out["rounds"])
     assert out["spark_seconds"] == round(statistics.median(r["spark_s"] for r in out["rounds"]), 3)
     assert out["docs"] == 2000 and 0 < out["indexed_docs"] <= 2000
     assert out["spark_docs_per_s"] > 0 and out["single_docs_per_s"] > 0 and out["ratio"] > 0
@@ -33,6 +38,17 @@ def test_bench_query_json(spark: SparkSession, tmp_path: Path, capsys: pytest.Ca
     assert not out["build_reused"]
     assert bench.main(args) == 0  # the second run reuses the published build
     assert json.loads(capsys.readouterr().out)["build_reused"]
+
+
+def test_quiesce_tells_a_quiet_tree_from_a_busy_one() -> None:
+    assert bench.quiesce(deadline_s=10.0)  # this test process alone: quiet within a few windows
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a child burning one core
+    try:
+        assert not bench.quiesce(deadline_s=1.0)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert bench.quiesce(deadline_s=10.0)
 
 
 def test_queries_and_percentile() -> None:

@@ -150,6 +150,12 @@ def _index_fill_task(
     return run
 
 
+def shard_rows(latest: DataFrame, num_shards: int) -> DataFrame:
+    """The index columns of ``latest`` split into ``num_shards`` partitions by ``xxhash64(product_id)``:
+    partition i is shard i (see :func:`write_index_shards`)."""
+    return latest.select(*INDEX_COLUMNS).repartition(num_shards, F.xxhash64("product_id"))
+
+
 def write_index_shards(
     latest: DataFrame, store_config: StoreConfig, index: str, version: str, num_shards: int,
     *, with_docs: bool = True, sort: bool = False,
@@ -176,7 +182,7 @@ def write_index_shards(
     if not set(FEATURE_COLUMNS) <= set(latest.columns):
         latest = product_features(latest)
     store_json = store_to_json(store_config)
-    rows = latest.select(*INDEX_COLUMNS).repartition(num_shards, F.xxhash64("product_id"))
+    rows = shard_rows(latest, num_shards)
     if sort:
         rows = rows.sortWithinPartitions("product_id", "ad_id")
     commits = _collect_commits(
