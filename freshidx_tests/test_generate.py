@@ -543,11 +543,19 @@ def test_cli_subprocess_s3_store_from_env(s3_store_config: StoreConfig, tmp_path
     assert not (tmp_path / ".freshidx").exists()  # nothing went to the embedded default store
 
 
+def _default_sigint() -> None:
+    # Ctrl-C at a terminal reaches a process whose SIGINT is at its default. A suite started as a
+    # background job of a non-interactive shell (`bash .ci/run &`) inherits SIGINT *ignored*, and so
+    # would the generator (it rightly keeps an inherited ignore): reset it for the child.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_cli_ctrl_c_exits_cleanly(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "freshidx.generate", "--store", str(tmp_path / "store"), "--every", "3600",
          "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path,
+        preexec_fn=_default_sigint,
     )
     try:
         assert proc.stdout is not None
