@@ -27,6 +27,7 @@ Lines of a partition are shuffled, so file order is not version order.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -34,10 +35,12 @@ import json
 import math
 import random
 import re
+import signal
 import sys
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -663,8 +666,27 @@ def _describe(result: PartitionWritten) -> str:
     )
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the generator the way Ctrl-C does (``freshidx demo`` stops it with SIGTERM, and a
+    generator started as ``cmd &`` from a script ignores SIGINT). Main thread only; restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
-    """Run the simulator from parsed arguments. Returns the exit code (Ctrl-C is a clean exit 0)."""
+    """Run the simulator from parsed arguments. Returns the exit code (Ctrl-C or SIGTERM: a clean
+    exit 0)."""
     from freshidx.settings import Settings, SettingsError
     from freshidx.store import open_store
 
@@ -696,15 +718,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"generating into {store.uri} (source {cfg.source}, seed {cfg.seed})", flush=True)
     try:
-        generate(
-            store, cfg,
-            count=args.count,
-            every_s=args.every,
-            start=args.start,
-            step=dt.timedelta(minutes=args.step_minutes) if args.step_minutes is not None else None,
-            history=dt.timedelta(minutes=args.history_minutes) if args.history_minutes else None,
-            on_written=report,
-        )
+        with _sigterm_as_interrupt():
+            generate(
+                store, cfg,
+                count=args.count,
+                every_s=args.every,
+                start=args.start,
+                step=dt.timedelta(minutes=args.step_minutes) if args.step_minutes is not None else None,
+                history=dt.timedelta(minutes=args.history_minutes) if args.history_minutes else None,
+                on_written=report,
+            )
     except KeyboardInterrupt:
         print("freshidx generate: interrupted, stopping", file=sys.stderr, flush=True)
         return 0

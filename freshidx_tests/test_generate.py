@@ -550,7 +550,8 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_cli_ctrl_c_exits_cleanly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_cli_ctrl_c_exits_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "freshidx.generate", "--store", str(tmp_path / "store"), "--every", "3600",
          "--json"],
@@ -564,7 +565,7 @@ def test_cli_ctrl_c_exits_cleanly(tmp_path: Path) -> None:
             err = proc.stderr.read() if proc.stderr else ""
             pytest.fail(f"generator exited early with {proc.wait()}: {err}")
         first = json.loads(line)
-        proc.send_signal(signal.SIGINT)  # now sleeping for an hour
+        proc.send_signal(sig)  # now sleeping for an hour
         stdout, stderr = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
