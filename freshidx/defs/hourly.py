@@ -71,7 +71,7 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
                     "backfill": tags.get("dagster/backfill"), "code_version": _code_version(),
                     "readiness": policy, "claims": claims}
         out: list[HourBucket] = []
-        todo: list[tuple[str, str | None, HourInput]] = []
+        todo: list[HourInput] = []  # ready hours; id and claim follow from .hour
         for key in context.partition_keys:
             hour = catchup.hour_from_dagster_key(key)
             hid = catchup.layout.hour_id(hour)
@@ -89,18 +89,20 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
                 context.log.warning(f"{hid} not ready ({policy}): {ready.reason}")
                 out.append(HourBucket(hid, kind, claim, None, [f"not ready ({policy}): {ready.reason}"]))
                 continue
-            todo.append((hid, claim, HourInput(hour=hour, files=listing.files, listed_at=listed_at,
-                                               expected_rows=ready.expected_rows)))
+            todo.append(HourInput(hour=hour, files=listing.files, listed_at=listed_at,
+                                  expected_rows=ready.expected_rows))
         if todo:
             _crash_point("bucket_build")  # tests: the run dies mid-hour like a kill -9 (claim taken, run STARTED)
-            context.log.info(f"building {catchup.ASSET} {', '.join(h for h, _, _ in todo)} in one Spark pass: "
-                             f"{sum(len(i.files) for _, _, i in todo)} file(s), {kind}")
+            hids = [catchup.layout.hour_id(i.hour) for i in todo]
+            context.log.info(f"building {catchup.ASSET} {', '.join(hids)} in one Spark pass: "
+                             f"{sum(len(i.files) for i in todo)} file(s), {kind}")
             with spark.session() as session:  # a failure drops the session, so a step retry reconnects
                 built = build_buckets(session, store.store_config(), asset=catchup.ASSET, source=cfg.source,
-                                      hours=[i for _, _, i in todo], run_id=context.run_id,
+                                      hours=todo, run_id=context.run_id,
                                       parts=cfg.hourly_parts, run_info=run_info, kind=kind)
-            for (hid, claim, _), b in zip(todo, built, strict=True):
-                out.append(HourBucket(hid, kind, claim, b.draft, [f"manifest rows: {m}" for m in b.row_mismatches]))
+            for hid, b in zip(hids, built, strict=True):
+                out.append(HourBucket(hid, kind, claims.get(hid), b.draft,
+                                      [f"manifest rows: {m}" for m in b.row_mismatches]))
         out.sort(key=lambda hb: hb.hour_id)
         return out
 
