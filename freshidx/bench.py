@@ -2,7 +2,7 @@
 
 ``freshidx bench build [--docs N] [--shards S] [--rounds R] [--warmup W] [--json]``
     Generates N synthetic ads in the JVM (the generator's vocabulary: brand + noun per product,
-    adjectives and qualifiers per ad), adds product features, caches and materializes the DataFrame,
+    adjectives and qualifiers per ad), caches and materializes the DataFrame,
     then, after W untimed warm-up rounds of each on the same N (default 4: the first Spark round in a
     fresh JVM costs ~2-3x a warm one, and the JIT compiler keeps spending 0.3-0.5 CPU-s a round for
     the next few, measured per JVM thread), times R alternating rounds of:
@@ -11,7 +11,8 @@
       S shards on the local session (index + ``docs.parquet`` + ``covered.parquet``, uploaded, sha256);
     * ``single``: the same rows (pulled to the driver as Arrow before the clock starts) indexed by one
       plain Python process with the same schema and builder settings
-      (:class:`freshidx.index_format.IndexBuilder`).
+      (:class:`freshidx.index_format.IndexBuilder`). Both sides compute the product features inside
+      their clock (:mod:`freshidx.product_features`), as a real build does in its shard tasks.
 
     Each side starts on a quiet process tree (:func:`quiesce`: the JVM's compiler and collector
     threads go on working for a second or more after a Spark job; measured in the single side's
@@ -226,19 +227,24 @@ def _spark_floor(df: Any, n_shards: int) -> int:
 
 
 def _conform_table(table: Any) -> Any:
-    from freshidx.index_format import INDEX_ARROW_SCHEMA
+    from freshidx.spark.shards import DOCS_ARROW_SCHEMA
 
-    return table.select(INDEX_ARROW_SCHEMA.names).cast(INDEX_ARROW_SCHEMA).combine_chunks()
+    return table.select(DOCS_ARROW_SCHEMA.names).cast(DOCS_ARROW_SCHEMA).combine_chunks()
 
 
 def _single_build(table: Any, workdir: str, name: str) -> int:
+    """One process, the same work as a shard task minus Spark: product features, then the index."""
     import pyarrow.compute as pc
 
     from freshidx.index_format import IndexBuilder
+    from freshidx.product_features import ProductFeatures
 
     builder = IndexBuilder(os.path.join(workdir, name))
-    for batch in table.to_batches(max_chunksize=65536):
-        builder.add_batch(batch.filter(pc.equal(batch.column("status"), "active")))
+    active = table.filter(pc.equal(table.column("status"), "active"))
+    features = ProductFeatures()
+    features.add(active)
+    for batch in active.to_batches(max_chunksize=65536):
+        builder.add_batch(features.attach(batch))
     return builder.finish()
 
 

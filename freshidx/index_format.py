@@ -45,8 +45,6 @@ INDEX_DIR = "index/"
 #: Fields a user query searches by default.
 SEARCH_FIELDS: tuple[str, ...] = ("title", "keywords")
 
-#: Product-level features every indexed row carries (see ``freshidx.transform.product_features``).
-FEATURE_COLUMNS: tuple[str, ...] = ("product_active_ads", "product_best_bid")
 
 #: Writer settings inside a build task: one indexing thread per task (Spark runs one task per core),
 #: a heap large enough that a shard of a few hundred thousand ads is flushed as one or two segments.

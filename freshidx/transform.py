@@ -191,33 +191,6 @@ def reason_counts(invalid: DataFrame) -> DataFrame:
 
 # --------------------------------------------------------------------------- product grouping (seed 000)
 
-#: Product-level features every indexed row carries (same names as ``freshidx.index_format.FEATURE_COLUMNS``).
-PRODUCT_FEATURE_COLUMNS = ("product_active_ads", "product_best_bid")
-
-
-def product_features(latest: DataFrame) -> DataFrame:
-    """Add the product-level features to every row of ``latest`` (one row per ad).
-
-    ``product_active_ads`` (long): how many ads of the row's product are ``active``;
-    ``product_best_bid`` (double): the highest bid among them (``0.0`` when none is active).
-    Computed with a window over ``product_id`` (one shuffle, no join); rows of every status are kept,
-    so the result feeds both the documents and the kill-list. Existing feature columns are replaced.
-
-    Correct only if ``latest`` holds *every* ad of each product it mentions: for a full build that is
-    the whole latest state; for a delta build pass :func:`expand_to_products` first.
-    """
-    from pyspark.sql import Window
-
-    by_product = Window.partitionBy("product_id")
-    active = F.col("status") == F.lit(ACTIVE)
-    return latest.withColumn(
-        "product_active_ads", F.count(F.when(active, F.lit(1))).over(by_product).cast("long")
-    ).withColumn(
-        "product_best_bid",
-        F.coalesce(F.max(F.when(active, F.col("bid"))).over(by_product), F.lit(0.0)).cast("double"),
-    )
-
-
 def expand_to_products(latest_window: DataFrame, all_latest_for_products: DataFrame) -> DataFrame:
     """The delta's rows: every ad of every product the window touched, at its latest state.
 
@@ -236,7 +209,8 @@ def expand_to_products(latest_window: DataFrame, all_latest_for_products: DataFr
     union of the window's rows and the full version's rows, reduced to one row per ad by
     :func:`latest_per_ad` (the newest record wins, so a full row never overrides a newer window row),
     restricted to ads of touched products plus every window ad. Columns: :data:`TYPED_FIELDS`.
-    Feed it to :func:`product_features`.
+    Each product it mentions is whole, as the product features need (computed in the shard
+    tasks, :mod:`freshidx.product_features`).
     """
     window = latest_window.select(*TYPED_FIELDS)
     full = all_latest_for_products.select(*TYPED_FIELDS)
@@ -250,11 +224,12 @@ def expand_to_products(latest_window: DataFrame, all_latest_for_products: DataFr
 
 
 def index_rows(latest: DataFrame, full_docs: DataFrame | None = None) -> DataFrame:
-    """Rows for an index build, features included.
+    """Rows for an index build (:data:`TYPED_FIELDS`; every ad of each product mentioned).
 
     Full build: ``index_rows(latest)`` (``latest`` is the whole state). Delta build:
     ``index_rows(latest_window, full_docs)`` with the current full version's docs; without a full
-    version (``None``) the window's rows are all there is.
+    version (``None``) the window's rows are all there is. The product-level features are added by
+    the shard tasks (:mod:`freshidx.product_features`), not here: a product never spans shards, so
+    that costs no shuffle.
     """
-    rows = latest.select(*TYPED_FIELDS) if full_docs is None else expand_to_products(latest, full_docs)
-    return product_features(rows)
+    return latest.select(*TYPED_FIELDS) if full_docs is None else expand_to_products(latest, full_docs)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import tantivy
@@ -22,7 +23,6 @@ from pyspark.sql import DataFrame, SparkSession
 from freshidx import layout
 from freshidx.index_format import (
     FORMAT,
-    INDEX_ARROW_SCHEMA,
     INDEX_DIR,
     IndexBuilder,
     add_document,
@@ -30,11 +30,12 @@ from freshidx.index_format import (
     open_index,
     schema,
 )
+from freshidx.product_features import ProductFeatures
 from freshidx.publish import DraftManifest, Pointer, iso, publish
 from freshidx.spark.index_shards import read_version_docs, write_index_shards, write_one_index_shard
-from freshidx.spark.shards import COVERED_FILE, DOCS_FILE, ShardCommit
+from freshidx.spark.shards import COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, ShardCommit
 from freshidx.store import ObjectStore, StoreConfig, open_store
-from freshidx.transform import expand_to_products, index_rows, product_features
+from freshidx.transform import expand_to_products, index_rows
 
 DDL = (
     "ad_id string, campaign_id string, product_id string, title string, keywords array<string>, "
@@ -63,27 +64,44 @@ def rows_df(spark: SparkSession, ads: list[dict[str, Any]]) -> DataFrame:
 
 
 def with_features(ads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Python twin of ``transform.product_features``."""
-    active: dict[str, list[float]] = defaultdict(list)
+    """Python twin of :class:`freshidx.product_features.ProductFeatures` (attached to every row)."""
+    active_ads: dict[str, int] = defaultdict(int)
+    bids: dict[str, list[float]] = defaultdict(list)
     for a in ads:
         if a["status"] == "active":
-            active[a["product_id"]].append(a["bid"])
+            active_ads[a["product_id"]] += 1
+            if a["bid"] is not None:
+                bids[a["product_id"]].append(a["bid"])
     return [
-        {**a, "product_active_ads": len(active[a["product_id"]]),
-         "product_best_bid": max(active[a["product_id"]], default=0.0)}
+        {**a, "product_active_ads": active_ads[a["product_id"]],
+         "product_best_bid": max(bids[a["product_id"]], default=0.0)}
         for a in ads
     ]
+
+
+def features_of(ads: list[dict[str, Any]], batch_rows: int = 2) -> dict[str, tuple[int, float]]:
+    """``ad_id -> (product_active_ads, product_best_bid)`` by :class:`ProductFeatures`, fed in small
+    batches (so partial aggregates are combined) and attached to every row."""
+    table = pa.Table.from_pylist([{c: a[c] for c in COLUMNS} for a in ads], schema=DOCS_ARROW_SCHEMA)
+    features = ProductFeatures()
+    for batch in table.filter(pc.equal(table["status"], "active")).to_batches(max_chunksize=batch_rows):
+        features.add(batch)
+    out: dict[str, tuple[int, float]] = {}
+    for batch in table.to_batches():
+        for row in features.attach(batch).to_pylist():
+            out[row["ad_id"]] = (row["product_active_ads"], row["product_best_bid"])
+    return out
 
 
 def build_direct(config: StoreConfig, index: str, version: str, ads: list[dict[str, Any]],
                  num_shards: int = 2) -> list[ShardCommit]:
     """Build a version without Spark (same per-shard code the Spark tasks run), for fast tests."""
     by_shard: dict[int, list[dict[str, Any]]] = {s: [] for s in range(num_shards)}
-    for a in with_features(ads):
-        by_shard[zlib.crc32(a["product_id"].encode()) % num_shards].append(a)
+    for a in ads:
+        by_shard[zlib.crc32(a["product_id"].encode()) % num_shards].append({c: a[c] for c in COLUMNS})
     commits = []
     for shard, rows in by_shard.items():
-        batch = pa.RecordBatch.from_pylist(rows, schema=INDEX_ARROW_SCHEMA)
+        batch = pa.RecordBatch.from_pylist(rows, schema=DOCS_ARROW_SCHEMA)
         commits.append(write_one_index_shard(config, index, version, shard, 0, [batch]))
     return commits
 
@@ -135,7 +153,8 @@ def test_write_index_shards(spark: SparkSession, store_config: StoreConfig, tmp_
     statuses = ["active", "active", "paused", "active", "deleted"]
     ads = [ad(i, product=i % 13, status=statuses[i % 5]) for i in range(120)]
     ads[8]["title"] = "Shiny Beacon lamp"
-    commits = write_index_shards(rows_df(spark, ads), store_config, "full", "v-1", 4)
+    stale = rows_df(spark, ads).selectExpr("*", "999L AS product_active_ads", "-1.0 AS product_best_bid")
+    commits = write_index_shards(stale, store_config, "full", "v-1", 4)  # the tasks compute features
     assert [c.shard for c in commits] == [0, 1, 2, 3]
     expected = {a["ad_id"]: a for a in with_features(ads)}
 
@@ -208,8 +227,7 @@ def test_product_features_and_expand_to_products(spark: SparkSession) -> None:
         ad(6, 3, bid=7.0),
         ad(7, 4, bid=4.0),
     ]
-    feats = {r["ad_id"]: (r["product_active_ads"], r["product_best_bid"])
-             for r in product_features(rows_df(spark, full)).collect()}
+    feats = features_of(full)
     assert feats["ad-0001"] == (2, 5.0) and feats["ad-0003"] == (2, 5.0)  # paused ad: counted out
     assert feats["ad-0004"] == (2, 3.0) and feats["ad-0006"] == (1, 7.0)
 
@@ -223,10 +241,11 @@ def test_product_features_and_expand_to_products(spark: SparkSession) -> None:
     rows = {r["ad_id"]: r.asDict() for r in index_rows(rows_df(spark, window), full_docs).collect()}
     assert sorted(rows) == ["ad-0001", "ad-0002", "ad-0004", "ad-0005", "ad-0007", "ad-0008"]  # not 3 or 6
     assert rows["ad-0002"]["title"] == "new title" and rows["ad-0002"]["version"] == 2
-    assert (rows["ad-0001"]["product_active_ads"], rows["ad-0001"]["product_best_bid"]) == (2, 2.0)
-    assert (rows["ad-0004"]["product_active_ads"], rows["ad-0004"]["product_best_bid"]) == (1, 1.0)
-    assert rows["ad-0005"]["status"] == "deleted" and rows["ad-0005"]["product_active_ads"] == 1
-    assert (rows["ad-0007"]["product_id"], rows["ad-0007"]["product_best_bid"]) == ("p-005", 6.0)
+    feats = features_of(list(rows.values()))  # what the shard tasks attach to these rows
+    assert feats["ad-0001"] == (2, 2.0)
+    assert feats["ad-0004"] == (1, 1.0)
+    assert rows["ad-0005"]["status"] == "deleted" and feats["ad-0005"] == (1, 1.0)
+    assert rows["ad-0007"]["product_id"] == "p-005" and feats["ad-0007"] == (1, 6.0)
     # a stale window row never overrides a newer full row
     stale = expand_to_products(rows_df(spark, [ad(1, 1, bid=0.5, version=0)]), full_docs)
     assert {r["ad_id"]: r["bid"] for r in stale.collect()} == {"ad-0001": 2.0, "ad-0002": 5.0}

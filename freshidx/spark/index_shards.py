@@ -6,7 +6,12 @@ never split, the Spark partition id of a task is its shard number, the attempt n
 every key, and the driver collects only the small commit messages. Each task
 
 1. builds a tantivy index of the shard's *active* ads in a local temp dir
-   (:class:`freshidx.index_format.IndexBuilder`: 128 MB heap, one thread, commit, wait for merges);
+   (:class:`freshidx.index_format.IndexBuilder`: 128 MB heap, one thread, commit, wait for merges),
+   with the product-level features computed from the shard's own rows
+   (:mod:`freshidx.product_features`: a product never spans shards, so no Spark window is needed).
+   The features are known only after the last row, so the active rows are spilled to a local
+   Arrow IPC file on the way and indexed from it (memory-mapped: a task's memory does not grow with
+   its shard);
 2. writes ``covered.parquet`` (``ad_id, status, version`` of *every* ad of the shard: the shard's part
    of the kill-list) and ``docs.parquet`` (the active ads' typed records, read back by the next
    delta build to re-emit all ads of a touched product, see ``transform.expand_to_products``);
@@ -38,7 +43,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from freshidx import layout
-from freshidx.index_format import FEATURE_COLUMNS, INDEX_ARROW_SCHEMA, INDEX_DIR, IndexBuilder
+from freshidx.index_format import INDEX_DIR, IndexBuilder
+from freshidx.product_features import ProductFeatures
 from freshidx.records import ACTIVE
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.shards import (
@@ -58,11 +64,12 @@ from freshidx.spark.shards import (
     upload_file,
 )
 from freshidx.store import StoreConfig
-from freshidx.transform import product_features
 
 log = logging.getLogger(__name__)
 
-INDEX_COLUMNS: tuple[str, ...] = tuple(INDEX_ARROW_SCHEMA.names)
+#: Columns a shard build reads from each row: the typed record (features are computed in the task).
+INDEX_COLUMNS: tuple[str, ...] = tuple(DOCS_ARROW_SCHEMA.names)
+SPILL_FILE = "active.arrow"
 DOCS_DDL = (
     "ad_id string, campaign_id string, product_id string, title string, keywords array<string>, "
     "bid double, status string, updated_at timestamp, version long"
@@ -81,8 +88,9 @@ def write_one_index_shard(
 ) -> ShardCommit:
     """Build and upload one shard attempt (runs on an executor; callable directly, e.g. in tests).
 
-    ``batches`` carry :data:`~freshidx.index_format.INDEX_ARROW_SCHEMA` columns (extra columns are
-    ignored). Returns a commit whose files are the index files (sorted by name), then
+    ``batches`` carry the typed record columns (:data:`INDEX_COLUMNS`; extra columns, e.g. stale
+    feature columns, are ignored) of *every* ad of each product they mention: the product features
+    are computed here. Returns a commit whose files are the index files (sorted by name), then
     ``docs.parquet`` (unless ``with_docs=False``), then ``covered.parquet``.
     """
     fs = config.arrow_fs()
@@ -90,18 +98,26 @@ def write_one_index_shard(
     with tempfile.TemporaryDirectory(prefix="freshidx-ishard-") as tmp:
         index_dir = os.path.join(tmp, "index")
         builder = IndexBuilder(index_dir)
+        features = ProductFeatures()
+        spill_path = os.path.join(tmp, SPILL_FILE)
         covered = _BufferedParquet(os.path.join(tmp, COVERED_FILE), COVERED_ARROW_SCHEMA)
         docs = _BufferedParquet(os.path.join(tmp, DOCS_FILE), DOCS_ARROW_SCHEMA) if with_docs else None
         try:
-            for raw_batch in batches:
-                if raw_batch.num_rows == 0:
-                    continue
-                batch = _conform(raw_batch, INDEX_ARROW_SCHEMA)
-                covered.write(_conform(batch, COVERED_ARROW_SCHEMA))
-                active = batch.filter(pc.equal(batch.column("status"), ACTIVE))
-                if docs is not None:
-                    docs.write(_conform(active, DOCS_ARROW_SCHEMA))
-                builder.add_batch(active)
+            with pa.OSFile(spill_path, "wb") as sink, pa.ipc.new_file(sink, DOCS_ARROW_SCHEMA) as spill:
+                for raw_batch in batches:
+                    if raw_batch.num_rows == 0:
+                        continue
+                    batch = _conform(raw_batch, DOCS_ARROW_SCHEMA)
+                    covered.write(_conform(batch, COVERED_ARROW_SCHEMA))
+                    active = batch.filter(pc.equal(batch.column("status"), ACTIVE))
+                    if docs is not None:
+                        docs.write(active)
+                    features.add(active)
+                    spill.write_batch(active)
+            with pa.memory_map(spill_path) as source:
+                spilled = pa.ipc.open_file(source)
+                for i in range(spilled.num_record_batches):
+                    builder.add_batch(features.attach(spilled.get_batch(i)))
             doc_count = builder.finish()
         finally:
             covered.close()
@@ -162,10 +178,10 @@ def write_index_shards(
 ) -> list[ShardCommit]:
     """Build ``num_shards`` tantivy shards of ``latest`` (one row per ad) in Spark tasks; return commits.
 
-    ``latest`` has the typed record columns and, ideally, the product features
-    (``transform.index_rows`` / ``transform.product_features``). Without feature columns they are
-    computed here over ``latest`` itself, which is right for a full build only; a delta build must
-    expand to whole products first (``transform.expand_to_products``).
+    ``latest`` has the typed record columns (``transform.index_rows``) of every ad of each product
+    it mentions: the whole latest state for a full build; a delta build expands to whole products
+    first (``transform.expand_to_products``). The product features are computed in each task from
+    its shard's rows (:mod:`freshidx.product_features`).
 
     Rows are hash-partitioned by ``xxhash64(product_id)`` (one product's ads land in exactly one
     shard; why the hash and not the bare column: see ``shards.write_shards``). With ``sort`` each shard
@@ -179,8 +195,6 @@ def write_index_shards(
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
     _check_name("index", index)
     _check_name("version", version)
-    if not set(FEATURE_COLUMNS) <= set(latest.columns):
-        latest = product_features(latest)
     store_json = store_to_json(store_config)
     rows = shard_rows(latest, num_shards)
     if sort:
