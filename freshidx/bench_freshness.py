@@ -891,9 +891,9 @@ def bench_freshness(
 def _session_usage(sid: int) -> tuple[int | None, int]:
     """(summed RSS, process count) of the live processes in session ``sid``: the JVM and its Python
     worker daemons (which Spark Connect starts per client session and does not reap, SPARK-54055)."""
-    from freshidx.spark.server import _rss_bytes, _session_members
+    from freshidx.spark.server import rss_bytes, session_members
 
-    rss = [r for r in (_rss_bytes(p) for p in _session_members(sid)) if r is not None]
+    rss = [r for r in (rss_bytes(p) for p in session_members(sid)) if r is not None]
     return (sum(rss) if rss else None), len(rss)
 
 
@@ -918,7 +918,7 @@ def bench_soak(
     from freshidx.delta import DeltaPlan, build_delta
     from freshidx.publish import publish
     from freshidx.settings import Settings
-    from freshidx.spark.server import _rss_bytes, acquire_lease
+    from freshidx.spark.server import acquire_lease, rss_bytes
     from freshidx.spark.session import build_connect_session
     from freshidx.store import StoreConfig, open_store
 
@@ -1028,7 +1028,7 @@ def bench_soak(
             row = {
                 "batch": i, "elapsed_s": round(time.monotonic() - t_start, 1), "batch_s": round(dur, 3),
                 "lease_wait_s": lease_wait, "server_pid": spid,
-                "jvm_rss_bytes": _rss_bytes(spid) if spid else None,
+                "jvm_rss_bytes": rss_bytes(spid) if spid else None,
                 "session_rss_bytes": sess_rss, "session_processes": procs,
                 "heap_used_bytes": st.get("heap_used_bytes") if st.get("pid") == spid else None,
                 "heap_max_bytes": st.get("heap_max_bytes"),

@@ -391,7 +391,7 @@ def active_leases(state_dir: Path | str, *, reap_stale: bool = True) -> list[dic
 # process helpers
 
 
-def _session_members(sid: int) -> list[int]:
+def session_members(sid: int) -> list[int]:
     """Pids whose session id is ``sid`` (the JVM we started with ``setsid`` and its descendants)."""
     pids: list[int] = []
     try:
@@ -415,7 +415,7 @@ def _session_members(sid: int) -> list[int]:
 def _signal_session(sid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(sid, sig)
-    for pid in _session_members(sid):
+    for pid in session_members(sid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
 
@@ -436,7 +436,8 @@ def _cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def _rss_bytes(pid: int) -> int | None:
+def rss_bytes(pid: int) -> int | None:
+    """Resident set size of a process in bytes, from ``/proc``; ``None`` if it is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
@@ -499,7 +500,7 @@ def _run_jcmd(pid: int, *command: str, timeout: float = 20.0) -> str | None:
 
 def sample_memory(pid: int, xmx_bytes: int, max_heap_cache: dict[int, int] | None = None) -> MemorySample:
     """Heap used / max of JVM ``pid`` via ``jcmd``; falls back to RSS vs ``xmx_bytes``."""
-    rss = _rss_bytes(pid)
+    rss = rss_bytes(pid)
     out = _run_jcmd(pid, "GC.heap_info")
     m = _HEAP_USED_RE.search(out or "")
     if m:
@@ -939,11 +940,11 @@ class SparkConnectSupervisor:
                     proc.wait(10)
             # Python worker daemons (own process groups, same session) that outlived the JVM
             for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
-                if not _session_members(sid):
+                if not session_members(sid):
                     break
                 _signal_session(sid, sig)
                 deadline = time.monotonic() + grace
-                while _session_members(sid) and time.monotonic() < deadline:
+                while session_members(sid) and time.monotonic() < deadline:
                     time.sleep(0.05)
             self._proc = None
             self._started_mono = None
@@ -1033,7 +1034,7 @@ class SparkConnectSupervisor:
                     return "planned-heap"
             pid = self.pid
             if pid is not None:
-                procs = len(_session_members(pid))  # the JVM was started with setsid: sid == pid
+                procs = len(session_members(pid))  # the JVM was started with setsid: sid == pid
                 self._update_state(session_processes=procs)
                 if self.config.max_session_processes and procs > self.config.max_session_processes:
                     return "planned-processes"
