@@ -101,6 +101,13 @@ CASES: list[tuple[str | tuple[str, bool], str | None]] = [
     (line(updated_at="2026-11-21 16:05:07.5+02:00"), None),
     (line(updated_at="2026-11-21T14:05:07.123456789Z"), None),
     ("  " + line() + "  ", None),
+    ("\t " + line() + "\r", None),  # JSON whitespace around the object
+    ("x " + line(), R.REASON_MALFORMED_JSON),
+    (line() + "}", R.REASON_MALFORMED_JSON),
+    (line() + line(ad_id="ad-2"), R.REASON_MALFORMED_JSON),  # a lost newline: never keep only the first
+    (line() + " " + line(ad_id="ad-2"), R.REASON_MALFORMED_JSON),
+    (line() + ",\t" + line(ad_id="ad-2"), R.REASON_MALFORMED_JSON),
+    (line(title="curly } { title }"), None),  # braces inside strings are text
 ]
 
 
