@@ -316,7 +316,7 @@ def test_kill_9_is_restarted(supervised: Supervised) -> None:
     took = time.monotonic() - t0
     assert st["last_restart_reason"] == "crash"
     assert st["pid"] != old_pid and not srv._pid_alive(old_pid)
-    assert srv._session_members(old_pid) == []  # its Python workers went too
+    assert srv.session_members(old_pid) == []  # its Python workers went too
     print(f"\nkill -9 → up again: {took:.1f}s (supervisor: {st['last_restart_duration_s']}s, {timings})")
     assert _query_and_python_job(st["url"])["python"] == sys.executable
     try:
@@ -417,7 +417,7 @@ def test_stop_leaves_no_process_behind(supervised: Supervised) -> None:
     sup = supervised.sup
     pid = sup.pid
     assert pid is not None
-    members = srv._session_members(pid)  # the kill -9 test ran a Python job on this JVM
+    members = srv.session_members(pid)  # the kill -9 test ran a Python job on this JVM
     assert len(members) > 1, members  # the JVM and its Python worker daemon(s)
     supervised.stop.set()
     supervised.thread.join(60)
@@ -426,7 +426,7 @@ def test_stop_leaves_no_process_behind(supervised: Supervised) -> None:
     sup.stop()
     print(f"\nstop: {time.monotonic() - t0:.1f}s")
     assert not any(srv._pid_alive(p) for p in members)
-    assert srv._session_members(pid) == []
+    assert srv.session_members(pid) == []
     assert _jvm_processes(str(sup.properties_path)) == []
     st = _state(supervised.state_dir)
     assert st["status"] == "down" and st["pid"] is None
@@ -464,7 +464,7 @@ def test_cli_runs_in_foreground_and_cleans_up_on_sigterm(tmp_path: Path, cds_dir
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
-    assert not srv._pid_alive(jvm) and srv._session_members(jvm) == []
+    assert not srv._pid_alive(jvm) and srv.session_members(jvm) == []
     assert _jvm_processes(str(state_dir)) == []
     assert _state(state_dir)["status"] == "down"
     events = [json.loads(line)["status"] for line in log.read_text().splitlines() if line.startswith("{")]
