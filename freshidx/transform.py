@@ -109,7 +109,7 @@ def parse_records(lines: DataFrame) -> DataFrame:
     bad_encoding = (
         F.coalesce(F.col("bad_encoding"), F.lit(False)) if "bad_encoding" in lines.columns else F.lit(False)
     )
-    typed = lines.select(
+    with_typed = lines.select(
         *LINE_COLUMNS,
         bad_encoding.alias("_bad_encoding"),
         F.from_json(raw, _typed_schema(), _JSON_OPTIONS).alias("_t"),
@@ -124,7 +124,7 @@ def parse_records(lines: DataFrame) -> DataFrame:
           for name, (kind, _) in RAW_FIELDS.items()],
         F.lit(None).cast("string").alias(_CORRUPT),
     )
-    df = typed.select(
+    df = with_typed.select(
         "*", F.when(typed_ok, as_text).otherwise(F.from_json(raw, _text_schema(), _JSON_OPTIONS)).alias("_s")
     )
     s = F.col("_s")
