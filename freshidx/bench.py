@@ -238,13 +238,14 @@ def _single_build(table: Any, workdir: str, name: str) -> int:
 
     from freshidx.index_format import IndexBuilder
     from freshidx.product_features import ProductFeatures
+    from freshidx.records import ACTIVE
 
     builder = IndexBuilder(os.path.join(workdir, name))
-    active = table.filter(pc.equal(table.column("status"), "active"))
+    active = table.filter(pc.equal(table.column("status"), ACTIVE))
     features = ProductFeatures()
     features.add(active)
-    for batch in active.to_batches(max_chunksize=65536):
-        builder.add_batch(features.attach(batch))
+    for batch in features.attach(active).to_batches(max_chunksize=65536):
+        builder.add_batch(batch)
     return builder.finish()
 
 

@@ -19,8 +19,12 @@ Usage: :meth:`ProductFeatures.add` each batch of *active* ads (any number, any o
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import pyarrow as pa
 import pyarrow.compute as pc
+
+RowsT = TypeVar("RowsT", pa.RecordBatch, pa.Table)
 
 #: Feature columns :meth:`ProductFeatures.attach` appends, in this order.
 FEATURE_COLUMNS: tuple[str, ...] = ("product_active_ads", "product_best_bid")
@@ -65,14 +69,20 @@ class ProductFeatures:
             self._partials = []
         return self._final
 
-    def attach(self, rows: pa.RecordBatch) -> pa.RecordBatch:
-        """``rows`` with :data:`FEATURE_COLUMNS` appended (a product without active ads: 0 and 0.0)."""
+    def attach(self, rows: RowsT) -> RowsT:
+        """``rows`` with :data:`FEATURE_COLUMNS` appended (a product without active ads: 0 and 0.0).
+
+        Pass a whole table rather than batch by batch where possible: each call hashes every product
+        of the shard once (``index_in`` builds its lookup table per call)."""
         final = self.table()
         products, counts, bests = (_array(final.column(c)) for c in ("product_id", "n", "best"))
         at = pc.index_in(rows.column("product_id"), value_set=products)
         n = pc.fill_null(pc.take(counts, at), 0)
         best = pc.fill_null(pc.take(bests, at), 0.0)
-        return pa.RecordBatch.from_arrays([*rows.columns, n, best], names=[*rows.schema.names, *FEATURE_COLUMNS])
+        names = [*rows.schema.names, *FEATURE_COLUMNS]
+        if isinstance(rows, pa.Table):
+            return pa.Table.from_arrays([*rows.columns, n, best], names=names)
+        return pa.RecordBatch.from_arrays([*rows.columns, n, best], names=names)
 
 
 def _array(column: pa.ChunkedArray) -> pa.Array:

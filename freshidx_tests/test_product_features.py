@@ -53,3 +53,14 @@ def test_no_active_ads_at_all() -> None:
     out = ProductFeatures().attach(table.to_batches()[0])
     assert out.column("product_active_ads").to_pylist() == [0]
     assert out.column("product_best_bid").to_pylist() == [0.0]
+
+
+def test_a_whole_table_gets_the_same_features_as_its_batches() -> None:
+    ads = random_ads(random.Random(3), 200)
+    table = pa.Table.from_pylist(ads, schema=DOCS_ARROW_SCHEMA)
+    features = ProductFeatures()
+    features.add(table.filter(pc.equal(table["status"], "active")))
+    whole = features.attach(table)
+    assert isinstance(whole, pa.Table) and whole.column_names == [*DOCS_ARROW_SCHEMA.names, *FEATURE_COLUMNS]
+    by_batch = pa.Table.from_batches([features.attach(b) for b in table.to_batches(max_chunksize=13)])
+    assert whole.to_pylist() == by_batch.to_pylist()

@@ -115,9 +115,9 @@ def write_one_index_shard(
                     features.add(active)
                     spill.write_batch(active)
             with pa.memory_map(spill_path) as source:
-                spilled = pa.ipc.open_file(source)
-                for i in range(spilled.num_record_batches):
-                    builder.add_batch(features.attach(spilled.get_batch(i)))
+                spilled = pa.ipc.open_file(source).read_all()  # zero-copy over the map
+                for batch in features.attach(spilled).to_batches():
+                    builder.add_batch(batch)
             doc_count = builder.finish()
         finally:
             covered.close()
