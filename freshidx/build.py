@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 
 from freshidx import transform
 from freshidx.index_format import FORMAT
-from freshidx.spark.index_shards import read_version_docs, write_index_shards
+from freshidx.spark.index_shards import read_version_state, write_index_shards
 from freshidx.spark.raw_source import read_raw_lines
 from freshidx.spark.shards import QuarantineCommit, ShardCommit, write_quarantine
 from freshidx.store import StoreConfig
@@ -67,7 +67,8 @@ def build_version(
     ``quarantine_after``: partition path after which invalid records are written to quarantine,
     ``None`` for all, ``False`` for none (counted only). ``full_manifest``: for a delta build, the
     serving full version, whose documents supply the untouched ads of every product the window
-    touched (seed 000: a product's grouped features are never half-updated).
+    touched (seed 000: a product's grouped features are never half-updated), and whose kill-list
+    keeps an ad hidden when the full version holds a higher, inactive version of it.
     """
     t0 = time.monotonic()
     lines = read_raw_lines(spark, store_config, files, max_partitions=max_read_tasks)
@@ -82,8 +83,8 @@ def build_version(
         quarantined: list[QuarantineCommit] = []
         if quarantine_after is not False and reasons:
             quarantined = write_quarantine(invalid, store_config, source, run_id, quarantine_after or None)
-        full_docs = read_version_docs(spark, store_config, full_manifest) if full_manifest else None
-        rows = transform.index_rows(transform.latest_per_ad(valid), full_docs)
+        full_state = read_version_state(spark, store_config, full_manifest) if full_manifest else None
+        rows = transform.index_rows(transform.latest_per_ad(valid), full_state)
         commits = write_index_shards(rows, store_config, index, version, num_shards)
     finally:
         parsed.unpersist()  # classic mode: drop the checkpoint's blocks now, not at garbage collection

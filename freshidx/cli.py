@@ -15,22 +15,27 @@ def _status_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("status", help="what is serving, how fresh, what was skipped")
     p.add_argument("--store", help="store URI (default: FRESHIDX_STORE or ./.freshidx/store)")
     p.add_argument("--json", action="store_true", help="one JSON object")
+    p.add_argument("--spark-server-state", metavar="DIR",
+                   help="state dir of the Spark Connect server serving this store (default: "
+                   "FRESHIDX_SPARK_SERVER_STATE, else the demo's own, found from the store)")
     p.set_defaults(func=cmd_status)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from freshidx.status import collect, render
+    from freshidx.status import collect, locate_spark_server_state, render
     from freshidx.store import open_store
 
     settings = Settings.from_env(store=args.store)
-    s = collect(open_store(settings.store_config()), settings.source,
-                spark_server_state=settings.spark_server_state or _default_server_state())
+    store = open_store(settings.store_config())
+    # The state must belong to this store: a CWD-relative default described some other demo's server.
+    where = locate_spark_server_state(store, args.spark_server_state, settings.spark_server_state)
+    s = collect(store, settings.source, spark_server_state=where.state_dir, spark_server_found_by=where.found_by)
     print(json.dumps(s, indent=1, default=str) if args.json else render(s))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from freshidx import demo, generate, ledger_cli
+    from freshidx import demo, generate, ledger_cli, quarantine_cli
 
     parser = argparse.ArgumentParser(prog="freshidx", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     _status_parser(sub)
     demo.add_parser(sub)
     ledger_cli.add_parser(sub)
+    quarantine_cli.add_parser(sub)
     from freshidx import bench, retention, serving
     from freshidx.spark import server
 
@@ -62,9 +68,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-def _default_server_state() -> str | None:
-    import os
-
-    path = os.path.join(os.getcwd(), ".freshidx", "spark-server")
-    return path if os.path.isdir(path) else None

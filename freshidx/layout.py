@@ -77,5 +77,11 @@ def ledger_key(pipeline: str, date: str, trigger_id: str) -> str:
     return f"ledger/{pipeline}/{date}/{trigger_id}.json"
 
 
+def runtime_record_key(name: str) -> str:
+    """Where a local runtime (``spark-server``) records its host-local state dir for this store, so
+    ``freshidx status --store`` finds the state that belongs to the store, not the one in the CWD."""
+    return f"runtime/{name}.json"
+
+
 def quarantine_prefix(source: str, partition: PartitionId, run_id: str) -> str:
     return f"quarantine/{source}/{partition.path}/{run_id}/"

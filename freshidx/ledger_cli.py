@@ -21,21 +21,23 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--pipeline", choices=(*PIPELINES, "all"), default="all")
     p.add_argument("--since", type=dt.date.fromisoformat, help="first date (YYYY-MM-DD, UTC)")
     p.add_argument("--until", type=dt.date.fromisoformat, help="last date (YYYY-MM-DD, UTC)")
-    p.add_argument("--partition", help="only entries of this partition path (year=…/minute=mm)")
+    p.add_argument("--partition", help="only entries of this partition: 20261124T0148, "
+                   "year=2026/month=11/day=24/hour=01/minute=48, or an hour (2026-11-24-01:00, 20261124T01, "
+                   "year=…/hour=01) for every partition of it; reads only that date unless --since/--until")
     p.add_argument("--json", action="store_true", help="a JSON list of entries")
     p.set_defaults(func=cmd_ledger)
     sub = p.add_subparsers(dest="action")
     r = sub.add_parser("retry", help="grant one more attempt to a failed or parked partition")
     r.add_argument("--store", help="store URI")
     r.add_argument("--pipeline", choices=("delta", "ads_hourly"), default="delta")
-    r.add_argument("--partition", help="delta: partition path year=…/minute=mm")
+    r.add_argument("--partition", help="delta: partition 20261124T0148 or year=…/minute=mm")
     r.add_argument("--hour", help="ads_hourly: hour id YYYYMMDDTHH (UTC), e.g. 20261121T14")
     r.add_argument("--reason", default="operator retry")
     r.set_defaults(func=cmd_retry)
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
-    from freshidx.partitions import PartitionError, PartitionId
+    from freshidx.partitions import PartitionError
 
     if args.pipeline == "ads_hourly":
         return _retry_hour(args)
@@ -43,7 +45,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
         print("freshidx ledger retry: --partition is required for --pipeline delta", file=sys.stderr)
         return 2
     try:
-        partition = PartitionId.parse(args.partition)
+        partition = ledger.parse_partition(args.partition).minute()
     except PartitionError as exc:
         print(f"freshidx ledger retry: --partition: {exc}", file=sys.stderr)
         return 2
@@ -95,12 +97,25 @@ def entries(store: Any, pipelines: list[str], since: dt.date | None, until: dt.d
 
 
 def cmd_ledger(args: argparse.Namespace) -> int:
+    from freshidx.partitions import PartitionError
+
+    selector: ledger.PartitionSelector | None = None
+    if args.partition:
+        try:
+            selector = ledger.parse_partition(args.partition)
+        except PartitionError as exc:
+            # Exit 2 like any usage error: a silent empty answer would read as "nothing happened".
+            print(f"freshidx ledger: --partition: {exc}", file=sys.stderr)
+            return 2
     settings = Settings.from_env(store=args.store)
     store = open_store(settings.store_config())
     pipelines = list(PIPELINES) if args.pipeline == "all" else [args.pipeline]
-    rows = entries(store, pipelines, args.since, args.until)
-    if args.partition:
-        rows = [r for r in rows if r.get("partition") == args.partition]
+    since, until = args.since, args.until
+    if selector is not None and since is None and until is None:
+        since = until = selector.date  # a partition's entries are keyed under its own date
+    rows = entries(store, pipelines, since, until)
+    if selector is not None:
+        rows = [r for r in rows if selector.matches(r.get("partition"))]
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
         return 0
@@ -108,4 +123,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         subject = r.get("partition") or r.get("scope") or r["trigger_id"]
         run = f"  run {r['run_id'][:8]}" if r.get("run_id") else ""
         print(f"{r['at'][:19]}  {r['pipeline']:5}  {subject:45}  {r['decision']:18}{run}  {r['reason']}")
+    if not rows and selector is not None:
+        print(f"no ledger entry for {selector.path} ({', '.join(pipelines)}, {since or '…'} to {until or '…'})",
+              file=sys.stderr)
     return 0

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from freshidx import layout
 from freshidx.listing import newest_partition
 from freshidx.partitions import PartitionId
-from freshidx.publish import parse_iso, read_pointer, utcnow
+from freshidx.publish import iso, parse_iso, read_pointer, utcnow
 from freshidx.store import NotFound, ObjectStore
 
 RECENT_DAYS = 2
@@ -46,22 +51,86 @@ def recent_decisions(store: ObjectStore, pipeline: str, now: dt.datetime,
     return found
 
 
+SERVER_RECORD = "spark-server"
+NOT_KNOWN = "–"  # printed for a missing value: never "None"
+
+
+@dataclass(frozen=True)
+class ServerStateLocation:
+    """Which Spark server state dir describes this store, and how it was found (shown to the user)."""
+
+    state_dir: str | None
+    found_by: str
+
+
+def record_spark_server_state(store: ObjectStore, state_dir: str | os.PathLike[str]) -> None:
+    """Called by whoever starts a supervised server for this store (``freshidx demo``): records the
+    host-local state dir in the store so ``status --store`` finds it wherever it is run from."""
+    store.put_json(layout.runtime_record_key(SERVER_RECORD), {
+        "state_dir": str(Path(state_dir).resolve()), "hostname": socket.gethostname(),
+        "pid": os.getpid(), "written_at": iso(utcnow()),
+    })
+
+
+def locate_spark_server_state(store: ObjectStore, explicit: str | None = None,
+                              configured: str | None = None) -> ServerStateLocation:
+    """The state dir of the Spark server that serves ``store``; never a CWD-relative guess.
+
+    Order: ``--spark-server-state``; ``FRESHIDX_SPARK_SERVER_STATE``; the record a demo left in the
+    store (same host only: the path is local); for a ``file://`` store, ``<parent>/spark-server``
+    when the parent is a demo home (``freshidx demo`` keeps ``<home>/store`` and
+    ``<home>/spark-server`` side by side). Otherwise none: the store has no known server.
+    """
+    if explicit:
+        return ServerStateLocation(explicit, "--spark-server-state")
+    if configured:
+        return ServerStateLocation(configured, "FRESHIDX_SPARK_SERVER_STATE")
+    try:
+        rec = store.get_json(layout.runtime_record_key(SERVER_RECORD))[0]
+    except NotFound:
+        rec = None
+    if isinstance(rec, dict) and rec.get("state_dir") and rec.get("hostname") == socket.gethostname():
+        return ServerStateLocation(str(rec["state_dir"]), "recorded in the store by the demo")
+    if store.uri.startswith("file://"):
+        home = Path(store.uri.removeprefix("file://")).parent
+        if (home / "spark-server").is_dir():
+            return ServerStateLocation(str(home / "spark-server"), f"demo home {home}")
+    return ServerStateLocation(None, "none")
+
+
 def spark_server(state_dir: str | None) -> dict[str, Any] | None:
+    """The server state for display. A state whose supervisor is gone is reported as not running
+    with what it last said: its ``status`` (e.g. ``restarting``) was frozen when the process died."""
     if not state_dir:
         return None
     from freshidx.spark.server import read_state
 
     state = read_state(state_dir)
     if state is None:
-        return {"status": "not running", "state_dir": state_dir}
-    keep = ("status", "url", "pid", "started_at", "last_restart_at", "last_restart_reason", "restarts",
-            "heap_used_bytes", "heap_max_bytes", "rss_bytes", "session_processes", "consecutive_health_failures",
-            "health_busy_since", "health_busy_failures", "supervisor_alive", "updated_at")
-    return {k: state.get(k) for k in keep}
+        return {"status": "not running", "running": False, "state_dir": state_dir,
+                "note": "no state.json: never started there"}
+    keep = ("status", "url", "pid", "supervisor_pid", "hostname", "started_at", "last_restart_at",
+            "last_restart_reason", "restarts", "heap_used_bytes", "heap_max_bytes", "rss_bytes",
+            "session_processes", "consecutive_health_failures", "health_busy_since", "health_busy_failures",
+            "supervisor_alive", "updated_at", "last_error")
+    out: dict[str, Any] = {k: state.get(k) for k in keep}
+    out["state_dir"] = state_dir
+    alive = state.get("supervisor_alive")
+    if alive is False:
+        out["last_status"] = state.get("status")
+        out["status"] = "not running"
+        out["running"] = False
+        out["note"] = f"supervisor pid {state.get('supervisor_pid') or NOT_KNOWN} gone"
+    elif alive is None:  # written on another host: its pids mean nothing here
+        out["running"] = None
+        out["note"] = f"state written on host {state.get('hostname') or NOT_KNOWN}; liveness not checked"
+    else:
+        out["running"] = state.get("status") != "down"
+    return out
 
 
 def collect(store: ObjectStore, source: str, now: dt.datetime | None = None,
-            spark_server_state: str | None = None) -> dict[str, Any]:
+            spark_server_state: str | None = None, spark_server_found_by: str | None = None) -> dict[str, Any]:
     now = now or utcnow()
     newest, ignored = newest_partition(store, source)
     delta = index_status(store, "delta", now)
@@ -80,6 +149,7 @@ def collect(store: ObjectStore, source: str, now: dt.datetime | None = None,
         "recent_skipped": recent_decisions(store, "delta", now, {"superseded", "not_listed"}),
         "recent_refused": recent_decisions(store, "delta", now, {"refused"}),
         "spark_server": spark_server(spark_server_state),
+        "spark_server_found_by": spark_server_found_by or ("given" if spark_server_state else "none"),
         "ads_hourly": catchup_status(store),
     }
 
@@ -94,40 +164,63 @@ def catchup_status(store: ObjectStore) -> dict[str, Any] | None:
     return {"frontier": state.frontier, "parked": state.parked, "late_cursor": state.late_cursor}
 
 
+def _v(value: Any) -> str:
+    return NOT_KNOWN if value is None or value == "" else str(value)
+
+
 def render(s: dict[str, Any]) -> str:
-    lines = [f"store   {s['store']}", f"source  raw/{s['source']}/  newest visible: {s['newest_visible_partition']}"]
+    newest = s["newest_visible_partition"] or f"{NOT_KNOWN} (no raw partition yet)"
+    lines = [f"store   {s['store']}", f"source  raw/{s['source']}/  newest visible: {newest}"]
     for name in ("delta", "full"):
         idx = s[name]
         if idx is None:
-            lines.append(f"{name:6}  (nothing published yet)")
+            lines.append(f"{name:6}  {NOT_KNOWN}  nothing published yet")
             continue
         where = idx.get("source_partition") or idx.get("cutoff")
         lines.append(
             f"{name:6}  version {idx['version']}  seq {idx['seq']}  docs {idx['doc_count']}  "
-            f"covers {where}  lag {idx['lag_seconds']:.0f}s  published {idx['published_at']}"
+            f"covers {_v(where)}  lag {idx['lag_seconds']:.0f}s  published {idx['published_at']}"
         )
         if idx.get("window_start"):
-            lines.append(f"        window ({idx['window_start']}, {idx['window_end']}]")
+            lines.append(f"        window ({idx['window_start']}, {_v(idx.get('window_end'))}]")
     if s["seconds_behind_newest"] is not None:
         lines.append(f"delta is {s['seconds_behind_newest']:.0f}s of partitions behind the newest visible one")
-    srv = s.get("spark_server")
-    if srv:
-        lines.append(f"spark   connect server {srv.get('status')}  {srv.get('url') or ''}  restarts "
-                     f"{srv.get('restarts', 0)}  last restart {srv.get('last_restart_at')} "
-                     f"({srv.get('last_restart_reason')})")
-        if srv.get("health_busy_since"):
-            lines.append(f"        health probes failing since {srv['health_busy_since']} while runs keep it busy "
-                         f"({srv.get('health_busy_failures')} probes; not restarted within the busy grace)")
+    lines += _render_server(s.get("spark_server"), s.get("spark_server_found_by"))
     hourly = s.get("ads_hourly")
     if hourly:
-        lines.append(f"hourly  ads_hourly frontier {hourly['frontier']} (every hour before it is processed or "
-                     f"parked)  parked: {', '.join(hourly['parked']) or 'none'}")
+        lines.append(f"hourly  ads_hourly frontier {_v(hourly['frontier'])} (every hour before it is processed "
+                     f"or parked)  parked: {', '.join(hourly['parked']) or 'none'}")
     if s["recent_skipped"]:
         lines.append("recently skipped:")
-        lines += [f"  {e['partition'] or e.get('scope')}: {e['reason']}" for e in s["recent_skipped"]]
+        lines += [f"  {_v(e.get('partition') or e.get('scope'))}: {e['reason']}" for e in s["recent_skipped"]]
     if s["recent_refused"]:
         lines.append("recently refused:")
-        lines += [f"  {e['partition']}: {e['decision']}: {e['reason']}" for e in s["recent_refused"]]
+        lines += [f"  {_v(e.get('partition'))}: {e['decision']}: {e['reason']}" for e in s["recent_refused"]]
     return "\n".join(lines)
 
 
+def _render_server(srv: dict[str, Any] | None, found_by: str | None) -> list[str]:
+    if not srv:
+        return [f"spark   {NOT_KNOWN}  no Connect server state for this store (runs use local Spark; for a "
+                "server elsewhere pass --spark-server-state DIR or set FRESHIDX_SPARK_SERVER_STATE)"]
+    where = f"  [state {srv['state_dir']}, {found_by or 'given'}]"
+    if srv.get("running") is False:
+        last = f"last state: {srv['last_status']}, " if srv.get("last_status") else ""
+        head = f"spark   connect server not running ({last}{srv.get('note')})"
+    else:
+        head = f"spark   connect server {_v(srv.get('status'))}  {_v(srv.get('url'))}  pid {_v(srv.get('pid'))}"
+        if srv.get("note"):
+            head += f"  ({srv['note']})"
+    lines = [head + where]
+    restarts = srv.get("restarts") or 0
+    if srv.get("last_restart_at"):
+        lines.append(f"        restarts {restarts}  last restart {srv['last_restart_at']} "
+                     f"({_v(srv.get('last_restart_reason'))})")
+    elif "restarts" in srv:
+        lines.append(f"        restarts {restarts}  (never restarted)")
+    if srv.get("running") is not False and srv.get("health_busy_since"):
+        lines.append(f"        health probes failing since {srv['health_busy_since']} while runs keep it busy "
+                     f"({_v(srv.get('health_busy_failures'))} probes; not restarted within the busy grace)")
+    if srv.get("status") == "down" and srv.get("last_error"):
+        lines.append(f"        last error: {str(srv['last_error']).splitlines()[0][:200]}")
+    return lines

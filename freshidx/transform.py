@@ -6,7 +6,9 @@ functions can be tested with a local SparkSession alone and behave the same unde
 Validation (:func:`parse_records`) gives each line a ``reason``: ``None`` for a valid record, else
 the first failing rule, in this order:
 
-1. ``bad_encoding``: the line was not valid UTF-8;
+0. ``unsupported_format`` / ``unreadable_object``: the row stands for a whole object that is not
+   readable JSON lines (``freshidx.spark.raw_source``; ``detail`` says why);
+1. ``bad_encoding``: the line was not valid UTF-8 (``original`` keeps its exact bytes);
 2. ``malformed_json``: not parseable JSON, not a JSON *object* (``[1,2]``, ``"x"``, ``null``), text
    after the closing brace, or ``keywords`` present but not an array (the only optional field, which
    has no rule of its own);
@@ -55,7 +57,12 @@ TYPED_FIELDS: tuple[str, ...] = tuple(RAW_FIELDS)
 ID_FIELDS = ("ad_id", "campaign_id", "product_id")
 LINE_COLUMNS = ("partition", "file", "line", "raw")
 INVALID_COLUMNS = ("partition", "file", "line", "raw", "reason")
-COVERED_COLUMNS = ("ad_id", "status", "version")
+#: What the quarantine keeps beside :data:`INVALID_COLUMNS`: the exact bytes of a line that was not
+#: UTF-8 (null otherwise: ``raw`` is then the line) and the detail of an object-level reason.
+QUARANTINE_EXTRA_COLUMNS = ("original", "detail")
+#: The kill-list columns. ``updated_at`` settles a version tie exactly as :func:`latest_per_ad` does, when a
+#: delta compares the window with the full version's inactive ads (older files lack it: read as null).
+COVERED_COLUMNS = ("ad_id", "status", "version", "updated_at")
 
 PARTIAL_RESULTS_CONF = "spark.sql.json.enablePartialResults"
 _CORRUPT = "_corrupt_record"
@@ -99,19 +106,24 @@ def _check_partial_results(df: DataFrame) -> None:
 
 
 def parse_records(lines: DataFrame) -> DataFrame:
-    """Parse and validate raw lines (``partition, file, line, raw[, bad_encoding]``).
+    """Parse and validate raw lines (``partition, file, line, raw[, bad_encoding, original, object_error]``).
 
     Returns ``partition, file, line, raw``, one typed column per :data:`RAW_FIELDS` field
-    (``updated_at`` as a timestamp) and ``reason`` (null when the record is valid).
+    (``updated_at`` as a timestamp), ``reason`` (null when the record is valid), and
+    :data:`QUARANTINE_EXTRA_COLUMNS`.
     """
     _check_partial_results(lines)
     raw = F.col("raw")
     bad_encoding = (
         F.coalesce(F.col("bad_encoding"), F.lit(False)) if "bad_encoding" in lines.columns else F.lit(False)
     )
+    original = F.col("original") if "original" in lines.columns else F.lit(None).cast("binary")
+    object_error = F.col("object_error") if "object_error" in lines.columns else F.lit(None).cast("string")
     with_typed = lines.select(
         *LINE_COLUMNS,
         bad_encoding.alias("_bad_encoding"),
+        original.alias("original"),
+        object_error.alias("detail"),
         F.from_json(raw, _typed_schema(), _JSON_OPTIONS).alias("_t"),
     )
     t = F.col("_t")
@@ -140,8 +152,10 @@ def parse_records(lines: DataFrame) -> DataFrame:
         | _several_values(raw)
         | (s["keywords"].isNotNull() & t["keywords"].isNull())
     )
-    reason = F.when(F.col("_bad_encoding"), F.lit(REASON_BAD_ENCODING)).when(
-        malformed, F.lit(REASON_MALFORMED_JSON)
+    reason = (
+        F.when(F.col("detail").isNotNull(), F.substring_index(F.col("detail"), ":", 1))
+        .when(F.col("_bad_encoding"), F.lit(REASON_BAD_ENCODING))
+        .when(malformed, F.lit(REASON_MALFORMED_JSON))
     )
     for name, (_, required) in RAW_FIELDS.items():
         if not required:
@@ -165,13 +179,15 @@ def parse_records(lines: DataFrame) -> DataFrame:
     typed = [
         (updated_at if name == "updated_at" else t[name]).alias(name) for name in TYPED_FIELDS
     ]
-    return df.select(*LINE_COLUMNS, *typed, reason.alias("reason"))
+    return df.select(*LINE_COLUMNS, *typed, reason.alias("reason"), *QUARANTINE_EXTRA_COLUMNS)
 
 
 def split_valid(parsed: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """``(valid, invalid)``: valid = typed fields + ``partition``; invalid = :data:`INVALID_COLUMNS`."""
+    """``(valid, invalid)``: valid = typed fields + ``partition``; invalid = :data:`INVALID_COLUMNS` and
+    whichever of :data:`QUARANTINE_EXTRA_COLUMNS` ``parsed`` has."""
     valid = parsed.filter(F.col("reason").isNull()).select(*TYPED_FIELDS, "partition")
-    invalid = parsed.filter(F.col("reason").isNotNull()).select(*INVALID_COLUMNS)
+    extra = [c for c in QUARANTINE_EXTRA_COLUMNS if c in parsed.columns]
+    invalid = parsed.filter(F.col("reason").isNotNull()).select(*INVALID_COLUMNS, *extra)
     return valid, invalid
 
 
@@ -218,7 +234,7 @@ def reason_counts(invalid: DataFrame) -> DataFrame:
 
 # --------------------------------------------------------------------------- product grouping (seed 000)
 
-def expand_to_products(latest_window: DataFrame, all_latest_for_products: DataFrame) -> DataFrame:
+def expand_to_products(latest_window: DataFrame, full_state: DataFrame) -> DataFrame:
     """The delta's rows: every ad of every product the window touched, at its latest state.
 
     Seed 000: indexing works at the product level, so a change to one ad recomputes its product's
@@ -226,37 +242,42 @@ def expand_to_products(latest_window: DataFrame, all_latest_for_products: DataFr
     every stale copy in the full index, whose features are out of date).
 
     * ``latest_window``: one row per ad changed in the delta window (:func:`latest_per_ad` output);
-    * ``all_latest_for_products``: the rows the full index holds, i.e. the ``docs.parquet`` files of
-      the current full version (``freshidx.spark.index_shards.read_version_docs``). Only its active
-      ads matter: an inactive ad contributes nothing to the features and has no document to hide.
-      Passing a superset (the whole full version) is fine, it is semi-joined on the touched products.
+    * ``full_state``: what the current full version knows
+      (``freshidx.spark.index_shards.read_version_state``): its active ads as whole records, and its
+      paused and deleted ads as ``ad_id, status, version, updated_at`` (other columns null).
 
-    A product is *touched* when an ad in the window belongs to it now, or belonged to it in the full
-    version (an ad that moved products changes both). The result is, for every touched product, the
-    union of the window's rows and the full version's rows, reduced to one row per ad by
-    :func:`latest_per_ad` (the newest record wins, so a full row never overrides a newer window row),
-    restricted to ads of touched products plus every window ad. Columns: :data:`TYPED_FIELDS`.
-    Each product it mentions is whole, as the product features need (computed in the shard
-    tasks, :mod:`freshidx.product_features`).
+    A product is *touched* when an ad in the window belongs to it now, or belonged to it (active) in
+    the full version (an ad that moved products changes both). The result is, for every touched
+    product, the union of the window's rows and the full version's active rows, plus the full
+    version's state of every window ad whatever its status, reduced to one row per ad by
+    :func:`latest_per_ad`. So a full row never overrides a newer window row, and a window row never
+    overrides a *higher* version the full version holds: a deleted or paused v10 before the window
+    keeps a re-delivered or late active v5 inside it hidden (the row comes out inactive and lands in
+    the kill-list only). Columns: :data:`TYPED_FIELDS`. Each product it mentions is whole, as the
+    product features need (computed in the shard tasks, :mod:`freshidx.product_features`).
     """
     window = latest_window.select(*TYPED_FIELDS)
-    full = all_latest_for_products.select(*TYPED_FIELDS)
+    full = full_state.select(*TYPED_FIELDS)
+    full_active = full.filter(F.col("status") == F.lit(ACTIVE))
+    window_ads = window.select("ad_id")
     touched = (
         window.select("product_id")
-        .unionByName(full.join(window.select("ad_id"), "ad_id", "left_semi").select("product_id"))
+        .unionByName(full_active.join(window_ads, "ad_id", "left_semi").select("product_id"))
         .distinct()
     )
-    siblings = full.join(touched, "product_id", "left_semi")
-    return latest_per_ad(window.unionByName(siblings))
+    siblings = full_active.join(touched, "product_id", "left_semi")
+    known = full.join(window_ads, "ad_id", "left_semi")  # inactive ones included: they may be newer
+    return latest_per_ad(window.unionByName(siblings).unionByName(known))
 
 
-def index_rows(latest: DataFrame, full_docs: DataFrame | None = None) -> DataFrame:
+def index_rows(latest: DataFrame, full_state: DataFrame | None = None) -> DataFrame:
     """Rows for an index build (:data:`TYPED_FIELDS`; every ad of each product mentioned).
 
     Full build: ``index_rows(latest)`` (``latest`` is the whole state). Delta build:
-    ``index_rows(latest_window, full_docs)`` with the current full version's docs; without a full
-    version (``None``) the window's rows are all there is. The product-level features are added by
+    ``index_rows(latest_window, full_state)`` with the current full version's state (its docs alone
+    also work, without the inactive-ad guard); without a full version (``None``) the window's rows
+    are all there is. The product-level features are added by
     the shard tasks (:mod:`freshidx.product_features`), not here: a product never spans shards, so
     that costs no shuffle.
     """
-    return latest.select(*TYPED_FIELDS) if full_docs is None else expand_to_products(latest, full_docs)
+    return latest.select(*TYPED_FIELDS) if full_state is None else expand_to_products(latest, full_state)

@@ -138,6 +138,32 @@ def spark():  # type: ignore[no-untyped-def]
     session.stop()
 
 
+#: A busy process that ends by itself (never outlives a forgotten fixture by more than this).
+_HOG = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+@pytest.fixture
+def cpu_load() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Bounded CPU hogs, 2x as many busy processes as cores, for the end-to-end tests that must work on a
+    loaded box (issue: keeps working on a busy machine). ``FRESHIDX_TEST_LOAD=0`` turns them off
+    (profiling a test); each hog also exits by itself after ``FRESHIDX_TEST_LOAD_LIMIT`` s (default 1800)."""
+    if os.environ.get("FRESHIDX_TEST_LOAD", "1") == "0":
+        yield []
+        return
+    limit = float(os.environ.get("FRESHIDX_TEST_LOAD_LIMIT", "1800"))
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", _HOG.format(limit=limit)], start_new_session=True)
+        for _ in range(2 * (os.cpu_count() or 1))
+    ]
+    try:
+        yield hogs
+    finally:
+        for h in hogs:
+            h.kill()
+        for h in hogs:
+            h.wait(30)
+
+
 @pytest.fixture
 def make_harness(local_store_config: StoreConfig) -> Iterator[Any]:
     """``make_harness(**settings_overrides)``: a :class:`Harness` on the local store with a fresh Dagster

@@ -253,7 +253,7 @@ def test_search_cli(local_store_config: StoreConfig, tmp_path: Path, capsys: pyt
     base = ["--store", local_store_config.uri, "--cache", str(tmp_path / "cache")]
     args = parser.parse_args(["search", "red shoes", "--k", "3", "--json", *base])
     assert args.func(args) == 0
-    hits = json.loads(capsys.readouterr().out)
+    hits = json.loads(capsys.readouterr().out)["hits"]
     assert [(h["ad_id"], h["index"], h["version"]) for h in hits] == [("ad-0001", "full", "f1")]
     assert isinstance(hits[0]["score"], float)
     args = parser.parse_args(["search", 'title:"red', *base])

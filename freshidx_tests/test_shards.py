@@ -103,7 +103,7 @@ def test_write_shards(spark: SparkSession, store_config: StoreConfig, store: Obj
     want_docs = [{k: a[k] for k in fields} for a in ads if a["status"] == R.ACTIVE]
     assert got_docs == want_docs
     got_cov = sorted(r for _, c in tables for r in (tuple(x.values()) for x in c.to_pylist()))
-    assert got_cov == sorted((a["ad_id"], a["status"], a["version"]) for a in ads)
+    assert got_cov == sorted((a["ad_id"], a["status"], a["version"], a["updated_at"]) for a in ads)
 
 
 def test_empty_shards_still_commit(spark: SparkSession, local_store_config: StoreConfig) -> None:

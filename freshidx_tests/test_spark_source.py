@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow.fs as pafs
 import pytest
 from pyspark.sql import SparkSession
@@ -125,3 +127,57 @@ def test_group_files(n: int, max_parts: int, sizes: list[int]) -> None:
     groups = group_files(files, max_parts)
     assert [len(g) for g in groups] == sizes
     assert [f for g in groups for f in g] == files
+
+
+# --------------------------------------------------------------------------- the input contract
+
+
+def _object_rows(path: Any, key: str = "k") -> list[dict[str, Any]]:
+    return [r for b in read_object_lines(pafs.LocalFileSystem(), str(path), key, P1) for r in b.to_pylist()]
+
+
+def test_non_utf8_line_keeps_its_exact_bytes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = b'{"title": "caf\xe9 \xff"}'
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b'{"a": 1}\r\n' + bad + b"\r\n")
+    rows = _object_rows(path)
+    assert [(r["bad_encoding"], r["original"]) for r in rows] == [(False, None), (True, bad)]
+    assert "\ufffd" in rows[1]["raw"] and rows[1]["object_error"] is None
+
+
+def test_encoding_is_told_from_the_content_not_the_name(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import gzip
+
+    body = b'{"a": 1}\n{"a": 2}\n'
+    (tmp_path / "plain.jsonl.gz").write_bytes(body)  # a plain file with a .gz name
+    (tmp_path / "zipped.jsonl").write_bytes(gzip.compress(body))  # gzip without the name
+    (tmp_path / "two-members.jsonl.gz").write_bytes(gzip.compress(body) + gzip.compress(b'{"a": 3}\n'))
+    for name, n in (("plain.jsonl.gz", 2), ("zipped.jsonl", 2), ("two-members.jsonl.gz", 3)):
+        rows = _object_rows(tmp_path / name)
+        assert [r["raw"] for r in rows] == [f'{{"a": {i}}}' for i in range(1, n + 1)], name
+        assert {r["object_error"] for r in rows} == {None}
+
+
+def test_unreadable_and_foreign_objects_are_one_row_each(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    whole = gzip.compress(b"".join(b'{"a": %d}\n' % i for i in range(5000)))
+    (tmp_path / "truncated.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "corrupt.jsonl.gz").write_bytes(whole[:20] + b"\x00" * 200 + whole[220:])
+    pq.write_table(pa.table({"ad_id": ["a"]}), tmp_path / "dropped.parquet")
+    (tmp_path / "zipped-parquet.gz").write_bytes(gzip.compress((tmp_path / "dropped.parquet").read_bytes()))
+    expected = {
+        "truncated.jsonl.gz": raw_source.UNREADABLE_OBJECT,
+        "corrupt.jsonl.gz": raw_source.UNREADABLE_OBJECT,
+        "dropped.parquet": raw_source.UNSUPPORTED_FORMAT,
+        "zipped-parquet.gz": raw_source.UNSUPPORTED_FORMAT,
+    }
+    for name, reason in expected.items():
+        rows = _object_rows(tmp_path / name, key=f"raw/ads/{name}")
+        assert len(rows) == 1, f"{name}: nothing of an unreadable object is read, it is one row"
+        (row,) = rows
+        assert (row["line"], row["raw"], row["file"]) == (0, None, f"raw/ads/{name}")
+        assert row["object_error"].startswith(reason + ": ") and raw_source.CONTRACT in row["object_error"]

@@ -39,7 +39,7 @@ def lines_df(spark: SparkSession, raws: list[str | tuple[str, bool]], partition:
     rows = []
     for i, item in enumerate(raws, start=1):
         raw, bad = item if isinstance(item, tuple) else (item, False)
-        rows.append((partition, "raw/ads/f.jsonl", i, raw, bad))
+        rows.append((partition, "raw/ads/f.jsonl", i, raw, bad, raw.encode() if bad else None, None))
     return spark.createDataFrame(rows, RAW_LINES_SCHEMA)
 
 
@@ -128,7 +128,7 @@ def test_reason_per_line(parsed: list[Any]) -> None:
 
 def test_columns_and_typed_values(spark: SparkSession, parsed: list[Any]) -> None:
     df = T.parse_records(lines_df(spark, [line()]))
-    assert df.columns == ["partition", "file", "line", "raw", *R.RAW_FIELDS, "reason"]
+    assert df.columns == ["partition", "file", "line", "raw", *R.RAW_FIELDS, "reason", "original", "detail"]
     types = dict(df.dtypes)
     assert types["updated_at"] == "timestamp" and types["bid"] == "double" and types["version"] == "bigint"
     assert types["keywords"] == "array<string>"
@@ -140,6 +140,7 @@ def test_columns_and_typed_values(spark: SparkSession, parsed: list[Any]) -> Non
         "keywords": ["shoes", "red"], "bid": 1.25, "status": "active",
         # the session time zone is UTC, so collected timestamps are naive UTC wall-clock times
         "updated_at": dt.datetime(2026, 11, 21, 14, 5, 7, 123000), "version": 3, "reason": None,
+        "original": None, "detail": None,
     }
     by_raw = {r["raw"]: r for r in parsed}
     assert by_raw[line(updated_at="2026-11-21 16:05:07.5+02:00")]["updated_at"] == dt.datetime(
@@ -171,7 +172,7 @@ def test_split_valid_and_reason_counts(spark: SparkSession) -> None:
     raws = [line(), line(ad_id="ad-2"), "{", "[", line(status="x"), (line(), True)]
     valid, invalid = T.split_valid(T.parse_records(lines_df(spark, raws)))
     assert valid.columns == [*R.RAW_FIELDS, "partition"]
-    assert invalid.columns == ["partition", "file", "line", "raw", "reason"]
+    assert invalid.columns == ["partition", "file", "line", "raw", "reason", "original", "detail"]
     assert sorted(r["ad_id"] for r in valid.collect()) == ["ad-1", "ad-2"]
     assert sorted((r["line"], r["raw"], r["reason"]) for r in invalid.collect()) == [
         (3, "{", R.REASON_MALFORMED_JSON),
@@ -224,8 +225,8 @@ def test_latest_per_ad(spark: SparkSession) -> None:
     assert sorted(r["ad_id"] for r in docs.collect()) == ["a", "b", "c"]
     assert docs.columns == latest.columns
     covered = T.covered_ids(latest)
-    assert covered.columns == ["ad_id", "status", "version"]
-    assert sorted(tuple(r) for r in covered.collect()) == [
+    assert covered.columns == ["ad_id", "status", "version", "updated_at"]
+    assert sorted(tuple(r)[:3] for r in covered.collect()) == [
         ("a", "active", 3), ("b", "active", 5), ("c", "active", 3), ("d", "paused", 3), ("e", "deleted", 2),
     ]
 

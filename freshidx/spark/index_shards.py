@@ -12,7 +12,7 @@ every key, and the driver collects only the small commit messages. Each task
    The features are known only after the last row, so the active rows are spilled to a local
    Arrow IPC file on the way and indexed from it (memory-mapped: a task's memory does not grow with
    its shard);
-2. writes ``covered.parquet`` (``ad_id, status, version`` of *every* ad of the shard: the shard's part
+2. writes ``covered.parquet`` (``ad_id, status, version, updated_at`` of *every* ad of the shard: the shard's part
    of the kill-list) and ``docs.parquet`` (the active ads' typed records, read back by the next
    delta build to re-emit all ads of a touched product, see ``transform.expand_to_products``);
 3. uploads the index files (never ``.tantivy-*.lock``) under ``shard_prefix(...) + "index/"`` and the
@@ -267,6 +267,49 @@ def read_version_docs(spark: SparkSession, store_config: StoreConfig, manifest: 
         return spark.createDataFrame([], DOCS_DDL)
     files = spark.createDataFrame([(k,) for k in keys], "key string").repartition(len(keys))
     return files.mapInArrow(_read_docs_task(store_to_json(store_config)), DOCS_DDL)
+
+
+def _read_state_task(store_json: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        config = store_from_json(store_json)
+        fs = config.arrow_fs()
+        for batch in batches:
+            for key, kind in zip(batch.column("key").to_pylist(), batch.column("kind").to_pylist(), strict=True):
+                with fs.open_input_file(config.arrow_path(key)) as f:
+                    for b in pq.ParquetFile(f).iter_batches(batch_size=65536):
+                        if kind == DOCS_FILE:
+                            yield _conform(b, DOCS_ARROW_SCHEMA)
+                            continue
+                        inactive = b.filter(pc.not_equal(b.column("status"), ACTIVE))
+                        if inactive.num_rows:
+                            yield _widen(inactive, DOCS_ARROW_SCHEMA)
+
+    return run
+
+
+def _widen(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """``batch`` in ``schema``: its own columns cast, the missing ones null (older covered files)."""
+    names = set(batch.schema.names)
+    arrays = [batch.column(f.name).cast(f.type) if f.name in names else pa.nulls(batch.num_rows, f.type)
+              for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def read_version_state(spark: SparkSession, store_config: StoreConfig, manifest: dict[str, Any]) -> DataFrame:
+    """Everything a published version knows about its ads, read on the executors: the active ads as
+    whole records (``docs.parquet``) and the paused/deleted ones from the kill-list files
+    (``covered.parquet``: ``ad_id, status, version, updated_at``, other columns null).
+
+    A delta build compares its window with this (``transform.expand_to_products``), so an ad whose
+    highest version is deleted or paused in the full version stays hidden. Columns:
+    ``transform.TYPED_FIELDS``; the file list comes from the manifest, never from a listing.
+    """
+    keys = [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)]
+    keys += [(k, COVERED_FILE) for k in version_files(manifest, COVERED_FILE)]
+    if not keys:
+        return spark.createDataFrame([], DOCS_DDL)
+    files = spark.createDataFrame(keys, "key string, kind string").repartition(len(keys))
+    return files.mapInArrow(_read_state_task(store_to_json(store_config)), DOCS_DDL)
 
 
 def commit_summary(commits: list[ShardCommit]) -> dict[str, Any]:

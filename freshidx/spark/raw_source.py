@@ -11,25 +11,40 @@ Options:
 * ``max_partitions`` (optional): group the files into at most this many Spark tasks
   (contiguous groups, so files of one upstream partition stay together). Default: one task per file.
 
-Output schema: ``partition string, file string, line long, raw string, bad_encoding boolean``.
+Output schema: ``partition string, file string, line long, raw string, bad_encoding boolean,
+original binary, object_error string``.
 ``line`` is the 1-based physical line number in the object (blank lines are skipped but counted).
 A trailing ``\\r`` is dropped (CRLF files read like LF files), and so is a UTF-8 byte-order mark at
-the start of an object. A line that is not valid UTF-8 is decoded with ``errors="replace"`` and
-flagged ``bad_encoding``. An object that disappeared between listing and reading is skipped with a
-warning; the job goes on.
+the start of an object. A line that is not valid UTF-8 is decoded with ``errors="replace"`` for
+display, flagged ``bad_encoding``, and its exact bytes kept in ``original`` (null for every other
+line, whose ``raw`` is its UTF-8 text) so the quarantine can hand them back byte for byte.
+
+**Input contract** (docs/operations.md): JSON lines, optionally gzip-compressed. The encoding is
+told from the object's first bytes, never from its name: a gzip stream is decompressed whatever the
+object is called, plain text is read as it is (a plain file named ``.gz`` reads fine). An object
+that is not JSON lines (Parquet, zstd, bzip2, xz, zip, Avro or ORC magic) or cannot be decoded (a
+truncated or corrupt gzip stream) yields ONE row for the whole object: ``line`` 0, ``raw`` null,
+``object_error`` = ``"<reason>: <detail>"`` with reason ``unsupported_format`` or
+``unreadable_object``. It is quarantined with its key and never fails the run; nothing of a
+compressed object is yielded unless the whole stream decoded (it is spooled to local disk first).
+An object that disappeared between listing and reading is skipped with a warning; the job goes on.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import logging
+import shutil
+import tempfile
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
-from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, BooleanType, LongType, StringType, StructField, StructType
 
 from freshidx.store import StoreConfig
 
@@ -47,6 +62,8 @@ RAW_LINES_SCHEMA = StructType(
         StructField("line", LongType(), True),
         StructField("raw", StringType(), True),
         StructField("bad_encoding", BooleanType(), True),
+        StructField("original", BinaryType(), True),
+        StructField("object_error", StringType(), True),
     ]
 )
 
@@ -58,12 +75,25 @@ ARROW_SCHEMA = pa.schema(
         pa.field("line", pa.int64()),
         pa.field("raw", pa.string()),
         pa.field("bad_encoding", pa.bool_()),
+        pa.field("original", pa.binary()),
+        pa.field("object_error", pa.string()),
     ]
 )
 
 BATCH_ROWS = 8192
 READ_CHUNK_BYTES = 4 * 1024 * 1024
 _BOM = b"\xef\xbb\xbf"
+_GZIP = b"\x1f\x8b"
+
+#: Object-level reasons (``object_error``); stable strings, counted like record reasons.
+UNSUPPORTED_FORMAT = "unsupported_format"
+UNREADABLE_OBJECT = "unreadable_object"
+#: Leading bytes of formats that are not JSON lines: quarantined whole, with this name in the detail.
+FOREIGN_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"PAR1", "Parquet"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
+    (b"PK\x03\x04", "zip"), (b"Obj\x01", "Avro"), (b"ORC", "ORC"),
+)
+CONTRACT = "supported: JSON lines, optionally gzip-compressed"
 
 
 def store_to_json(config: StoreConfig) -> str:
@@ -134,22 +164,86 @@ class RawLinesReader(DataSourceReader):
 
 def _open_or_none(fs: Any, path: str, key: str) -> Any:
     try:
-        return fs.open_input_stream(path)
+        # compression=None: the encoding is told from the content (see the module docstring)
+        return fs.open_input_stream(path, compression=None)
     except FileNotFoundError:  # pyarrow raises it for local files and for a missing S3 key alike
         log.warning("freshidx_raw: %s disappeared between listing and reading; skipped", key)
         return None
 
 
+def _object_row(partition_path: str, key: str, reason: str, detail: str) -> pa.RecordBatch:
+    """The one row that stands for a whole object that is not readable JSON lines."""
+    return pa.RecordBatch.from_pylist(
+        [{"partition": partition_path, "file": key, "line": 0, "raw": None, "bad_encoding": False,
+          "original": None, "object_error": f"{reason}: {detail}"}],
+        schema=ARROW_SCHEMA,
+    )
+
+
+def foreign_format(head: bytes) -> str | None:
+    """The name of a known non-JSON-lines format whose magic ``head`` starts with, else None."""
+    return next((name for magic, name in FOREIGN_MAGIC if head.startswith(magic)), None)
+
+
 def read_object_lines(
     fs: Any, path: str, key: str, partition_path: str, batch_rows: int = BATCH_ROWS
 ) -> Iterator[pa.RecordBatch]:
-    """Yield the non-blank lines of one object as record batches of :data:`ARROW_SCHEMA`."""
+    """Yield the non-blank lines of one object as record batches of :data:`ARROW_SCHEMA` (or the one
+    object row of an object that is not readable JSON lines)."""
     stream = _open_or_none(fs, path, key)
     if stream is None:
         return
+    with stream:
+        head = stream.read(READ_CHUNK_BYTES)
+        fmt = foreign_format(head)
+        if fmt is not None:
+            yield _object_row(partition_path, key, UNSUPPORTED_FORMAT, f"{fmt} object; {CONTRACT}")
+            return
+        if not head.startswith(_GZIP):
+            yield from _line_batches(_iter_lines(stream, head), key, partition_path, batch_rows)
+            return
+        with tempfile.TemporaryFile(prefix="freshidx-gunzip-") as spool:
+            try:
+                # All or nothing: a truncated stream is only noticed at its end, after good lines.
+                with gzip.GzipFile(fileobj=_Prefixed(head, stream), mode="rb") as gz:
+                    shutil.copyfileobj(gz, spool, READ_CHUNK_BYTES)
+            except (EOFError, OSError, zlib.error) as exc:
+                log.warning("freshidx_raw: %s is not a readable gzip stream: %s", key, exc)
+                yield _object_row(partition_path, key, UNREADABLE_OBJECT, f"gzip: {exc}; {CONTRACT}")
+                return
+            spool.seek(0)
+            inner = spool.read(READ_CHUNK_BYTES)
+            fmt = foreign_format(inner)
+            if fmt is not None:
+                yield _object_row(partition_path, key, UNSUPPORTED_FORMAT, f"gzip-compressed {fmt}; {CONTRACT}")
+                return
+            yield from _line_batches(_iter_lines(spool, inner), key, partition_path, batch_rows)
+
+
+class _Prefixed:
+    """A read-only file over ``head`` followed by the rest of ``stream`` (gzip needs a file object)."""
+
+    def __init__(self, head: bytes, stream: Any) -> None:
+        self.head, self.stream = head, stream
+
+    def read(self, size: int = -1) -> bytes:
+        if self.head:
+            if size is None or size < 0 or size >= len(self.head):
+                out, self.head = self.head, b""
+                rest = self.stream.read() if size is None or size < 0 else self.stream.read(size - len(out))
+                return out + rest
+            out, self.head = self.head[:size], self.head[size:]
+            return out
+        return self.stream.read() if size is None or size < 0 else self.stream.read(size)
+
+
+def _line_batches(
+    numbered: Iterator[tuple[int, bytes]], key: str, partition_path: str, batch_rows: int
+) -> Iterator[pa.RecordBatch]:
     lines: list[int] = []
     raws: list[str] = []
     bad: list[bool] = []
+    originals: list[bytes | None] = []
 
     def flush() -> pa.RecordBatch:
         n = len(lines)
@@ -160,48 +254,54 @@ def read_object_lines(
                 pa.array(lines, pa.int64()),
                 pa.array(raws, pa.string()),
                 pa.array(bad, pa.bool_()),
+                pa.array(originals, pa.binary()),
+                pa.nulls(n, pa.string()),
             ],
             schema=ARROW_SCHEMA,
         )
         lines.clear()
         raws.clear()
         bad.clear()
+        originals.clear()
         return batch
 
-    with stream:
-        for number, data in _iter_lines(stream):
-            if number == 1 and data.startswith(_BOM):
-                data = data[len(_BOM) :]
-            if data.endswith(b"\r"):
-                data = data[:-1]
-            if not data.strip():
-                continue
-            try:
-                text, is_bad = data.decode("utf-8"), False
-            except UnicodeDecodeError:
-                text, is_bad = data.decode("utf-8", errors="replace"), True
-            lines.append(number)
-            raws.append(text)
-            bad.append(is_bad)
-            if len(lines) >= batch_rows:
-                yield flush()
+    for number, data in numbered:
+        if number == 1 and data.startswith(_BOM):
+            data = data[len(_BOM) :]
+        if data.endswith(b"\r"):
+            data = data[:-1]
+        if not data.strip():
+            continue
+        try:
+            text, is_bad, original = data.decode("utf-8"), False, None
+        except UnicodeDecodeError:
+            text, is_bad, original = data.decode("utf-8", errors="replace"), True, data
+        lines.append(number)
+        raws.append(text)
+        bad.append(is_bad)
+        originals.append(original)
+        if len(lines) >= batch_rows:
+            yield flush()
     if lines:
         yield flush()
 
 
-def _iter_lines(stream: Any) -> Iterator[tuple[int, bytes]]:
-    """``(1-based line number, line bytes without the newline)`` over a binary stream, chunk by chunk."""
+def _iter_lines(stream: Any, head: bytes = b"") -> Iterator[tuple[int, bytes]]:
+    """``(1-based line number, line bytes without the newline)`` over ``head`` + a binary stream."""
     number = 0
     rest = b""
+    chunk = head
     while True:
-        chunk = stream.read(READ_CHUNK_BYTES)
         if not chunk:
-            break
+            chunk = stream.read(READ_CHUNK_BYTES)
+            if not chunk:
+                break
         parts = (rest + chunk).split(b"\n")
         rest = parts.pop()
         for part in parts:
             number += 1
             yield number, part
+        chunk = b""
     if rest:
         yield number + 1, rest
 

@@ -8,6 +8,7 @@ attempt number in their keys) are never published.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -32,7 +33,7 @@ from freshidx.records import ACTIVE
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.store import StoreConfig
 from freshidx.store.base import check_key
-from freshidx.transform import COVERED_COLUMNS, INVALID_COLUMNS, TYPED_FIELDS
+from freshidx.transform import COVERED_COLUMNS, INVALID_COLUMNS, QUARANTINE_EXTRA_COLUMNS, TYPED_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -355,11 +356,29 @@ class _QuarantineFile:
         self.records = 0
         self.reasons: Counter[str] = Counter()
 
-    def write(self, file: str, line: int, raw: str, reason: str) -> None:
-        record = {"file": file, "line": line, "raw": raw, "reason": reason}
+    def write(self, file: str, line: int, raw: str | None, reason: str,
+              original: bytes | None = None, detail: str | None = None) -> None:
+        record: dict[str, Any] = {"file": file, "line": line, "raw": raw, "reason": reason}
+        if original is not None:  # the line was not UTF-8: `raw` is for reading, these are the bytes
+            record["raw_base64"] = base64.b64encode(original).decode("ascii")
+        if detail is not None:
+            record["detail"] = detail
         self.stream.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
         self.records += 1
         self.reasons[reason] += 1
+
+
+def _copy_object(fs: Any, config: StoreConfig, key: str, to_prefix: str) -> None:
+    """Copy a raw object into the quarantine (streamed; the raw object itself is left alone)."""
+    dst = config.arrow_path(check_key(to_prefix + key.rsplit("/", 1)[-1]))
+    _ensure_parent(fs, config, dst)
+    try:
+        with fs.open_input_stream(config.arrow_path(check_key(key)), compression=None) as src, \
+                fs.open_output_stream(dst, compression=None) as out:
+            while chunk := src.read(COPY_CHUNK_BYTES):
+                out.write(chunk)
+    except FileNotFoundError:
+        log.warning("quarantine: %s disappeared before it could be copied", key)
 
 
 def _quarantine_task(
@@ -372,14 +391,18 @@ def _quarantine_task(
         open_files: dict[str, _QuarantineFile] = {}
         try:
             for batch in batches:
-                cols = {name: batch.column(name).to_pylist() for name in INVALID_COLUMNS}
+                names = [*INVALID_COLUMNS, *(c for c in QUARANTINE_EXTRA_COLUMNS if c in batch.schema.names)]
+                cols = {name: batch.column(name).to_pylist() for name in names}
                 for i in range(batch.num_rows):
                     partition = cols["partition"][i]
                     out = open_files.get(partition)
                     if out is None:
                         out = _QuarantineFile(fs, config, quarantine_key(source, partition, run_id, task, attempt))
                         open_files[partition] = out
-                    out.write(cols["file"][i], cols["line"][i], cols["raw"][i], cols["reason"][i])
+                    out.write(cols["file"][i], cols["line"][i], cols["raw"][i], cols["reason"][i],
+                              *(cols[c][i] if c in cols else None for c in QUARANTINE_EXTRA_COLUMNS))
+                    if cols["line"][i] == 0 and cols["file"][i]:  # a whole object: keep a copy of it
+                        _copy_object(fs, config, cols["file"][i], out.key.rsplit("/", 1)[0] + "/objects/")
         finally:
             for out in open_files.values():
                 out.stream.close()
@@ -406,14 +429,18 @@ def write_quarantine(
     """Write invalid records of partitions strictly after ``after_partition`` (None: all) as JSON lines.
 
     One object per (partition, task): ``quarantine/<source>/<partition>/<run_id>/part-TTTTT-aA.jsonl``
-    holding ``{"file", "line", "raw", "reason"}`` per line, in file/line order. Written by Spark tasks;
-    returns their commits sorted by partition and key (empty list when nothing was written).
+    holding ``{"file", "line", "raw", "reason"}`` per line, in file/line order, plus ``raw_base64``
+    (the exact bytes of a line that was not UTF-8; ``raw`` is then only for reading) and ``detail``
+    where ``invalid`` has them (:data:`~freshidx.transform.QUARANTINE_EXTRA_COLUMNS`). A row for a
+    whole unreadable object (``line`` 0) also copies the object to ``…/<run_id>/objects/<name>``.
+    Written by Spark tasks; returns their commits sorted by partition and key (empty list when
+    nothing was written).
     """
     _check_name("source", source)
     _check_name("run_id", run_id)
     if after_partition is not None:
         PartitionId.parse(after_partition)  # a typo here would silently select everything
-    df = invalid.select(*INVALID_COLUMNS)
+    df = invalid.select(*INVALID_COLUMNS, *(c for c in QUARANTINE_EXTRA_COLUMNS if c in invalid.columns))
     if after_partition is not None:
         df = df.filter(F.col("partition") > F.lit(after_partition))
     df = df.repartition("partition").sortWithinPartitions("partition", "file", "line")

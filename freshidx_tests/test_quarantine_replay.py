@@ -1,0 +1,84 @@
+"""The quarantine keeps rejected input exactly, and a fixed replay publishes it (the input contract).
+
+A line that is not valid UTF-8 goes to the quarantine with its original bytes (``raw_base64``);
+``freshidx quarantine export`` gives them back byte for byte; after a fix, ``freshidx quarantine
+replay`` uploads them as new raw input and the next delta publishes the record. A Parquet object
+dropped into a raw partition is quarantined as ONE object with reason ``unsupported_format`` (JSON
+lines, optionally gzip, is the contract) and does not fail the run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from freshidx import layout
+from freshidx.cli import main as cli
+from freshidx.publish import read_pointer
+from freshidx.quarantine_cli import entries
+from freshidx.serving import Searcher
+from freshidx.store import StoreConfig
+from freshidx_tests.harness import Harness, at
+
+LATIN1_TITLE = "caf\xe9 zeppelin"  # written by a broken upstream as Latin-1, not UTF-8
+
+
+def good(ad: str, minutes: int, title: str) -> bytes:
+    return json.dumps({"ad_id": ad, "campaign_id": "c", "product_id": f"p-{ad}", "title": title,
+                       "keywords": ["k"], "bid": 1.0, "status": "active",
+                       "updated_at": at(minutes).at.strftime("%Y-%m-%dT%H:%M:%S.000Z"), "version": 1}).encode()
+
+
+def test_non_utf8_line_survives_quarantine_and_replays(tmp_path: Path, spark: Any, capsys: Any) -> None:
+    cfg = StoreConfig(uri=(tmp_path / "store").as_uri())
+    bad_line = good("ad-bin", 0, "PLACEHOLDER").replace(b"PLACEHOLDER", LATIN1_TITLE.encode("latin-1"))
+    prefix = layout.raw_partition_prefix("ad_updates", at(0))
+    with dg.instance_for_test() as instance:
+        h = Harness(cfg, instance)
+        try:
+            lines = [good("ad-a", 0, "anchor one"), bad_line, good("ad-b", 0, "anchor two")]
+            h.store.put(prefix + "part-00000.jsonl", b"".join(x + b"\n" for x in lines))
+            table = pa.table({"ad_id": ["ad-pq"], "title": ["parquet row"]})
+            sink = io.BytesIO()
+            pq.write_table(table, sink)
+            h.store.put(prefix + "part-00001.parquet", sink.getvalue())
+            assert h.run(h.tick().run_requests[0]).success  # the Parquet object does not fail the run
+
+            got = list(entries(h.store, "ad_updates"))
+            reasons = sorted(e["reason"] for _, e in got)
+            assert reasons == ["bad_encoding", "unsupported_format"]
+            (enc,) = [e for _, e in got if e["reason"] == "bad_encoding"]
+            assert "\ufffd" in enc["raw"]  # readable text ...
+            (obj,) = [e for _, e in got if e["reason"] == "unsupported_format"]
+            assert obj["file"] == prefix + "part-00001.parquet" and obj["line"] == 0
+            assert "Parquet" in obj["detail"] and "JSON lines" in obj["detail"]
+            copies = [o.key for o in h.store.iter_objects("quarantine/") if "/objects/" in o.key]
+            assert [h.store.get(k).data for k in copies] == [sink.getvalue()]  # the object itself is kept
+
+            exported = tmp_path / "bad.jsonl"
+            store = ["--store", cfg.uri]
+            assert cli(["quarantine", "export", "--partition", at(0).path, "--out", str(exported), *store]) == 0
+            assert exported.read_bytes() == bad_line + b"\n"  # ... and the bytes, exactly as upstream wrote them
+
+            fixed = tmp_path / "fixed.jsonl"
+            fixed.write_bytes(exported.read_bytes().decode("latin-1").encode("utf-8"))  # the operator's fix
+            capsys.readouterr()
+            assert cli(["quarantine", "replay", str(fixed), "--json", *store]) == 0
+            replayed = json.loads(capsys.readouterr().out)
+            assert replayed["lines"] == 1 and h.store.get(replayed["key"]).data == fixed.read_bytes()
+
+            assert h.run(h.tick().run_requests[0]).success
+            pointer, _ = read_pointer(h.store, "delta")
+            assert pointer is not None and pointer.source_partition == replayed["partition"]
+            s = Searcher(h.store, tmp_path / "cache")
+            s.refresh()
+            hits = [(x.ad_id, x.title) for x in s.search("zeppelin", k=10)]
+            assert hits == [("ad-bin", LATIN1_TITLE)]
+        finally:
+            h.close()
