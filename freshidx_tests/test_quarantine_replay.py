@@ -82,3 +82,37 @@ def test_non_utf8_line_survives_quarantine_and_replays(tmp_path: Path, spark: An
             assert hits == [("ad-bin", LATIN1_TITLE)]
         finally:
             h.close()
+
+
+def test_unreadable_object_never_blocks_the_indexes(tmp_path: Path, spark: Any) -> None:
+    """A truncated gzip and a plain file named .gz in the history: delta and full both publish from
+    everything else, the bad object is counted, the mis-named plain file is read."""
+    import gzip
+
+    cfg = StoreConfig(uri=(tmp_path / "store").as_uri())
+    with dg.instance_for_test() as instance:
+        h = Harness(cfg, instance)
+        try:
+            for m, ad in ((0, "ad-a"), (5, "ad-b")):
+                h.store.put(layout.raw_partition_prefix("ad_updates", at(m)) + "part-00000.jsonl",
+                            good(ad, m, f"anchor {ad}") + b"\n")
+            broken = gzip.compress(b"".join(good(f"ad-t{i}", 5, "lost") + b"\n" for i in range(2000)))
+            h.store.put(layout.raw_partition_prefix("ad_updates", at(5)) + "part-00001.jsonl.gz",
+                        broken[: len(broken) // 2])
+            h.store.put(layout.raw_partition_prefix("ad_updates", at(5)) + "part-00002.jsonl.gz",
+                        good("ad-plain", 5, "anchor misnamed") + b"\n")
+            delta = h.run(h.tick().run_requests[0])
+            full = h.run(dg.RunRequest(asset_selection=[dg.AssetKey("full_index")]))
+            assert delta.success and full.success
+            s = Searcher(h.store, tmp_path / "cache")
+            s.refresh()
+            assert sorted(x.ad_id for x in s.search("anchor", k=10)) == ["ad-a", "ad-b", "ad-plain"]
+            assert s.search("lost", k=10) == []
+            for index in ("full", "delta"):
+                pointer, _ = read_pointer(h.store, index)
+                assert pointer is not None
+                manifest = h.store.get_json(layout.manifest_key(index, pointer.version))[0]
+                assert manifest["doc_count"] == 3
+                assert manifest["invalid"]["reasons"] == {"unreadable_object": 1}
+        finally:
+            h.close()
