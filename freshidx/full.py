@@ -3,6 +3,10 @@
 The full rebuild is the safety net that makes latest-only skipping acceptable (seed 000): anything
 a skipped delta partition missed is in the next full version. It necessarily reads all history;
 the listing is one paginated pass (1,000 keys per call), done once per rebuild, never per tick.
+
+Late partitions (older than the serving cutoff) reach the full index on the next rebuild even when
+no newer partition exists: the rebuild keeps the cutoff, its inputs digest differs, and
+:func:`freshidx.publish.compare_to_serving` accepts it; an identical digest is refused as unchanged.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from freshidx import layout
 from freshidx.build import FORMAT, build_version
 from freshidx.listing import Ignored
 from freshidx.partitions import PartitionError, PartitionId
-from freshidx.publish import DraftManifest, iso, new_version
+from freshidx.publish import DraftManifest, iso, new_version, utcnow
 from freshidx.settings import Settings
 from freshidx.store import ObjectInfo, ObjectStore, StoreConfig
 
@@ -66,6 +70,9 @@ def build_full(
     run_info: dict[str, Any],
 ) -> DraftManifest:
     t0 = time.monotonic()
+    # Taken before listing: every object visible at this instant is in the listing, which is what
+    # lets a same-cutoff rebuild count as newer than the serving one (publish.compare_to_serving).
+    listed_at = iso(utcnow())
     files, ignored = files_up_to(store, settings.source, cutoff)
     list_seconds = round(time.monotonic() - t0, 3)
     file_list = [(o.key, pid.path) for pid, objs in files.items() for o in objs]
@@ -98,6 +105,7 @@ def build_full(
             # Every input object with its ETag would make the manifest O(history); a digest over
             # (key, etag, size) in listing order still says exactly which object versions were read.
             "files_sha256": inputs_digest(objs for objs in files.values()),
+            "listed_at": listed_at,
             "ignored": [{"key": i.key, "reason": i.reason} for i in ignored[:100]],
         },
         invalid=result.invalid_summary(),

@@ -5,6 +5,17 @@ the pointer is the only mutable object; it carries the version *and* the source 
 covers (pointer = watermark, DESIGN §4.1), so progress and publication cannot diverge. The CAS
 loop re-reads after losing a race and refuses, with a durable record, any publish whose position
 is not newer than what readers already see (§4.2).
+
+What "newer" means lives in ONE place, :func:`compare_to_serving`: a later position (delta: source
+partition; full: cutoff), or, for the full index only, the same cutoff rebuilt from different inputs
+listed later than the serving version's (late partitions older than the cutoff). The same cutoff
+and the same inputs digest is ``unchanged``: nothing new, refused.
+
+Ambiguous commits (Iceberg's "commit state unknown"): a 412 or a timeout on our own conditional
+write does not prove that somebody else won, because the write may have been applied and only its
+response lost (the client's retry then gets 412). ``publish`` re-reads ``CURRENT`` (and, if the
+pointer already moved on, the history entry our swap would have created) before deciding; the
+create-once objects compare content instead (:meth:`ObjectStore.create_or_same`).
 """
 
 from __future__ import annotations
@@ -20,9 +31,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from freshidx import layout
-from freshidx.store import NotFound, ObjectStore, PreconditionFailed
+from freshidx.store import NotFound, ObjectStore, PreconditionFailed, WriteOutcomeUnknown
 
-Outcome = Literal["published", "superseded", "invalid"]
+Outcome = Literal["published", "superseded", "unchanged", "invalid"]
+Verdict = Literal["newer", "superseded", "unchanged"]
 
 CAS_MAX_ATTEMPTS = 8
 
@@ -195,6 +207,63 @@ def ensure_history(store: ObjectStore, pointer: Pointer) -> None:
         store.create_json(layout.history_key(pointer.index, pointer.seq), pointer.to_dict())
 
 
+def compare_to_serving(store: ObjectStore, draft: DraftManifest, current: Pointer | None
+                       ) -> tuple[Verdict, str]:
+    """THE publication rule (DESIGN §4.2): is ``draft`` newer than what readers see?
+
+    * a later position is newer; an earlier one is ``superseded``;
+    * the same position is ``superseded`` (delta: the same partition again), except for the full
+      index, where a rebuild with the same cutoff may hold late partitions older than the cutoff:
+      the same ``inputs.files_sha256`` as the serving version is ``unchanged`` (nothing new); a
+      different digest whose listing was taken after the serving version's is ``newer``; a different
+      digest listed earlier is a slow rebuild of older inputs, ``superseded`` (it must not regress
+      the late data a faster rebuild already published).
+    """
+    if current is None:
+        return "newer", "nothing published yet"
+    if draft.position > current.position:
+        return "newer", f"position {draft.position} is newer than published {current.position}"
+    not_newer = (f"superseded: position {draft.position} is not newer than published "
+                 f"{current.position} (version {current.version})")
+    if draft.position < current.position or draft.cutoff is None or current.cutoff is None:
+        return "superseded", not_newer
+    try:
+        serving = read_manifest(store, current.index, current.version)
+    except NotFound:
+        serving = {}
+    theirs: dict[str, Any] = dict(serving.get("inputs") or {})
+    ours = draft.inputs.get("files_sha256")
+    if ours and ours == theirs.get("files_sha256"):
+        return "unchanged", (f"unchanged: cutoff {draft.cutoff} with the same inputs as the serving version "
+                             f"{current.version} ({_inputs_text(draft.inputs)}, sha256 {str(ours)[:12]})")
+    # A manifest without a listing time (older format) was listed before it was created.
+    their_listing = theirs.get("listed_at") or serving.get("created_at") or current.published_at
+    our_listing = draft.inputs.get("listed_at")
+    if ours and our_listing and our_listing > their_listing:
+        return "newer", (f"same cutoff {draft.cutoff}, newer inputs: {_inputs_text(draft.inputs)} "
+                         f"vs {_inputs_text(theirs)} in version {current.version}")
+    return "superseded", (f"superseded: same cutoff {draft.cutoff} but inputs listed at {our_listing} are "
+                          f"not newer than those of serving version {current.version} (listed {their_listing})")
+
+
+def _inputs_text(inputs: dict[str, Any]) -> str:
+    return f"{inputs.get('files', '?')} files in {inputs.get('partitions', '?')} partitions"
+
+
+def _applied(store: ObjectStore, draft: DraftManifest, current: Pointer, seq: int | None) -> bool:
+    """Did our own swap land? ``CURRENT`` holds our version, or moved on past the generation ``seq``
+    our swap wrote (the next publisher writes the history entry of the pointer it replaces)."""
+    if current.version == draft.version:
+        return True
+    if seq is None or current.seq <= seq:
+        return False
+    try:
+        entry, _ = store.get_json(layout.history_key(draft.index, seq))
+    except NotFound:
+        return False
+    return bool(entry.get("version") == draft.version)
+
+
 def publish(
     store: ObjectStore,
     draft: DraftManifest,
@@ -225,8 +294,17 @@ def publish(
     store.create_json(layout.manifest_key(draft.index, draft.version), draft.to_dict())
     _crash_point("before_cas")
 
+    unknown_seq: int | None = None  # generation of our last swap whose outcome we did not see
     for attempt in range(1, CAS_MAX_ATTEMPTS + 1):
         current, etag = read_pointer(store, draft.index)
+        if current is not None and _applied(store, draft, current, unknown_seq):
+            # Our own earlier swap landed (its response was lost), or a retried step re-publishes a
+            # version already serving: the publication succeeded.
+            if current.version == draft.version:
+                ensure_history(store, current)
+            reason = "published" if current.version == draft.version else \
+                f"published (then replaced by version {current.version})"
+            return PublishResult("published", draft.version, reason, current, attempt, time.monotonic() - t0)
         if current is not None:
             ensure_history(store, current)
         if current is not None and only_if_absent:
@@ -234,14 +312,10 @@ def publish(
             record_refusal(store, draft, "superseded", reason, current)
             return PublishResult("superseded", draft.version, reason, current, attempt,
                                  time.monotonic() - t0)
-        if current is not None and draft.position <= current.position:
-            reason = (
-                f"superseded: position {draft.position} is not newer than published "
-                f"{current.position} (version {current.version})"
-            )
-            record_refusal(store, draft, "superseded", reason, current)
-            return PublishResult("superseded", draft.version, reason, current, attempt,
-                                 time.monotonic() - t0)
+        verdict, why = compare_to_serving(store, draft, current)
+        if verdict != "newer":
+            record_refusal(store, draft, verdict, why, current)
+            return PublishResult(verdict, draft.version, why, current, attempt, time.monotonic() - t0)
         pointer = Pointer(
             index=draft.index, version=draft.version, seq=(current.seq + 1) if current else 1,
             position=draft.position, manifest=layout.manifest_key(draft.index, draft.version),
@@ -254,12 +328,18 @@ def publish(
             before_swap(current)
         try:
             store.swap_json(layout.pointer_key(draft.index), pointer.to_dict(), etag)
+        except WriteOutcomeUnknown:
+            unknown_seq = pointer.seq  # no answer at all: re-read at once, it may have landed
+            continue
         except PreconditionFailed:
-            # Lost the race: somebody published in between. Back off a little and re-evaluate.
+            # Lost the race, or our own applied write retried by the client after a lost response:
+            # the re-read at the top of the loop tells which. Back off a little first.
+            unknown_seq = pointer.seq
             time.sleep(min(0.5, 0.02 * 2**attempt) * random.random())
             continue
         _crash_point("after_cas")
         ensure_history(store, pointer)
-        return PublishResult("published", draft.version, "published", pointer, attempt,
-                             time.monotonic() - t0)
+        # Say why when it is not obvious: the same cutoff published again (late inputs).
+        said = f"published: {why}" if current is not None and draft.position == current.position else "published"
+        return PublishResult("published", draft.version, said, pointer, attempt, time.monotonic() - t0)
     raise PublishError(f"{draft.index}: gave up after {CAS_MAX_ATTEMPTS} compare-and-swap attempts")

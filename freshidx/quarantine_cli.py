@@ -149,7 +149,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     partition = PartitionId(now.replace(second=0, microsecond=0))
     key = (layout.raw_partition_prefix(settings.source, partition)
            + f"replay-{now.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}.jsonl")
-    store.create(key, data if data.endswith(b"\n") else data + b"\n")
+    store.create_or_same(key, data if data.endswith(b"\n") else data + b"\n")
     lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
     print(json.dumps({"key": key, "partition": partition.path, "lines": lines}) if args.json
           else f"replayed {lines} line(s) as {key}")

@@ -208,3 +208,14 @@ def test_shard_without_index_files_fails_the_schema_check(store: ObjectStore) ->
     d.inputs["format"] = "tantivy-v1"  # the staged shards hold only docs.parquet: not an index
     r = publish(store, d)
     assert r.outcome == "invalid" and "lacks" in r.reason
+
+
+def test_publishing_the_serving_draft_again_is_published_not_superseded(store: ObjectStore) -> None:
+    """A step retried after its swap landed (response lost, process died after the CAS) finds its
+    own version serving: that is a success, with history and manifest intact, no refusal."""
+    d = draft(store, 0)
+    assert publish(store, d).outcome == "published"
+    again = publish(store, d)
+    assert again.outcome == "published" and again.pointer is not None and again.pointer.seq == 1
+    assert [h["version"] for h in history(store)] == [d.version]
+    assert not store.exists(layout.refusal_key("delta", d.version))

@@ -97,3 +97,14 @@ def test_list_calls_are_counted(store: ObjectStore) -> None:
     store.list("c/")
     store.list("c/", delimiter="/")
     assert store.stats.list_calls - before == 2
+
+
+def test_create_json_of_identical_bytes_is_our_own_write(store: ObjectStore) -> None:
+    """create_json survives a lost response: the same bytes already there mean our create landed;
+    other bytes are somebody else's object (PreconditionFailed, as before)."""
+    etag = store.create_json("l/entry.json", {"decision": "published"})
+    assert store.create_json("l/entry.json", {"decision": "published"}) == etag
+    with pytest.raises(PreconditionFailed):
+        store.create_json("l/entry.json", {"decision": "refused"})
+    with pytest.raises(PreconditionFailed):  # the raw create-once primitive is unchanged
+        store.create("l/entry.json", store.get("l/entry.json").data)

@@ -13,7 +13,21 @@ import dagster as dg
 from freshidx import layout, ledger
 from freshidx.defs.resources import ObjectStoreResource
 from freshidx.partitions import PartitionId
-from freshidx.publish import DraftManifest, parse_iso, publish, read_manifest, read_pointer, utcnow
+from freshidx.publish import (
+    DraftManifest,
+    PublishResult,
+    parse_iso,
+    publish,
+    read_manifest,
+    read_pointer,
+    utcnow,
+)
+from freshidx.store import ObjectStore
+
+#: Ledger decision per publish outcome. ``unchanged`` (a full rebuild of exactly the serving inputs)
+#: is a refusal; its reason starts with "unchanged:".
+DECISIONS = {"published": ledger.PUBLISHED, "superseded": ledger.REFUSED, "unchanged": ledger.REFUSED,
+             "invalid": ledger.INVALID}
 
 
 class IndexIOManager(dg.ConfigurableIOManager):
@@ -29,29 +43,7 @@ class IndexIOManager(dg.ConfigurableIOManager):
         guard = obj.run.get("max_drop_fraction")
         result = publish(store, obj, allow_empty=self.allow_empty,
                          max_drop_fraction=None if obj.run.get("force") else guard)
-        partition = PartitionId.parse(obj.source_partition) if obj.source_partition else None
-        pipeline = obj.index
-        if partition is not None:
-            if result.outcome == "invalid":  # not final: the partition is retried
-                ledger.record(store, ledger.partition_key(pipeline, partition, f".invalid-{context.run_id[:8]}"),
-                              ledger.Entry(pipeline, f"{partition.compact}.invalid-{context.run_id[:8]}",
-                                           ledger.INVALID, result.reason, partition=partition.path,
-                                           run_id=context.run_id, extra={"version": obj.version}))
-            else:
-                ledger.record_partition(
-                    store, pipeline, partition,
-                    ledger.PUBLISHED if result.outcome == "published" else ledger.REFUSED,
-                    result.reason, run_id=context.run_id, extra={"version": obj.version},
-                )
-        if obj.cutoff:
-            cut = parse_iso(obj.cutoff)
-            ledger.record(
-                store, layout.ledger_key(pipeline, cut.strftime("%Y-%m-%d"), f"{cut:%Y%m%dT%H%M}-{obj.version}"),
-                ledger.Entry(pipeline, f"{cut:%Y%m%dT%H%M}-{obj.version}", {
-                    "published": ledger.PUBLISHED, "superseded": ledger.REFUSED, "invalid": ledger.INVALID,
-                }[result.outcome], result.reason, scope=f"cutoff {obj.cutoff}", run_id=context.run_id,
-                    extra={"version": obj.version}),
-            )
+        record_outcome(store, obj, result, context.run_id)
         meta: dict[str, Any] = {
             "outcome": result.outcome,
             "reason": result.reason,
@@ -102,7 +94,7 @@ class IndexIOManager(dg.ConfigurableIOManager):
             # The previous version keeps serving; fail the run so it is visible and retried.
             raise dg.Failure(description=f"{obj.index} {obj.version} not published: {result.reason}",
                              metadata={"reason": result.reason}, allow_retries=False)
-        if result.outcome == "superseded":
+        if result.outcome in ("superseded", "unchanged"):
             context.log.warning(f"{obj.index} {obj.version} not published: {result.reason}")
 
     def load_input(self, context: dg.InputContext) -> dict[str, Any]:
@@ -114,6 +106,31 @@ class IndexIOManager(dg.ConfigurableIOManager):
         if pointer is None:
             raise dg.Failure(f"no published {index} index yet")
         return {"pointer": pointer.to_dict(), "manifest": read_manifest(store, index, pointer.version)}
+
+
+def record_outcome(store: ObjectStore, obj: DraftManifest, result: PublishResult, run_id: str) -> None:
+    """The ledger entries of one publication (create-once; a lost response to our own write counts
+    as written, see ``ObjectStore.create_or_same``)."""
+    partition = PartitionId.parse(obj.source_partition) if obj.source_partition else None
+    pipeline = obj.index
+    if partition is not None:
+        if result.outcome == "invalid":  # not final: the partition is retried
+            ledger.record(store, ledger.partition_key(pipeline, partition, f".invalid-{run_id[:8]}"),
+                          ledger.Entry(pipeline, f"{partition.compact}.invalid-{run_id[:8]}",
+                                       ledger.INVALID, result.reason, partition=partition.path,
+                                       run_id=run_id, extra={"version": obj.version}))
+        else:
+            ledger.record_partition(store, pipeline, partition, DECISIONS[result.outcome], result.reason,
+                                    run_id=run_id, extra={"version": obj.version})
+    if obj.cutoff:
+        cut = parse_iso(obj.cutoff)
+        trigger_id = f"{cut:%Y%m%dT%H%M}-{obj.version}"
+        ledger.record(
+            store, layout.ledger_key(pipeline, cut.strftime("%Y-%m-%d"), trigger_id),
+            ledger.Entry(pipeline, trigger_id, DECISIONS[result.outcome], result.reason,
+                         scope=f"cutoff {obj.cutoff}", run_id=run_id,
+                         extra={"version": obj.version, "outcome": result.outcome}),
+        )
 
 
 def _count(value: Any) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from freshidx.store.base import (
+    ConditionalWritesUnsupported,
     InvalidKey,
     ListPage,
     NotFound,
@@ -22,9 +23,11 @@ from freshidx.store.base import (
     StoredObject,
     StoreError,
     StoreStats,
+    WriteOutcomeUnknown,
 )
 
 __all__ = [
+    "ConditionalWritesUnsupported",
     "InvalidKey",
     "ListPage",
     "NotFound",
@@ -35,6 +38,7 @@ __all__ = [
     "StoreError",
     "StoreStats",
     "StoredObject",
+    "WriteOutcomeUnknown",
     "open_store",
 ]
 
@@ -134,12 +138,20 @@ def normalize_uri(uri: str) -> str:
     return uri.rstrip("/") if not uri.endswith(":///") else uri
 
 
-def open_store(config: StoreConfig | str) -> ObjectStore:
+def open_store(config: StoreConfig | str, *, for_writing: bool = False) -> ObjectStore:
+    """Open a store. ``for_writing`` probes conditional-write support now (once per process and
+    store) instead of at the first create-once / compare-and-swap, which probes anyway: a store that
+    ignores ``If-None-Match`` / ``If-Match`` raises :class:`ConditionalWritesUnsupported`."""
     cfg = StoreConfig.from_env(config) if isinstance(config, str) else config
+    store: ObjectStore
     if cfg.is_s3:
         from freshidx.store.s3 import S3Store
 
-        return S3Store(cfg.boto3_client(), cfg.bucket, cfg.prefix, cfg.uri)
-    from freshidx.store.local import LocalStore
+        store = S3Store(cfg.boto3_client(), cfg.bucket, cfg.prefix, cfg.uri)
+    else:
+        from freshidx.store.local import LocalStore
 
-    return LocalStore(cfg.local_root, cfg.uri)
+        store = LocalStore(cfg.local_root, cfg.uri)
+    if for_writing:
+        store.check_conditional_writes()
+    return store

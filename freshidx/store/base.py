@@ -29,6 +29,17 @@ class PreconditionFailed(StoreError):
     """A conditional write lost: the object exists (create-once) or changed (compare-and-swap)."""
 
 
+class WriteOutcomeUnknown(StoreError):
+    """A write whose response never arrived (timeout, dropped connection): it may or may not be applied.
+
+    Iceberg's "commit state unknown": the caller must re-read before deciding it won or lost.
+    """
+
+
+class ConditionalWritesUnsupported(StoreError):
+    """The store accepts ``If-None-Match`` / ``If-Match`` but does not enforce them (probe failed)."""
+
+
 class InvalidKey(StoreError, ValueError):
     """A key that could escape the store root or is otherwise unusable."""
 
@@ -157,6 +168,36 @@ class ObjectStore(ABC):
             if token is None:
                 return
 
+    def check_conditional_writes(self) -> None:
+        """Raise :class:`ConditionalWritesUnsupported` if create-once / CAS are not enforced.
+
+        Called when a store is opened for writing; a store that trusts its primitives (a directory:
+        ``os.link`` + ``flock``) has nothing to check.
+        """
+        return None
+
+    def create_or_same(self, key: str, data: bytes) -> str:
+        """Create-once that survives a lost response; returns the ETag.
+
+        A 412 can be our own earlier attempt, applied by the server before its response was lost
+        (the client retried), and a timeout leaves the outcome unknown. Either way, read the object
+        back: identical bytes mean our create succeeded. Other bytes raise PreconditionFailed.
+        """
+        for _ in range(3):
+            try:
+                return self.create(key, data)
+            except (PreconditionFailed, WriteOutcomeUnknown) as exc:
+                try:
+                    found = self.get(key)
+                except NotFound:
+                    if isinstance(exc, PreconditionFailed):
+                        raise
+                    continue  # never landed: safe to try again
+                if found.data == data:
+                    return found.etag
+                raise PreconditionFailed(f"{key} already exists with other content") from exc
+        raise WriteOutcomeUnknown(f"{key}: create-once outcome still unknown after 3 attempts")
+
     def exists(self, key: str) -> bool:
         try:
             self.get(key)
@@ -172,7 +213,8 @@ class ObjectStore(ABC):
         return self.put(key, dump_json(value))
 
     def create_json(self, key: str, value: Any) -> str:
-        return self.create(key, dump_json(value))
+        """Create-once of a JSON object; our own earlier write of the same bytes counts as success."""
+        return self.create_or_same(key, dump_json(value))
 
     def swap_json(self, key: str, value: Any, expected_etag: str | None) -> str:
         return self.swap(key, dump_json(value), expected_etag)

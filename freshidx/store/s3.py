@@ -1,18 +1,30 @@
 """S3 (or any S3-protocol server) as an object store, using conditional writes.
 
 Create-once is ``PutObject`` with ``If-None-Match: *``; compare-and-swap is ``PutObject`` with
-``If-Match: <etag>`` (AWS since 2024; moto enforces both). HTTP 412 means we lost; 409
-(``ConditionalRequestConflict``, a concurrent conditional write in flight) is treated the same,
-and the caller's optimistic loop re-reads and retries.
+``If-Match: <etag>`` (AWS since 2024; moto enforces both). HTTP 412 means the condition did not
+hold; 409 (``ConditionalRequestConflict``, a concurrent conditional write in flight) is treated the
+same. Neither proves somebody else won: botocore retries a PUT whose response was lost, and the
+retry of an applied write gets 412. Callers re-read (``create_or_same``, ``publish``). A conditional
+write that never got any response raises :class:`WriteOutcomeUnknown`.
+
+Before the first conditional write, the store is probed once per process (create-once twice on a
+probe key, then a stale ``If-Match``): a server or proxy that drops those headers would silently
+overwrite manifests and let two publishers both "win", so it is refused with
+:class:`ConditionalWritesUnsupported`. Reads and unconditional writes never need the probe.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import uuid
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, HTTPClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from freshidx.store.base import (
+    ConditionalWritesUnsupported,
     ListPage,
     NotFound,
     ObjectInfo,
@@ -20,6 +32,7 @@ from freshidx.store.base import (
     PreconditionFailed,
     StoredObject,
     StoreStats,
+    WriteOutcomeUnknown,
     check_key,
 )
 
@@ -29,6 +42,20 @@ _MISSING = {"NoSuchKey", "404", "NotFound"}
 
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _condition_failed(exc: ClientError) -> bool:
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return _code(exc) in _LOST or status in (409, 412)
+
+
+KNOWN_GOOD = "AWS S3 (conditional writes, documented since 2024), moto 5.2.5 (tested)"
+PROBE_PREFIX = "_freshidx/probe/"
+
+# Probe verdicts per (endpoint, bucket, prefix), for the life of the process: None = supported,
+# otherwise the error message. Whether a server enforces a header does not change between calls.
+_verdicts: dict[tuple[str, str, str], str | None] = {}
+_verdicts_lock = threading.Lock()
 
 
 class S3Store(ObjectStore):
@@ -74,16 +101,91 @@ class S3Store(ObjectStore):
         self.stats.bump("put_calls")
         return str(self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data)["ETag"])
 
+    # ---- conditional writes ----
+    @property
+    def endpoint(self) -> str:
+        return str(getattr(self.client.meta, "endpoint_url", "") or "default AWS endpoint")
+
+    def check_conditional_writes(self) -> None:
+        ident = (self.endpoint, self.bucket, self.prefix)
+        with _verdicts_lock:  # one probe per store and process, even with concurrent first writers
+            if ident not in _verdicts:
+                _verdicts[ident] = self._probe()
+            verdict = _verdicts[ident]
+        if verdict is not None:
+            raise ConditionalWritesUnsupported(verdict)
+
+    def _probe(self) -> str | None:
+        key = self._k(f"{PROBE_PREFIX}{uuid.uuid4().hex}")
+        missing: list[str] = []
+
+        def put(body: bytes, **cond: str) -> str | ClientError:
+            try:
+                return str(self.client.put_object(Bucket=self.bucket, Key=key, Body=body, **cond)["ETag"])
+            except ClientError as exc:
+                status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+                if status >= 500 and status != 501:
+                    raise  # transient (botocore's retries spent): no verdict, the next write probes again
+                return exc
+
+        try:
+            first = put(b"probe-1", IfNoneMatch="*")
+            if isinstance(first, ClientError) and _condition_failed(first):
+                first = self._ours(key, b"probe-1") or first  # applied, answer lost, retried
+            if isinstance(first, ClientError):
+                missing.append(f"If-None-Match: * on a new key was rejected ({_code(first)})")
+            else:
+                again = put(b"probe-2", IfNoneMatch="*")
+                if not isinstance(again, ClientError):
+                    missing.append("If-None-Match: * (create-once) overwrote an existing object")
+                elif not _condition_failed(again):
+                    missing.append(f"If-None-Match: * on an existing key failed with {_code(again)}, not 412")
+                current = str(self.client.head_object(Bucket=self.bucket, Key=key)["ETag"])
+                swapped = put(b"probe-3", IfMatch=current)
+                if isinstance(swapped, ClientError) and _condition_failed(swapped):
+                    swapped = self._ours(key, b"probe-3") or swapped  # applied, answer lost, retried
+                if isinstance(swapped, ClientError):
+                    missing.append(f"If-Match with the current ETag was rejected ({_code(swapped)})")
+                stale = current if not isinstance(swapped, ClientError) else '"0000000000000000000000000000dead"'
+                lost = put(b"probe-4", IfMatch=stale)
+                if not isinstance(lost, ClientError):
+                    missing.append("If-Match with a stale ETag (compare-and-swap) overwrote the object")
+                elif not _condition_failed(lost):
+                    missing.append(f"If-Match with a stale ETag failed with {_code(lost)}, not 412")
+        finally:
+            with contextlib.suppress(Exception):  # best effort: a probe key left behind is harmless
+                self.client.delete_object(Bucket=self.bucket, Key=key)
+        if not missing:
+            return None
+        return (
+            f"store {self.uri} (endpoint {self.endpoint}) does not enforce S3 conditional writes: "
+            + "; ".join(missing)
+            + ". freshidx needs If-None-Match: * (create-once manifests, history, ledger) and If-Match "
+            "(compare-and-swap of CURRENT) to publish without overwriting or forking; refusing to write "
+            f"(reads still work). Known good: {KNOWN_GOOD}; see docs/operations.md, "
+            "'Publication safety'."
+        )
+
+    def _ours(self, full_key: str, body: bytes) -> str | None:
+        """ETag of ``full_key`` if it holds exactly ``body`` (our write landed), else None."""
+        try:
+            obj = self.client.get_object(Bucket=self.bucket, Key=full_key)
+        except ClientError:
+            return None
+        return str(obj["ETag"]) if obj["Body"].read() == body else None
+
     def _conditional_put(self, key: str, data: bytes, **cond: str) -> str:
+        self.check_conditional_writes()
         self.stats.bump("put_calls")
         try:
             r = self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data, **cond)
         except ClientError as exc:
-            if _code(exc) in _LOST or exc.response.get("ResponseMetadata", {}).get(
-                "HTTPStatusCode"
-            ) in (409, 412):
+            if _condition_failed(exc):
                 raise PreconditionFailed(f"{key}: {_code(exc)}") from exc
             raise
+        except (HTTPClientError, BotoConnectionError) as exc:
+            # botocore's own retries are spent and no response ever arrived: applied or not, unknown.
+            raise WriteOutcomeUnknown(f"{key}: no response to a conditional write ({exc})") from exc
         return str(r["ETag"])
 
     def create(self, key: str, data: bytes) -> str:
