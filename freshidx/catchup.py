@@ -11,6 +11,7 @@ versions. The ledger explains every step (``ledger/<asset>/<date>/<hour-id>[.suf
 
 ``H.aN``         attempt N claimed for a run (run key, batch)    ``H.aN.run``  the run executing it
 ``H.aN.failed``  that run failed / succeeded without publishing  ``H.aN.expired``  stuck past the timeout or lost
+``H.aN.interrupted``  its run was ended by a shutdown (run tag ``freshidx/interrupted``): not counted
 ``H.parked-N``   attempts exhausted (``freshidx ledger retry --pipeline ads_hourly --hour H`` grants more)
 ``H``            terminal: processed (version, run)              ``H.notready``  first time seen not ready
 ``H.cK.aN``      correction K (late data) attempt N; ``H.cK.done`` when published
@@ -106,6 +107,7 @@ class RunView:
     status: str  # IN_FLIGHT | SUCCESS | FAILURE | CANCELED
     created_at: float  # epoch seconds
     started_at: float | None = None
+    interrupted: bool = False  # ended by a shutdown of the system, not by its own failure
 
 
 class RunIndex(Protocol):
@@ -210,7 +212,7 @@ class TickPlan:
 class _Attempts:
     busy: bool
     next_attempt: int
-    failures: int
+    failures: int  # ended attempts that count towards parking (interrupted ones do not)
     why_busy: str = ""
 
 
@@ -220,7 +222,9 @@ def _attempt_state(store: ObjectStore, asset: str, hour: dt.datetime, entries: d
     """Attempts under ``prefix`` ("" or "cK."): settle the last one (failed / stuck / lost) if it ended."""
     numbers = sorted(int(k[len(prefix) + 1:]) for k in entries
                      if k.startswith(prefix + "a") and k[len(prefix) + 1:].isdigit())
-    ended = {n for n in numbers if f"{prefix}a{n}.failed" in entries or f"{prefix}a{n}.expired" in entries}
+    interrupted = {n for n in numbers if f"{prefix}a{n}.interrupted" in entries}
+    ended = interrupted | {n for n in numbers
+                           if f"{prefix}a{n}.failed" in entries or f"{prefix}a{n}.expired" in entries}
     if numbers and numbers[-1] not in ended:
         n = numbers[-1]
         claim = entries[f"{prefix}a{n}"]
@@ -228,7 +232,7 @@ def _attempt_state(store: ObjectStore, asset: str, hour: dt.datetime, entries: d
         hid = layout.hour_id(hour)
         if run is None:
             if now - parse_iso(claim["at"]) < LOST_REQUEST_GRACE:
-                return _Attempts(True, n + 1, len(ended), f"attempt {n} requested, waiting for its run")
+                return _Attempts(True, n + 1, len(ended - interrupted), f"attempt {n} requested, waiting for its run")
             record(store, asset, hour, f".{prefix}a{n}.expired", "expired",
                    f"no run was created for {claim['run_key']} within {LOST_REQUEST_GRACE.seconds} s",
                    run_key=claim["run_key"], attempt=n)
@@ -237,13 +241,20 @@ def _attempt_state(store: ObjectStore, asset: str, hour: dt.datetime, entries: d
             since = run.started_at or run.created_at
             age = now.timestamp() - since
             if age <= timeout.total_seconds():
-                return _Attempts(True, n + 1, len(ended), f"attempt {n} running in {run.run_id[:8]}")
+                return _Attempts(True, n + 1, len(ended - interrupted), f"attempt {n} running in {run.run_id[:8]}")
             reason = (f"stuck: run {run.run_id} in flight for {age:.0f} s (timeout "
                       f"{timeout.total_seconds():.0f} s); its hours are handed to a new attempt")
             record(store, asset, hour, f".{prefix}a{n}.expired", "expired", reason, run_id=run.run_id,
                    run_key=claim["run_key"], attempt=n)
             runs.cancel(run.run_id, reason)
             plan.actions.append((hid, "expired", f"{prefix}a{n}: {reason}"))
+        elif run.interrupted and run.status != SUCCESS:
+            # The operator stopped the system: not the hour's fault, so it never leads to parking.
+            why = f"run {run.status}: interrupted by shutdown; not counted as a failed attempt"
+            record(store, asset, hour, f".{prefix}a{n}.interrupted", "interrupted", why, run_id=run.run_id,
+                   run_key=claim["run_key"], attempt=n)
+            plan.actions.append((hid, "interrupted", f"{prefix}a{n}: {why}"))
+            interrupted.add(n)
         else:
             why = ("run succeeded without publishing the hour" if run.status == SUCCESS
                    else f"run {run.status}")
@@ -251,7 +262,7 @@ def _attempt_state(store: ObjectStore, asset: str, hour: dt.datetime, entries: d
                    run_key=claim["run_key"], attempt=n)
             plan.actions.append((hid, "failed", f"{prefix}a{n}: {why}"))
         ended.add(n)
-    return _Attempts(False, (numbers[-1] + 1) if numbers else 1, len(ended))
+    return _Attempts(False, (numbers[-1] + 1) if numbers else 1, len(ended - interrupted))
 
 
 def _run_key(kind: str, claims: Iterable[Claim]) -> str:
@@ -304,12 +315,12 @@ def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.da
         entries = hour_entries(store, asset, hour)
         att = _attempt_state(store, asset, hour, entries, "", runs, now, timeout, plan)
         allowed = settings.hourly_max_attempts + sum(1 for k in entries if k.startswith("grant-"))
-        if not att.busy and att.next_attempt > allowed:
+        if not att.busy and att.failures >= allowed:
             if hid not in parked:
                 record(store, asset, hour, f".parked-{att.next_attempt - 1}", ledger.PARKED,
-                       f"{att.next_attempt - 1} attempts did not publish; "
+                       f"{att.failures} attempts did not publish; "
                        f"`freshidx ledger retry --pipeline {asset} --hour {hid}` grants another")
-                plan.actions.append((hid, ledger.PARKED, f"{att.next_attempt - 1} attempts did not publish"))
+                plan.actions.append((hid, ledger.PARKED, f"{att.failures} attempts did not publish"))
             parked.add(hid)
             if advancing and in_window:
                 new_frontier = hour + HOUR
@@ -450,10 +461,10 @@ def _late_data_sweep(store: ObjectStore, settings: Settings, asset: str, runs: R
         if att.busy:
             plan.waiting[hid] = f"correction {seq}: {att.why_busy}"
             continue
-        if att.next_attempt > settings.hourly_max_attempts:
+        if att.failures >= settings.hourly_max_attempts:
             with contextlib.suppress(PreconditionFailed):
                 record(store, asset, hour, f".c{seq}.parked", ledger.PARKED,
-                       f"correction {seq}: {att.next_attempt - 1} attempts did not publish")
+                       f"correction {seq}: {att.failures} attempts did not publish")
             continue
         reason = (f"late data for closed hour {hid}: {len(new)} new, {len(changed)} changed object(s) "
                   f"since version {pointer.version}")

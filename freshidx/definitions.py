@@ -19,9 +19,10 @@ from freshidx.defs.assets import (
     raw_ad_updates_spec,
 )
 from freshidx.defs.bucket_io_manager import BucketIOManager
-from freshidx.defs.hourly import make_ads_hourly, make_hourly_sensor
+from freshidx.defs.hourly import HEAVY, make_ads_hourly, make_hourly_sensor
 from freshidx.defs.io_manager import IndexIOManager
 from freshidx.defs.resources import build_resources
+from freshidx.defs.run_health import make_run_health_sensor
 from freshidx.defs.sensors import make_delta_sensor
 from freshidx.defs.sla import make_sla_sensor, sla_checks
 from freshidx.settings import Settings
@@ -43,6 +44,15 @@ def freshness_policies(settings: Settings) -> dict[str, dg.FreshnessPolicy]:
     }
 
 
+def heavy_schedule(schedule: dg.ScheduleDefinition) -> dg.ScheduleDefinition:
+    """The same schedule, its runs tagged heavy (one heavy build at a time, dagster.yaml)."""
+    return dg.ScheduleDefinition(
+        name=schedule.name, target=[full_index], cron_schedule=schedule.cron_schedule,
+        execution_timezone=schedule.execution_timezone, default_status=schedule.default_status,
+        description=schedule.description, tags={**schedule.tags, **HEAVY},
+    )
+
+
 def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     settings = settings or Settings.from_env()
     resources = build_resources(settings)
@@ -52,11 +62,12 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     defs = dg.Definitions(
         assets=[raw_ad_updates_spec(settings), delta_index, full_index, ads_hourly],
         asset_checks=sla_checks(),
-        schedules=[full_index_schedule(settings)],
+        schedules=[heavy_schedule(full_index_schedule(settings))],
         sensors=[
             make_delta_sensor(settings.sensor_interval_seconds, hourly_partitions(settings)),
             make_sla_sensor(settings.sla_interval_seconds),
             make_hourly_sensor(settings, ads_hourly),
+            make_run_health_sensor(),
         ],
         resources=resources,
         # Spark steps run inside the run worker: saves a process spawn (~1-2 s) per run and keeps

@@ -1,28 +1,45 @@
 """``freshidx demo``: the main job on the embedded default.
 
-Starts the upstream simulator and ``dagster dev`` (UI + daemon, sensors running) on a local store,
-then prints the delta pointer every time it moves, so a new user sees the index advancing by
-itself. Everything lives under ``./.freshidx/`` (store, Dagster instance, logs).
+Starts the upstream simulator, a supervised Spark Connect server and ``dagster dev`` (UI + daemon,
+sensors running) on a local store, then prints every publication (index, version, partition, lag),
+the catch-up progress and every failed run with its reason as they happen. Everything lives under
+``./.freshidx/`` (store, Dagster instance, logs).
+
+Stops (Ctrl-C / SIGTERM, at any moment, also during start-up) are clean: in-flight runs are tagged
+``freshidx/interrupted`` and terminated (then marked canceled/failed "interrupted by shutdown" if
+they did not end by themselves), so a stop never counts as a failed attempt; every process the demo
+started is gone afterwards (each child carries ``FRESHIDX_DEMO_ID``, swept at the end). Runs that a
+previous demo left unfinished (it was killed) are ended the same way at the next start.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime as dt
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from freshidx.devserver import DagsterDev, prepare_home
+from freshidx.devserver import DagsterDev, WaitAborted, prepare_home
 from freshidx.settings import DEFAULT_HOME, Settings, SettingsError
-from freshidx.status import collect
 from freshidx.store import open_store
 
+if TYPE_CHECKING:
+    import dagster as dg
+
+    from freshidx.store import ObjectStore
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
+DEMO_ID_ENV = "FRESHIDX_DEMO_ID"
+TERMINATE_GRACE_S = 20.0  # runs get this long to end after Terminate, before dagster dev stops
+SUPERVISOR_GRACE_S = 45.0  # the Spark supervisor drains/stops its JVM within its own stop timeout
 
 
 def add_parser(subparsers: Any) -> None:
@@ -34,12 +51,23 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--history-minutes", type=int, default=120, help="back-dated history to seed")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print status changes as JSON lines")
+    p.add_argument("--json", action="store_true", help="print events as JSON lines")
     p.add_argument("--spark", choices=("connect", "local"), default="connect",
                    help="connect (default): a supervised Spark Connect server shared by all runs; "
                    "local: a SparkSession per run (~8-20 s start-up each)")
     p.add_argument("--spark-port", type=int, default=15002, help="Spark Connect port on 127.0.0.1")
     p.set_defaults(func=cmd_demo)
+
+
+class Printer:
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def event(self, kind: str, text: str, **fields: Any) -> None:
+        if self.as_json:
+            print(json.dumps({"event": kind, "at": time.strftime("%H:%M:%S"), **fields}, default=str), flush=True)
+        else:
+            print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -51,47 +79,71 @@ def cmd_demo(args: argparse.Namespace) -> int:
     home = Path(args.home).resolve()
     home.mkdir(parents=True, exist_ok=True)
     dagster_home = prepare_home(home / "dagster_home", _dagster_yaml())
-    env = {"FRESHIDX_STORE": settings.store}
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    demo_id = os.environ.get(DEMO_ID_ENV) or uuid.uuid4().hex
+    env = {"FRESHIDX_STORE": settings.store, DEMO_ID_ENV: demo_id}
+    env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or sys.executable)
     store = open_store(settings.store_config())
+    out = Printer(args.json)
 
-    server: subprocess.Popen[bytes] | None = None
-    if args.spark == "connect":
-        state_dir = home / "spark-server"
-        server = subprocess.Popen(
-            [sys.executable, "-m", "freshidx.spark.server", "--port", str(args.spark_port),
-             "--state-dir", str(state_dir), "--no-class-data-sharing"],  # first start fast
-            stdout=open(home / "spark-server.out", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-            env={**os.environ, **env}, start_new_session=True,
-        )
-        # Runs started before the server is up wait for it (lease), so nothing else waits here.
-        env["FRESHIDX_SPARK_REMOTE"] = f"sc://127.0.0.1:{args.spark_port}"
-        env["FRESHIDX_SPARK_SERVER_STATE"] = str(state_dir)
-        print(f"  starting Spark Connect server on 127.0.0.1:{args.spark_port} (state: {state_dir})")
-    gen_log = open(home / "generator.log", "ab")  # noqa: SIM115 - lives as long as the demo
-    generator = subprocess.Popen(
-        [sys.executable, "-m", "freshidx.generate", "--store", settings.store, "--every", str(args.every),
-         "--history-minutes", str(args.history_minutes), "--seed", str(args.seed)],
-        stdout=gen_log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True,
-    )
-    dev = DagsterDev(home=dagster_home, port=args.port, module="freshidx.definitions",
-                     env=env, cwd=REPO_ROOT, log_path=home / "dagster-dev.log")
     stop = {"now": False}
 
     def on_signal(signum: int, _: Any) -> None:
-        stop["now"] = True
+        stop["now"] = True  # the main loop (or wait_ready's abort) notices within a poll
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+
+    instance = _open_instance(dagster_home)
+    from freshidx.defs.run_health import interrupt_runs
+
+    left = interrupt_runs(instance, reason="interrupted by shutdown (left unfinished by a previous demo)",
+                          kill_workers=True)
+    if left:
+        out.event("stale_runs", f"marked {len(left)} run(s) left unfinished by a previous demo as interrupted "
+                  "(not counted as failed attempts)", runs=left)
+
+    state_dir = home / "spark-server"
+    server: subprocess.Popen[bytes] | None = None
+    generator: subprocess.Popen[bytes] | None = None
+    dev = DagsterDev(home=dagster_home, port=args.port, module="freshidx.definitions",
+                     env=env, cwd=REPO_ROOT, log_path=home / "dagster-dev.log")
+    gen_log = open(home / "generator.log", "ab")  # noqa: SIM115 - lives as long as the demo
     try:
+        if stop["now"]:
+            return 0
+        if args.spark == "connect":
+            server = subprocess.Popen(
+                [sys.executable, "-m", "freshidx.spark.server", "--port", str(args.spark_port),
+                 "--state-dir", str(state_dir), "--no-class-data-sharing"],  # first start fast
+                stdout=open(home / "spark-server.out", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                env={**os.environ, **env}, start_new_session=True,
+            )
+            # Runs started before the server is up wait for it (lease), so nothing else waits here.
+            env["FRESHIDX_SPARK_REMOTE"] = f"sc://127.0.0.1:{args.spark_port}"
+            env["FRESHIDX_SPARK_SERVER_STATE"] = str(state_dir)
+            from freshidx.status import record_spark_server_state
+
+            # `freshidx status --store` finds this demo's server state from any directory / --home.
+            record_spark_server_state(store, state_dir)
+            print(f"  starting Spark Connect server on 127.0.0.1:{args.spark_port} (state: {state_dir})")
+        generator = subprocess.Popen(
+            [sys.executable, "-m", "freshidx.generate", "--store", settings.store, "--every", str(args.every),
+             "--history-minutes", str(args.history_minutes), "--seed", str(args.seed)],
+            stdout=gen_log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True,
+        )
         print(f"freshidx demo: store {settings.store}")
         print(f"  generator writes a partition every {args.every:.0f}s  (log: {home / 'generator.log'})")
         print(f"  starting dagster dev on 127.0.0.1:{args.port} … (log: {home / 'dagster-dev.log'})")
         dev.start()
-        dev.wait_ready(timeout=180)
-        print(f"  Dagster UI: {dev.url}   (delta_index_sensor is running; Ctrl-C to stop)")
+        try:
+            dev.wait_ready(timeout=180, abort=lambda: stop["now"])
+        except WaitAborted:
+            return 0
+        print(f"  Dagster UI: {dev.url}   (sensors running; Ctrl-C to stop)", flush=True)
+        print("  publications, catch-up progress and failed runs are printed below as they happen; the "
+              "first delta usually lands within 1-3 min (longer on a busy machine)", flush=True)
         deadline = time.monotonic() + args.duration if args.duration else None
-        last: str | None = None
+        watch = Watcher(store, settings.source, instance, out)
         while not stop["now"] and (deadline is None or time.monotonic() < deadline):
             if generator.poll() is not None:
                 print(f"generator exited with {generator.returncode}; see {home / 'generator.log'}",
@@ -103,33 +155,203 @@ def cmd_demo(args: argparse.Namespace) -> int:
             if not dev.is_running:
                 print(f"dagster dev exited; see {home / 'dagster-dev.log'}", file=sys.stderr)
                 return 1
-            s = collect(store, settings.source, spark_server_state=env.get("FRESHIDX_SPARK_SERVER_STATE"))
-            delta = s["delta"]
-            if delta and delta["version"] != last:
-                last = delta["version"]
-                if args.json:
-                    print(json.dumps({"event": "delta_published", **delta}), flush=True)
-                else:
-                    print(f"[{time.strftime('%H:%M:%S')}] delta → {delta['source_partition']}  "
-                          f"docs {delta['doc_count']}  lag {delta['lag_seconds']:.0f}s  "
-                          f"(newest visible {s['newest_visible_partition']})", flush=True)
+            watch.poll()
             time.sleep(2)  # display refresh cadence, not synchronisation
         return 0
     finally:
-        print("stopping …")
-        os.killpg(generator.pid, signal.SIGTERM)
-        try:
-            generator.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(generator.pid, signal.SIGKILL)
-        dev.stop()
-        if server is not None:
-            os.killpg(server.pid, signal.SIGTERM)  # the supervisor stops its JVM and workers
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
+        print("stopping … (ending in-flight runs, then dagster dev, the generator and the Spark server)",
+              flush=True)
+        summary = shutdown(dev, generator, server, state_dir, instance, demo_id)
         gen_log.close()
+        instance.dispose()
+        out.event("stopped", "stopped: " + ", ".join(f"{k} {v}" for k, v in summary.items()), **summary)
+
+
+# ------------------------------------------------------------------------------------------ watching
+
+
+class Watcher:
+    """Prints publications, catch-up progress and failed runs; a few small reads every poll."""
+
+    def __init__(self, store: ObjectStore, source: str, instance: dg.DagsterInstance, out: Printer) -> None:
+        self.store, self.source, self.instance, self.out = store, source, instance, out
+        self.versions: dict[str, str | None] = {}
+        self.frontier: tuple[str | None, tuple[str, ...]] | None = None
+        self.failed_seen: set[str] = set()
+        self.since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
+
+    def poll(self) -> None:
+        for step in (self._publications, self._catchup, self._failures):
+            try:
+                step()
+            except Exception as exc:  # a display glitch (store or SQLite busy) must not stop the demo
+                print(f"  (watch: {type(exc).__name__}: {exc})", file=sys.stderr)
+
+    def _publications(self) -> None:
+        from freshidx.listing import newest_partition
+        from freshidx.publish import parse_iso, read_pointer, utcnow
+
+        for index in ("delta", "full"):
+            pointer, _ = read_pointer(self.store, index)
+            if pointer is None or self.versions.get(index) == pointer.version:
+                continue
+            self.versions[index] = pointer.version
+            lag = (utcnow() - parse_iso(pointer.position)).total_seconds()
+            newest, _ = newest_partition(self.store, self.source)
+            partition = pointer.source_partition or pointer.cutoff or pointer.position
+            self.out.event(
+                "published", f"{index} v{pointer.seq} {pointer.version} → {partition}  docs {pointer.doc_count}"
+                f"  lag {lag:.0f}s  (newest visible {newest.path if newest else None})",
+                index=index, version=pointer.version, seq=pointer.seq, partition=partition,
+                doc_count=pointer.doc_count, lag_seconds=round(lag, 1), newest=newest.path if newest else None)
+
+    def _catchup(self) -> None:
+        from freshidx.catchup import ASSET, CatchupState
+
+        state, etag = CatchupState.load(self.store, ASSET)
+        now = (state.frontier, tuple(state.parked))
+        if etag is None or now == self.frontier:
+            return
+        self.frontier = now
+        self.out.event("catchup", f"ads_hourly: every hour before {state.frontier} processed"
+                       + (f"; parked: {', '.join(state.parked)}" if state.parked else ""),
+                       frontier=state.frontier, parked=state.parked)
+
+    def _failures(self) -> None:
+        import dagster as dg
+
+        records = self.instance.get_run_records(
+            dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE], updated_after=self.since), limit=20)
+        for rec in reversed(records):
+            run = rec.dagster_run
+            if run.run_id in self.failed_seen or run.tags.get("freshidx/interrupted"):  # a stop is not news
+                continue
+            self.failed_seen.add(run.run_id)
+            what = (run.tags.get("freshidx/pipeline") or ",".join(k.to_user_string() for k in run.asset_selection or ())
+                    or run.job_name)
+            where = run.tags.get("freshidx/source_partition") or run.tags.get("dagster/partition") or ""
+            from freshidx.defs.run_health import failure_reason
+
+            reason = failure_reason(self.instance, run.run_id)
+            self.out.event("run_failed", f"run {run.run_id[:8]} ({what} {where}) FAILED: {reason}".replace("  ", " "),
+                           run_id=run.run_id, what=what, partition=where, reason=reason)
+
+
+# ------------------------------------------------------------------------------------------ stopping
+
+
+def shutdown(dev: DagsterDev, generator: subprocess.Popen[bytes] | None, server: subprocess.Popen[bytes] | None,
+             state_dir: Path, instance: dg.DagsterInstance, demo_id: str) -> dict[str, int]:
+    """Stop everything the demo started; never raises. Returns counts for the closing line."""
+    from freshidx.defs.run_health import interrupt_runs
+    from freshidx.run_health import kill_all, processes_with_env
+
+    summary = {"runs_terminated": 0, "runs_marked_interrupted": 0, "processes_killed": 0}
+    if generator is not None:
+        _stop_group(generator, signal.SIGTERM, 10)
+    with contextlib.suppress(Exception):
+        summary["runs_terminated"] = _terminate_runs(dev, instance)
+    with contextlib.suppress(Exception):
+        dev.stop()
+    with contextlib.suppress(Exception):  # created meanwhile, or the worker never acknowledged
+        summary["runs_marked_interrupted"] = len(interrupt_runs(instance))
+    if server is not None:
+        _stop_supervisor(server, state_dir)
+    # Last resort, whatever state anything was in: every process that carries this demo's id.
+    for _ in range(3):
+        left = processes_with_env(DEMO_ID_ENV, demo_id)
+        if not left:
+            break
+        summary["processes_killed"] += len(left)
+        kill_all(left)
+        _wait(lambda: not processes_with_env(DEMO_ID_ENV, demo_id), 5)
+    return summary
+
+
+def _terminate_runs(dev: DagsterDev, instance: dg.DagsterInstance) -> int:
+    """Tag unfinished runs interrupted, then Terminate them through dagster dev (like the UI), so
+    workers end their Spark work and record CANCELED; waits at most :data:`TERMINATE_GRACE_S`."""
+    import dagster as dg
+
+    from freshidx.defs.run_health import NOT_FINISHED, tag_interrupted
+
+    if not dev.is_running:
+        return 0
+    ids = [r.run_id for r in instance.get_runs(dg.RunsFilter(statuses=NOT_FINISHED), limit=100)]
+    if not ids:
+        return 0
+    tag_interrupted(instance, ids)  # before they end: no sensor may count them as failures
+    with contextlib.suppress(Exception):
+        dev.terminate_runs(ids)
+
+    def all_finished() -> bool:
+        return all((r := instance.get_run_by_id(i)) is None or r.is_finished for i in ids)
+
+    _wait(all_finished, TERMINATE_GRACE_S)
+    return len(ids)
+
+
+def _stop_supervisor(server: subprocess.Popen[bytes], state_dir: Path) -> None:
+    """SIGTERM the supervisor (it stops its JVM); after its grace kill its group, then the JVM's
+    session through the pid in state.json (the JVM runs in its own session)."""
+    from freshidx.run_health import kill_all
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(server.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.wait(SUPERVISOR_GRACE_S)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(server.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.wait(10)
+    try:
+        from freshidx.spark.server import read_state, session_members
+
+        state = read_state(state_dir) or {}
+        pid = state.get("pid")
+        if isinstance(pid, int) and pid > 0 and "SparkConnectServer" in _cmdline(pid):
+            kill_all([*session_members(pid), pid])
+    except Exception as exc:  # the sweep by demo id still follows
+        print(f"  (could not check the Spark JVM: {exc})", file=sys.stderr)
+
+
+def _stop_group(proc: subprocess.Popen[bytes], sig: int, grace: float) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _wait(done: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if done():
+                return True
+        except Exception:  # a transient read error (SQLite busy) is retried until the deadline
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.25)
+
+
+def _open_instance(dagster_home: Path) -> dg.DagsterInstance:
+    import dagster as dg
+
+    os.environ["DAGSTER_HOME"] = str(dagster_home)  # the demo process reads the instance it runs
+    return dg.DagsterInstance.get()
 
 
 def _dagster_yaml() -> Path | None:

@@ -25,11 +25,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import requests
+from dagster_graphql.client.client_queries import TERMINATE_RUNS_JOB_MUTATION
 from dagster_graphql.client.query import LAUNCH_PARTITION_BACKFILL_MUTATION
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "DagsterDevError",
     "DagsterDevExited",
     "GraphQLError",
+    "WaitAborted",
     "free_port",
     "prepare_home",
     "process_group_pids",
@@ -92,6 +95,10 @@ def _location_error(location: str, error: dict[str, Any]) -> CodeLocationLoadErr
 
 class GraphQLError(DagsterDevError):
     """The GraphQL endpoint answered with ``errors`` or the result was an error union member."""
+
+
+class WaitAborted(DagsterDevError):
+    """``wait_ready``'s ``abort`` callback asked to stop waiting (e.g. the demo got SIGTERM)."""
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -438,11 +445,12 @@ class DagsterDev:
         atexit.register(self.stop)
         return self
 
-    def wait_ready(self, timeout: float = 180) -> Self:
+    def wait_ready(self, timeout: float = 180, abort: Callable[[], bool] | None = None) -> Self:
         """Poll until the webserver answers, every location is loaded and required daemons are healthy.
 
         Raises :class:`CodeLocationLoadError` as soon as a location reports a load error,
-        :class:`DagsterDevExited` if the process dies, :class:`TimeoutError` after ``timeout`` seconds.
+        :class:`DagsterDevExited` if the process dies, :class:`TimeoutError` after ``timeout`` seconds,
+        :class:`WaitAborted` as soon as ``abort()`` returns True (a stop requested during start-up).
         """
         if self._proc is None:
             raise DagsterDevError("not started")
@@ -450,6 +458,8 @@ class DagsterDev:
         stage = "webserver /server_info"
         detail = ""
         while True:
+            if abort is not None and abort():
+                raise WaitAborted(f"stopped while waiting for {stage}")
             self._check_alive()
             try:
                 if stage == "webserver /server_info":
@@ -582,6 +592,16 @@ class DagsterDev:
         data = self.graphql(_LAUNCH_RUN_MUTATION, {"executionParams": params})
         result = _check_union(data["launchRun"], "LaunchRunSuccess", f"materialize {asset_keys}")
         return str(result["run"]["runId"])
+
+    def terminate_runs(self, run_ids: list[str]) -> dict[str, str]:
+        """Terminate runs like the UI's Terminate button; returns run id -> result typename."""
+        if not run_ids:
+            return {}
+        data = self.graphql(TERMINATE_RUNS_JOB_MUTATION, {"runIds": list(run_ids)})
+        result = data["terminateRuns"]
+        if result.get("__typename") != "TerminateRunsResult":
+            raise GraphQLError(f"terminateRuns failed: {result.get('__typename')}: {result.get('message')}")
+        return {rid: str(r.get("__typename")) for rid, r in zip(run_ids, result["terminateRunResults"], strict=False)}
 
     def run_status(self, run_id: str) -> str:
         data = self.graphql(_RUN_STATUS_QUERY, {"runId": run_id})

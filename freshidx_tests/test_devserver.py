@@ -16,6 +16,7 @@ from freshidx.devserver import (
     CodeLocationLoadError,
     DagsterDev,
     DagsterDevExited,
+    WaitAborted,
     prepare_home,
     process_group_pids,
 )
@@ -216,3 +217,17 @@ def _run_details(dev: DagsterDev, run_id: str) -> dict[str, Any]:
     run = data["runOrError"]
     assert run["__typename"] == "Run", run
     return dict(run)
+
+
+def test_wait_ready_can_be_aborted(tmp_path: Path) -> None:
+    # What `freshidx demo` relies on to stop promptly when SIGTERM arrives during start-up.
+    dev = DagsterDev(home=_make_home(tmp_path), python_file=FIXTURE_DEFS, cwd=tmp_path)
+    calls = []
+    try:
+        dev.start()
+        with pytest.raises(WaitAborted):
+            dev.wait_ready(timeout=READY_TIMEOUT, abort=lambda: calls.append(1) or len(calls) > 2)
+    finally:
+        dev.stop()
+    assert len(calls) == 3
+    assert dev.group_pids() == []

@@ -12,9 +12,9 @@ import hashlib
 import json
 
 import dagster as dg
-from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
+from dagster import DagsterRunStatus, RunsFilter
 
-from freshidx import catchup
+from freshidx import catchup, run_health
 from freshidx.defs.assets import OWNERS, TAG_PIPELINE, TAG_TRIGGER, _code_version, hourly_partitions
 from freshidx.defs.bucket_io_manager import HourBucket
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
@@ -31,6 +31,10 @@ IN_FLIGHT = [
 # Run queue order: delta (freshness, 10) before catch-up (5) before UI backfills (default 0, and
 # dagster.yaml limits those to one at a time).
 LIVE_PRIORITY = "5"
+# dagster.yaml limits runs carrying this tag to one at a time: on a small machine a heavy build
+# (catch-up, full rebuild, SLA remediation) never runs beside another one, only beside the delta.
+TAG_WEIGHT = "freshidx/weight"
+HEAVY = {TAG_WEIGHT: "heavy"}
 
 
 def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
@@ -124,7 +128,8 @@ class DagsterRunIndex:
         status = rec.dagster_run.status
         view = (catchup.IN_FLIGHT if status in IN_FLIGHT else catchup.SUCCESS if status == DagsterRunStatus.SUCCESS
                 else catchup.CANCELED if status == DagsterRunStatus.CANCELED else catchup.FAILURE)
-        return catchup.RunView(rec.dagster_run.run_id, view, rec.create_timestamp.timestamp(), rec.start_time)
+        return catchup.RunView(rec.dagster_run.run_id, view, rec.create_timestamp.timestamp(), rec.start_time,
+                               interrupted=run_health.is_interrupted(rec.dagster_run.tags))
 
     def _runs(self) -> list:
         if self._in_flight is None:
@@ -175,6 +180,7 @@ def run_request(req: catchup.Request) -> dg.RunRequest:
         catchup.TAG_CLAIMS: json.dumps({catchup.layout.hour_id(c.hour): c.suffix for c in req.claims},
                                        sort_keys=True),
         "dagster/priority": LIVE_PRIORITY,
+        **HEAVY,
     }
     if len(keys) == 1:
         return dg.RunRequest(run_key=req.run_key, partition_key=keys[0], tags=tags, asset_selection=[ADS_HOURLY_KEY])

@@ -5,7 +5,8 @@ request ONE run for the newest. Every intermediate partition gets a durable ``su
 record in the ledger and an observation on ``raw_ad_updates`` that the UI shows. No run is
 requested while one for the pipeline is queued or running (overlap policy: wait, then jump to
 the newest). Attempts are numbered in the ledger so a failed partition is retried explicitly
-(run key ``delta:<P>:aN``) instead of being swallowed by Dagster's run-key deduplication.
+(run key ``delta:<P>:aN``) instead of being swallowed by Dagster's run-key deduplication; an
+attempt whose run a shutdown interrupted (tag ``freshidx/interrupted``) does not count towards parking.
 """
 
 
@@ -14,9 +15,9 @@ import hashlib
 import json
 
 import dagster as dg
-from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
+from dagster import DagsterRunStatus, RunsFilter
 
-from freshidx import ledger
+from freshidx import ledger, run_health
 from freshidx.defs.assets import (
     TAG_ATTEMPT,
     TAG_PARTITION,
@@ -26,6 +27,7 @@ from freshidx.defs.assets import (
     delta_index,
 )
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource
+from freshidx.defs.run_health import failure_reason
 from freshidx.listing import partitions_after
 from freshidx.partitions import PartitionId
 from freshidx.publish import parse_iso, read_pointer, utcnow
@@ -49,6 +51,19 @@ def _observation(partitions_def: dg.PartitionsDefinition, p: PartitionId, metada
         asset_key="raw_ad_updates", partition=key if valid else None,
         metadata={"partition": p.path, **metadata},
     )
+
+
+def _ended_run(instance: dg.DagsterInstance, run_key: str | None) -> tuple[str, str] | None:
+    """``(partition compact id, how its run ended)`` for the last requested run key, if it failed or
+    was canceled (e.g. its worker was killed); None otherwise. Two small reads, only when skipping."""
+    if not run_key or not run_key.startswith(f"{PIPELINE}:"):
+        return None
+    runs = instance.get_runs(RunsFilter(tags={"dagster/run_key": run_key}), limit=1)
+    if not runs or runs[0].status not in (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
+        return None
+    run = runs[0]
+    how = f"its run {run.run_id[:8]} ({run_key}) ended {run.status.value}: {failure_reason(instance, run.run_id, 200)}"
+    return run_key.split(":")[1], how
 
 
 def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefinition) -> dg.SensorDefinition:
@@ -125,9 +140,12 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
         skipped = found.partitions[:-1]
         why = f"superseded by {newest.path}" if watermark else \
             f"superseded by {newest.path} (no watermark: first start or reset, jumped to the newest)"
+        # The partition our last run was for, if that run ended without publishing: say how it ended.
+        ended = _ended_run(context.instance, cursor.get("last_requested")) if skipped else None
         for p in skipped:
             if ledger.record_partition(
-                st, PIPELINE, p, ledger.SUPERSEDED, why,
+                st, PIPELINE, p, ledger.SUPERSEDED,
+                f"{why}; {ended[1]}" if ended and ended[0] == p.compact else why,
                 extra={"superseded_by": newest.path},
             ):
                 events.append(_observation(partitions_def, p, {"decision": "superseded",
@@ -154,29 +172,32 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
         previous = sorted((e for k, e in entries.items() if k[:1] == "a" and k[1:].isdigit()),
                           key=lambda e: int(e.get("attempt") or 0))
         allowed = settings.max_attempts + sum(1 for k in entries if k.startswith("grant-"))
-        if previous:
-            last = previous[-1]
-            runs = context.instance.get_runs(RunsFilter(tags={"dagster/run_key": last["run_key"]}), limit=1)
-            if runs and runs[0].status in IN_FLIGHT:  # overlap policy queue: never twice for one partition
+        failed = 0  # attempts that count towards parking: not those a shutdown interrupted
+        for i, e in enumerate(previous):
+            runs = context.instance.get_runs(RunsFilter(tags={"dagster/run_key": e["run_key"]}), limit=1)
+            last_one = i == len(previous) - 1
+            if last_one and runs and runs[0].status in IN_FLIGHT:  # overlap policy queue: never twice
                 return dg.SensorResult(
-                    skip_reason=f"attempt {last['attempt']} for {newest.path} is {runs[0].status.value}",
+                    skip_reason=f"attempt {e['attempt']} for {newest.path} is {runs[0].status.value}",
                     asset_events=events, cursor=json.dumps(cursor),
                 )
-            if not runs and utcnow() - parse_iso(last["at"]) < LOST_REQUEST_GRACE:
+            if last_one and not runs and utcnow() - parse_iso(e["at"]) < LOST_REQUEST_GRACE:
                 return dg.SensorResult(
-                    skip_reason=f"attempt {last['attempt']} for {newest.path} requested, waiting for its run",
+                    skip_reason=f"attempt {e['attempt']} for {newest.path} requested, waiting for its run",
                     asset_events=events, cursor=json.dumps(cursor),
                 )
+            if not (runs and run_health.is_interrupted(runs[0].tags)):
+                failed += 1
         attempt = len(previous) + 1
-        if attempt > allowed:
+        if failed >= allowed:
             if ledger.record(st, ledger.partition_key(PIPELINE, newest, f".parked-{attempt - 1}"), ledger.Entry(
                 PIPELINE, f"{newest.compact}.parked-{attempt - 1}", ledger.PARKED,
-                f"{attempt - 1} attempts failed; waiting for a newer partition or `freshidx ledger retry`",
+                f"{failed} attempts failed; waiting for a newer partition or `freshidx ledger retry`",
                 partition=newest.path,
             )):
                 events.append(_observation(partitions_def, newest, {"decision": "parked"}))
             return dg.SensorResult(
-                skip_reason=f"{newest.path} parked after {attempt - 1} failed attempts",
+                skip_reason=f"{newest.path} parked after {failed} failed attempts",
                 asset_events=events, cursor=json.dumps(cursor),
             )
 

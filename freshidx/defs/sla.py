@@ -12,10 +12,11 @@ import datetime as dt
 import json
 
 import dagster as dg
-from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
+from dagster import DagsterRunStatus, RunsFilter
 
-from freshidx import layout, ledger, sla
+from freshidx import layout, ledger, run_health, sla
 from freshidx.defs.assets import TAG_PIPELINE, TAG_TRIGGER, full_index
+from freshidx.defs.hourly import HEAVY
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.publish import iso, utcnow
 
@@ -33,7 +34,7 @@ MAX_REMEDIATION_ATTEMPTS = 3
 def consecutive_delta_failures(instance: dg.DagsterInstance, limit: int = 20) -> int:
     n = 0
     for r in instance.get_runs(RunsFilter(tags={TAG_PIPELINE: "delta"}), limit=limit):
-        if r.status in IN_FLIGHT:
+        if r.status in IN_FLIGHT or run_health.is_interrupted(r.tags):  # a stop is not a failure
             continue
         if r.status != DagsterRunStatus.FAILURE:
             break
@@ -119,17 +120,22 @@ def make_sla_sensor(interval_seconds: int) -> dg.SensorDefinition:
 
 def _remediation(context: dg.SensorEvaluationContext, st, observed: sla.Observed,  # type: ignore[no-untyped-def]
                  reasons: list[sla.CheckOutcome], now: dt.datetime) -> tuple[list[dg.RunRequest], str | None]:
-    in_flight = [r for r in context.instance.get_runs(RunsFilter(statuses=IN_FLIGHT), limit=50)
-                 if FULL_KEY in (r.asset_selection or ()) or r.tags.get(TAG_PIPELINE) == "full"]
+    # Queued ones count too (a schedule run waiting behind a heavy build): one full build at a time.
+    # Tagged runs (schedule, remediation) by tag, however many other runs are queued; UI runs by scan.
+    in_flight = list(context.instance.get_runs(RunsFilter(statuses=IN_FLIGHT, tags={TAG_PIPELINE: "full"}),
+                                               limit=1))
+    in_flight += [r for r in context.instance.get_runs(RunsFilter(statuses=IN_FLIGHT), limit=200)
+                  if FULL_KEY in (r.asset_selection or ())]
     if in_flight:
-        return [], f"full_index run {in_flight[0].run_id[:8]} in flight; not launching another"
+        return [], f"full_index run {in_flight[0].run_id[:8]} is {in_flight[0].status.value}; not launching another"
     of = observed.full.version if observed.full else "none"
     previous = context.instance.get_runs(RunsFilter(tags={TAG_REMEDIATION: of}), limit=20)
     if any(r.status == DagsterRunStatus.SUCCESS for r in previous):
         return [], f"remediation for full version {of} already succeeded; waiting for its publication to show"
-    attempt = len(previous) + 1
-    if attempt > MAX_REMEDIATION_ATTEMPTS:
-        return [], f"remediation for full version {of} failed {len(previous)} times; not retrying"
+    attempt = len(previous) + 1  # numbering covers every run (run keys stay unique) ...
+    failed = sum(1 for r in previous if not run_health.is_interrupted(r.tags))  # ... stops do not count
+    if failed >= MAX_REMEDIATION_ATTEMPTS:
+        return [], f"remediation for full version {of} failed {failed} times; not retrying"
     why = "; ".join(f"{o.asset}.{o.check}: {o.description}" for o in reasons)
     run_key = f"sla-full:{of}:a{attempt}"
     if not ledger.record(
@@ -139,6 +145,8 @@ def _remediation(context: dg.SensorEvaluationContext, st, observed: sla.Observed
                      extra={"at": iso(now)}),
     ):
         return [], f"{run_key} already launched"
+    # Heavy (one heavy build beside the delta, dagster.yaml); before catch-up (5) in the queue: a
+    # coverage gap hides documents from readers, a catch-up backlog does not.
     return [dg.RunRequest(run_key=run_key, asset_selection=[FULL_KEY],
                           tags={TAG_TRIGGER: "sla_remediation", TAG_PIPELINE: "full",
-                                TAG_REMEDIATION: of})], None
+                                TAG_REMEDIATION: of, "dagster/priority": "6", **HEAVY})], None
