@@ -493,6 +493,11 @@ def add_bench_commands(sub: Any) -> None:
     b.add_argument("--rounds", type=int, default=BUILD_ROUNDS, help="timed rounds after the warm-up (median)")
     b.add_argument("--warmup", type=int, default=BUILD_WARMUP, help="untimed rounds first (JIT, Python workers)")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--master", help="a cluster master (spark://host:port): run the Spark side there, once per "
+                   "--workers count; the driver is this process")
+    b.add_argument("--workers", default="1,2",
+                   help="with --master: executor counts to compare, 1 core each (default 1,2); on a cluster of "
+                        "1-core workers, the number of workers used")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench_build)
     q = sub.add_parser("query", help="query latency through the real Searcher (p50/p95)")
@@ -507,7 +512,39 @@ def add_bench_commands(sub: Any) -> None:
     add_bench_subcommands(sub)
 
 
+def bench_build_cluster(master: str, workers: Sequence[int], docs: int, shards: int, **kw: Any) -> list[dict[str, Any]]:
+    """:func:`bench_build` on a cluster master once per executor count (``spark.cores.max``, 1 core each).
+
+    Each count gets its own application (the cap is fixed when the context starts). The benchmark store
+    is a local temp directory: run the workers on this host (or share that path with them)."""
+    from freshidx.defs.resources import cluster_conf, ship_package_zip
+    from freshidx.spark.session import build_local_session
+
+    out = []
+    for n in workers:
+        spark = build_local_session(master, conf={**BENCH_SPARK_CONF, **cluster_conf(master),
+                                                  "spark.cores.max": str(n), "spark.executor.cores": "1"})
+        try:
+            ship_package_zip(spark)
+            out.append({"workers": n, **bench_build(docs, shards, spark=spark, **kw)})
+        finally:
+            spark.stop()
+    return out
+
+
 def cmd_bench_build(args: argparse.Namespace) -> int:
+    if args.master:
+        counts = [int(x) for x in str(args.workers).split(",") if x.strip()]
+        rs = bench_build_cluster(args.master, counts, args.docs, args.shards, seed=args.seed, rounds=args.rounds,
+                                 warmup=args.warmup)
+        if args.json:
+            print(json.dumps(rs))
+            return 0
+        print(f"{rs[0]['docs']} docs, {args.shards} shards, master {args.master}, load {rs[-1]['load_avg_1m']}")
+        for r in rs:
+            print(f"workers {r['workers']}: spark {r['spark_docs_per_s']:>12,.0f} docs/s  ({r['spark_seconds']} s, "
+                  f"rounds {[x['spark_s'] for x in r['rounds']]}); single process {r['single_docs_per_s']:,.0f} docs/s")
+        return 0
     r = bench_build(args.docs, args.shards, seed=args.seed, rounds=args.rounds, warmup=args.warmup)
     if args.json:
         print(json.dumps(r))

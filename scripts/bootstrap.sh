@@ -28,6 +28,20 @@ if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
   fi
 fi
 
+# PostgreSQL server binaries for the Dagster-on-PostgreSQL test (freshidx_tests/test_postgres_e2e.py
+# starts its own server from initdb; Debian keeps initdb off PATH, under /usr/lib/postgresql/*/bin).
+have_initdb() { command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; }
+if ! have_initdb; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing PostgreSQL for the Dagster-on-PostgreSQL test …" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } \
+      || echo "could not install postgresql; the PostgreSQL test will be skipped" >&2
+  else
+    echo "no PostgreSQL server (initdb) found; the PostgreSQL test will be skipped" \
+         "(apt-get install postgresql)" >&2
+  fi
+fi
+
 STAMP=.venv/.freshidx-installed
 WANT=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ]; then

@@ -2,9 +2,16 @@
 
 
 import contextlib
+import hashlib
+import io
 import os
+import socket
+import tempfile
+import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
@@ -59,11 +66,16 @@ class ObjectStoreResource(dg.ConfigurableResource):
 
 
 class SparkResource(dg.ConfigurableResource):
-    """A SparkSession: local mode (embedded default) or Spark Connect (``sc://host:port``).
+    """A SparkSession: local mode (embedded default), a cluster master (``spark://host:port``, the
+    driver runs in this process and executors on the cluster's workers), or Spark Connect
+    (``sc://host:port``; the server may itself be attached to a cluster).
 
     The session is created on first use, so runs that stop early never pay Spark start-up.
-    Local sessions are left running for the process (Dagster runs are one process each, and the
-    test suite shares one session); Connect client sessions are closed at teardown.
+    Local and cluster-driver sessions are left running for the process (Dagster runs are one process
+    each, and the test suite shares one session); Connect client sessions are closed at teardown.
+
+    On a cluster master the driver ships the installed ``freshidx`` package to the executors as a
+    zip (:func:`ship_package_zip`), see docs/deployment.md for what else the workers need.
     """
 
     remote: str | None = None
@@ -96,6 +108,10 @@ class SparkResource(dg.ConfigurableResource):
                     )
                     remote = lease.url or remote
                 self._session = build_connect_session(remote, dict(self.conf))
+            elif is_cluster_master(self.master):
+                session = build_local_session(self.master, conf={**cluster_conf(self.master), **self.conf})
+                ship_package_zip(session)
+                self._session = session
             else:
                 self._session = build_local_session(self.master, conf=dict(self.conf))
         return self._session
@@ -126,6 +142,77 @@ class SparkResource(dg.ConfigurableResource):
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         self.discard()
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def is_cluster_master(master: str) -> bool:
+    """A master whose executors are separate processes, possibly on other hosts (not ``local[...]``)."""
+    return not master.startswith("local")
+
+
+def cluster_conf(master: str, env: dict[str, str] | None = None) -> dict[str, str]:
+    """Confs a driver needs on a cluster, on top of the session builder's local defaults.
+
+    The builder pins the driver's RPC and block manager to 127.0.0.1 (right for local mode). Executors
+    on other hosts must reach the driver, so it advertises ``SPARK_LOCAL_HOSTNAME`` (Spark's own
+    variable; else this host's name) and binds ``SPARK_LOCAL_IP`` (else all interfaces). A master on
+    loopback means the whole cluster is on this machine: keep loopback then.
+    """
+    e = os.environ if env is None else env
+    host = urlsplit(master.split(",")[0]).hostname or ""
+    if host in _LOOPBACK:
+        return {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+    return {
+        "spark.driver.host": e.get("SPARK_LOCAL_HOSTNAME") or socket.getfqdn(),
+        "spark.driver.bindAddress": e.get("SPARK_LOCAL_IP") or "0.0.0.0",
+    }
+
+
+def package_zip(target_dir: str | None = None) -> Path:
+    """A zip of the installed ``freshidx`` package (sources only), named by its content hash.
+
+    The hash in the name means a code change is a new file: ``addPyFile`` refuses to replace a file
+    of the same name with other content, and executors never run a stale copy.
+    """
+    import freshidx
+
+    root = Path(freshidx.__file__).parent
+    files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                   and p.suffix not in (".pyc", ".pyo"))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for p in files:
+            info = zipfile.ZipInfo(str(Path("freshidx") / p.relative_to(root)), date_time=(2000, 1, 1, 0, 0, 0))
+            z.writestr(info, p.read_bytes(), zipfile.ZIP_DEFLATED)  # fixed dates: same code → same bytes
+    data = buf.getvalue()
+    out_dir = Path(target_dir or os.path.join(tempfile.gettempdir(), "freshidx-pyfiles"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"freshidx-{hashlib.sha256(data).hexdigest()[:16]}.zip"
+    if not out.exists():
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, out)  # concurrent runs may build the same zip: last rename wins, same bytes
+    return out
+
+
+def ship_package_zip(session: Any) -> Path:
+    """Put this process's ``freshidx`` on the executors' ``sys.path`` (ahead of any installed copy).
+
+    Chosen over installing freshidx on the workers: the executors then always run exactly the
+    driver's code (a code-location deploy needs no worker restart, and no version skew is possible),
+    and imports inside task functions resolve (cloudpickle by value covers only what a closure
+    references). Workers still need the *dependencies* (pyarrow, tantivy, pydantic, boto3): run them
+    from the same image or environment (docs/deployment.md).
+    """
+    path = package_zip()
+    ctx = session.sparkContext
+    # A later run in the same process reuses the context: add each zip once (Spark ignores a repeat
+    # of the path anyway, but pyspark would list it twice in the workers' includes).
+    if path.name not in (getattr(ctx, "_python_includes", None) or []):
+        ctx.addPyFile(str(path))
+    return path
 
 
 PIPELINE_FIELDS = (
