@@ -39,7 +39,7 @@ from typing import Any
 
 from freshidx import layout
 from freshidx.publish import Pointer, ensure_history, iso, parse_iso, read_pointer, utcnow
-from freshidx.store import NotFound, ObjectStore, PreconditionFailed
+from freshidx.store import NotFound, ObjectStore, PreconditionFailed, WriteOutcomeUnknown
 
 MAX_HISTORY_WALK = 10_000
 DEFAULT_MAX_VERSIONS = 100
@@ -118,6 +118,11 @@ def rollback(store: ObjectStore, index: str, to_version: str | None = None) -> P
     Refuses (``RetentionError``) a version that was never published, the current version, and a
     version whose manifest or any listed file is gone. One compare-and-swap; losing it (somebody
     published meanwhile) raises instead of rolling back something the operator has not seen.
+
+    A lost response (``WriteOutcomeUnknown``, or the 412 a client retry of our own applied write
+    gets) is resolved by re-reading, like :func:`freshidx.publish.publish` does: if ``CURRENT`` (or
+    the history entry of our generation, when a publisher already replaced it) is our rollback, it
+    succeeded. Re-running it instead would roll back one version further.
     """
     _check_index(index)
     pointer_now, etag = read_pointer(store, index)
@@ -152,12 +157,47 @@ def rollback(store: ObjectStore, index: str, to_version: str | None = None) -> P
         window_start=target.window_start, window_end=target.window_end, cutoff=target.cutoff,
         previous_version=current.version, action="rollback",
     )
+    # Like publish(): the pointer being replaced gets its create-once history entry first (a crash
+    # may have left it out), so the history stays walkable from any seq.
+    ensure_history(store, current)
     try:
         store.swap_json(layout.pointer_key(index), pointer.to_dict(), etag)
-    except PreconditionFailed as exc:
-        raise RetentionError(f"{index}: the pointer moved while rolling back; re-run it") from exc
+    except (PreconditionFailed, WriteOutcomeUnknown) as exc:
+        landed = _rollback_landed(store, pointer)
+        if landed is None:
+            raise RetentionError(
+                f"{index}: the pointer moved while rolling back (not by this rollback); check "
+                f"`freshidx status` before re-running it"
+            ) from exc
+        pointer = landed
     ensure_history(store, pointer)
     return pointer
+
+
+def _same_rollback(a: Pointer, b: Pointer) -> bool:
+    return (a.action == b.action == "rollback" and a.version == b.version and a.seq == b.seq
+            and a.previous_version == b.previous_version)
+
+
+def _rollback_landed(store: ObjectStore, ours: Pointer) -> Pointer | None:
+    """Did our rollback swap land although we did not hear so? Returns our pointer as stored, else None.
+
+    ``CURRENT`` holds it, or moved on past its ``seq`` with our rollback as that generation's history
+    entry (the next publisher writes the entry of the pointer it replaces, see ``publish``).
+    """
+    now, _ = read_pointer(store, ours.index)
+    if now is None:
+        return None
+    if _same_rollback(now, ours):
+        return now
+    if now.seq <= ours.seq:
+        return None
+    try:
+        data, _ = store.get_json(layout.history_key(ours.index, ours.seq))
+    except NotFound:
+        return None
+    entry = Pointer.from_dict(data)
+    return entry if _same_rollback(entry, ours) else None
 
 
 # --------------------------------------------------------------------------- gc

@@ -219,8 +219,9 @@ def _render_server(srv: dict[str, Any] | None, found_by: str | None) -> list[str
     elif "restarts" in srv:
         lines.append(f"        restarts {restarts}  (never restarted)")
     if srv.get("running") is not False and srv.get("health_busy_since"):
-        lines.append(f"        health probes failing since {srv['health_busy_since']} while runs keep it busy "
-                     f"({_v(srv.get('health_busy_failures'))} probes; not restarted within the busy grace)")
+        lines.append(f"        health probes failing since {srv['health_busy_since']} while runs hold leases "
+                     f"({_v(srv.get('health_busy_failures'))} probes; restarted only if their jobs make no "
+                     f"progress for the hang timeout; stalled {_v(srv.get('progress_stalled_s'))} s)")
     if srv.get("status") == "down" and srv.get("last_error"):
         lines.append(f"        last error: {str(srv['last_error']).splitlines()[0][:200]}")
     return lines

@@ -1,15 +1,45 @@
-"""Software-defined assets: the raw upstream source and the delta index."""
+"""Software-defined assets: the raw upstream source and the index assets.
+
+Two rules every index asset follows, so the UI tells the truth:
+
+* Launchpad values are validated before anything is built (:func:`resolve_partition`): a partition
+  that does not parse, is in the future or is not visible in the store fails the run once, without
+  step retries, with the reason as the failure's headline; nothing is built and no pointer moves.
+* A run that publishes nothing records no materialization: the asset compares its draft with what is
+  serving (the one rule, :func:`freshidx.publish.compare_to_serving`) *before* yielding its optional
+  output. Not newer → no output (so no materialization, the IO manager is never called), an
+  ``AssetObservation`` "nothing new: …" on the asset, the run tag ``freshidx/outcome`` and the
+  refusal recorded in the store, and the run stays green (it did what was asked: nothing to do).
+"""
 # No `from __future__ import annotations` here: Dagster inspects these annotations at definition time.
 
+import datetime as dt
+from collections.abc import Iterator
 
 import dagster as dg
+from pydantic import Field
 
-from freshidx import ledger
+from freshidx import layout, ledger
+from freshidx.defs.io_manager import (  # TAG_SKIPPED re-exported: the sensors set it
+    TAG_OUTCOME,
+    TAG_SKIPPED,
+    outcome_metadata,
+    outcome_tags,
+    record_outcome,
+)
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.delta import DeltaPlan, build_delta
 from freshidx.listing import newest_partition
 from freshidx.partitions import PartitionError, PartitionId
-from freshidx.publish import DraftManifest, read_pointer
+from freshidx.publish import (
+    DraftManifest,
+    PublishResult,
+    compare_to_serving,
+    iso,
+    read_pointer,
+    record_refusal,
+    utcnow,
+)
 from freshidx.settings import Settings
 from freshidx.store import ObjectStore
 
@@ -18,7 +48,6 @@ TAG_PIPELINE = "freshidx/pipeline"
 TAG_PARTITION = "freshidx/source_partition"
 TAG_ATTEMPT = "freshidx/attempt"
 TAG_TRIGGER = "freshidx/trigger"
-TAG_SKIPPED = "freshidx/skipped_count"
 
 
 def hourly_partitions(settings: Settings) -> dg.HourlyPartitionsDefinition:
@@ -42,11 +71,36 @@ def raw_ad_updates_spec(settings: Settings) -> dg.AssetSpec:
     )
 
 
+#: The forms a launchpad partition value may take (shown in config descriptions and refusals).
+PARTITION_FORMS_TEXT = (
+    "a minute partition as 20261124T0213 or year=2026/month=11/day=24/hour=02/minute=13, or an hour "
+    "as 2026-11-24-02:00 (the hourly key the Dagster UI shows), 20261124T02 or "
+    "year=2026/month=11/day=24/hour=02, meaning the newest visible partition of that hour (UTC)"
+)
+
+_PARTITION_HELP = (
+    "Accepted: " + PARTITION_FORMS_TEXT + ". The partition must already be visible in the store "
+    "(at least one data file) and not in the future; anything else fails the run before it builds."
+)
+
+
 class DeltaIndexConfig(dg.Config):
-    source_partition: str | None = None
-    """Trigger partition path (``year=…/minute=mm``). Empty: the newest visible partition."""
-    force: bool = False
-    """Publish even if the document count collapsed versus the serving version."""
+    source_partition: str | None = Field(
+        default=None,
+        description=(
+            "Trigger partition P: the delta covers (P - window, P]. Leave empty (null) for the newest "
+            "visible partition, which is what the sensor does. " + _PARTITION_HELP
+            + " Example: source_partition: 20261124T0213"
+        ),
+    )
+    force: bool = Field(
+        default=False,
+        description=(
+            "Publish even if the document count collapsed versus the serving version (the gate's "
+            "max-drop guard). Never overrides monotonicity: a partition not newer than the serving "
+            "one is still refused. Example: force: true"
+        ),
+    )
 
 
 # What every published index asset shares: the publishing IO manager and where it sits in the UI.
@@ -69,9 +123,11 @@ INDEX_ASSET: dict = {
     ),
     **INDEX_ASSET,
     tags={"freshidx/lane": "delta"},
-    # Transient failures (e.g. the Connect server restarting) are retried inside the run; the
-    # validation gate raises a non-retriable Failure.
+    # Transient failures (e.g. the Connect server restarting) are retried inside the run; config
+    # refusals and the validation gate raise a non-retriable Failure.
     retry_policy=dg.RetryPolicy(max_retries=2, delay=10),
+    # Not yielded when there is nothing new to publish: no materialization is recorded then.
+    output_required=False,
 )
 def delta_index(
     context: dg.AssetExecutionContext,
@@ -79,11 +135,11 @@ def delta_index(
     store: ObjectStoreResource,
     spark: SparkResource,
     freshidx: FreshidxSettings,
-) -> DraftManifest:
+) -> Iterator[dg.Output[DraftManifest]]:
     settings = freshidx.settings(store.uri, store.endpoint_url)
     st = store.open()
     pointer, _ = read_pointer(st, "delta")
-    partition = _resolve_partition(st, settings, config.source_partition, "source_partition", store.uri)
+    partition = resolve_partition(st, settings, config.source_partition, "source_partition", store.uri)
     watermark = PartitionId.parse(pointer.source_partition) if pointer and pointer.source_partition else None
     run_info = {**_run_info(context, settings), "force": config.force,
                 "max_drop_fraction": settings.delta_max_drop_fraction}
@@ -94,13 +150,19 @@ def delta_index(
             "delta", f"{partition.compact}.a{attempt}.run", "started", "run started for accepted trigger",
             partition=partition.path, run_id=context.run_id, run_key=context.run.tags.get("dagster/run_key"),
             attempt=int(attempt)))
+    if watermark is not None and partition <= watermark:
+        # Whatever it would contain, a delta for P is not newer than the serving one: say so without
+        # paying for a Spark build (UI "Materialize" with nothing new lands here).
+        _nothing_new_before_build(context, st, partition)
+        return
     context.log.info(f"building delta for {partition.path} (watermark {watermark.path if watermark else None})")
     with spark.session() as session:
-        return build_delta(
+        draft = build_delta(
             session, st, store.store_config(), settings,
             DeltaPlan(partition=partition, watermark=watermark, run_id=context.run_id, run_info=run_info),
             on_stage=lambda name, s: context.log.info(f"{name}: {s:.2f}s"),
         )
+    yield from _output_if_newer(context, st, draft)
 
 
 def _code_version() -> str:
@@ -113,10 +175,22 @@ def _code_version() -> str:
 
 
 class FullIndexConfig(dg.Config):
-    cutoff_partition: str | None = None
-    """Include raw partitions up to this path (``year=…/minute=mm``). Empty: the newest visible one."""
-    force: bool = False
-    """Publish even if the document count collapsed versus the serving version."""
+    cutoff_partition: str | None = Field(
+        default=None,
+        description=(
+            "Cutoff C: the full index holds every raw partition up to and including C. Leave empty "
+            "(null) for the newest visible partition, which is what the schedule does. " + _PARTITION_HELP
+            + " Example: cutoff_partition: year=2026/month=11/day=24/hour=02/minute=13"
+        ),
+    )
+    force: bool = Field(
+        default=False,
+        description=(
+            "Publish even if the document count collapsed versus the serving version (the gate's "
+            "max-drop guard). Never overrides monotonicity: an older cutoff is still refused. "
+            "Example: force: true"
+        ),
+    )
 
 
 @dg.asset(
@@ -129,6 +203,7 @@ class FullIndexConfig(dg.Config):
     **INDEX_ASSET,
     tags={"freshidx/lane": "full"},
     retry_policy=dg.RetryPolicy(max_retries=2, delay=30),
+    output_required=False,  # see delta_index
 )
 def full_index(
     context: dg.AssetExecutionContext,
@@ -136,41 +211,168 @@ def full_index(
     store: ObjectStoreResource,
     spark: SparkResource,
     freshidx: FreshidxSettings,
-) -> DraftManifest:
+) -> Iterator[dg.Output[DraftManifest]]:
     from freshidx.full import build_full
 
     settings = freshidx.settings(store.uri, store.endpoint_url)
     st = store.open()
-    cutoff = _resolve_partition(st, settings, config.cutoff_partition, "cutoff_partition", store.uri)
+    cutoff = resolve_partition(st, settings, config.cutoff_partition, "cutoff_partition", store.uri)
     context.log.info(f"building full index up to {cutoff.path}")
     run_info = {**_run_info(context, settings), "force": config.force,
                 "max_drop_fraction": settings.full_max_drop_fraction}
+    # No pre-build shortcut here: the same cutoff can be newer (late partitions), which only the
+    # built draft's inputs can tell.
     with spark.session() as session:
-        return build_full(session, st, store.store_config(), settings, cutoff=cutoff, run_id=context.run_id,
-                          run_info=run_info)
+        draft = build_full(session, st, store.store_config(), settings, cutoff=cutoff, run_id=context.run_id,
+                           run_info=run_info)
+    yield from _output_if_newer(context, st, draft)
 
 
-def _resolve_partition(
-    st: ObjectStore, settings: Settings, configured: str | None, field: str, uri: str
+# ------------------------------------------------------------------------------ launchpad values
+
+
+def config_refused(field: str, value: str, why: str) -> dg.Failure:
+    """A refused launchpad value: the run fails once (``allow_retries=False`` bypasses the asset's
+    RetryPolicy, dagster ``op_execution_error_boundary``) with this as the step failure's headline."""
+    return dg.Failure(
+        description=f"config {field}={value!r} refused: {why}. Nothing was built; the pointer did not move.",
+        metadata={"field": field, "value": value, "accepted_forms": PARTITION_FORMS_TEXT},
+        allow_retries=False,
+    )
+
+
+def resolve_partition(
+    st: ObjectStore, settings: Settings, configured: str | None, field: str, uri: str,
+    *, now: dt.datetime | None = None,
 ) -> PartitionId:
-    """The configured partition path (validated), or the newest visible partition when empty."""
-    if configured:
+    """The partition a run builds for: the configured one, validated, or the newest visible one.
+
+    A configured value must parse (:data:`PARTITION_FORMS_TEXT`; an hour means the newest visible
+    partition of that hour), must not be in the future and must be visible (at least one data
+    file), else :func:`config_refused`. A partition that does not exist yet would otherwise be
+    published as the pointer/watermark and hide every real partition before it.
+    """
+    now = now or utcnow()
+    if configured is None or not configured.strip():
+        found, _ = newest_partition(st, settings.source)
+        if found is None:
+            # Retrying in seconds would not make upstream write: fail once, clearly.
+            raise dg.Failure(description=f"no raw partitions under {uri}/raw/{settings.source}/ yet; nothing to build",
+                             allow_retries=False)
+        return found
+    value = configured.strip()
+    try:
+        selected = ledger.parse_partition(value)
+    except PartitionError:
+        raise config_refused(field, value, "not a partition; expected " + PARTITION_FORMS_TEXT) from None
+    if selected.at > now:
+        raise config_refused(field, value, f"{selected.path} is in the future (now {iso(now)}); "
+                                           "a partition that does not exist yet would freeze the delta")
+    if selected.hour:
+        found = _newest_in_hour(st, settings.source, selected.at, now)
+        if found is None:
+            raise config_refused(field, value, f"no visible partition in hour {selected.path} under "
+                                               f"{uri}/raw/{settings.source}/{_newest_hint(st, settings.source)}")
+        return found
+    minute = selected.minute()
+    if not _has_data(st, layout.raw_partition_prefix(settings.source, minute)):
+        raise config_refused(field, value, f"partition {minute.path} is not visible in {uri}/raw/{settings.source}/ "
+                                           f"(no data file){_newest_hint(st, settings.source)}")
+    return minute
+
+
+def _is_data(key: str) -> bool:
+    return not key.rpartition("/")[2].startswith((".", "_"))  # hidden files and markers are not data
+
+
+def _has_data(st: ObjectStore, prefix: str) -> bool:
+    return any(_is_data(o.key) for o in st.list(prefix, delimiter="/").objects)
+
+
+def _newest_in_hour(st: ObjectStore, source: str, hour: dt.datetime, now: dt.datetime) -> PartitionId | None:
+    """The newest partition of one hour holding a data file, not after ``now`` (one hour's listing)."""
+    root = layout.raw_root(source)
+    newest: PartitionId | None = None
+    for obj in st.iter_objects(layout.raw_hour_prefix(source, PartitionId(hour).hour_path)):
+        part_path, _, _ = obj.key[len(root):].rpartition("/")
         try:
-            return PartitionId.parse(configured)
-        except PartitionError as exc:
-            raise dg.Failure(f"config {field}: {exc}") from exc
-    found, _ = newest_partition(st, settings.source)
-    if found is None:
-        raise dg.Failure(f"no raw partitions under {uri}/raw/{settings.source}/ yet")
-    return found
+            pid = PartitionId.parse(part_path)
+        except PartitionError:
+            continue  # not ours to interpret (the listing reports these elsewhere)
+        if _is_data(obj.key) and pid.at <= now and (newest is None or pid > newest):
+            newest = pid
+    return newest
+
+
+def _newest_hint(st: ObjectStore, source: str) -> str:
+    found, _ = newest_partition(st, source)
+    return f"; the newest visible partition is {found.path}" if found else "; no partition is visible yet"
+
+
+# ------------------------------------------------------------------------------ nothing new
+
+
+def _output_if_newer(context: dg.AssetExecutionContext, st: ObjectStore, draft: DraftManifest
+                     ) -> Iterator[dg.Output[DraftManifest]]:
+    """Yield the draft for the publishing IO manager only if it is newer than what is serving.
+
+    The IO manager compares again inside its compare-and-swap loop (a publisher may win meanwhile);
+    this early compare only decides whether the run has anything to materialize at all.
+    """
+    current, _ = read_pointer(st, draft.index)
+    verdict, why = compare_to_serving(st, draft, current)
+    if verdict == "newer":
+        yield dg.Output(draft)
+        return
+    result = PublishResult(verdict, draft.version, why, current)
+    record_refusal(st, draft, verdict, why, current)
+    record_outcome(st, draft, result, context.run_id)
+    skipped = context.run.tags.get(TAG_SKIPPED)
+    _report_nothing_new(context, draft.index, why, outcome_tags(draft, result),
+                        outcome_metadata(st, draft, result, skipped=skipped, manifest_written=False))
+
+
+def _nothing_new_before_build(context: dg.AssetExecutionContext, st: ObjectStore, partition: PartitionId) -> None:
+    """The delta for ``partition`` is not newer than the serving one: decided by the one rule on a
+    draft that was never built (position is all :func:`compare_to_serving` reads for the delta)."""
+    current, _ = read_pointer(st, "delta")
+    probe = DraftManifest(index="delta", version="not-built", position=iso(partition.at), run_id=context.run_id,
+                          shards=[], doc_count=0, num_shards=0, source_partition=partition.path)
+    verdict, why = compare_to_serving(st, probe, current)
+    if verdict == "newer":  # pragma: no cover - the caller checked partition <= watermark
+        raise dg.Failure(description=f"internal: {partition.path} is newer than the pointer", allow_retries=False)
+    suffix = f".refused-{context.run_id[:8]}"
+    ledger.record(st, ledger.partition_key("delta", partition, suffix), ledger.Entry(
+        "delta", f"{partition.compact}{suffix}", ledger.REFUSED, f"{why} (not built)", partition=partition.path,
+        run_id=context.run_id, extra={"outcome": verdict}))
+    tags = {TAG_OUTCOME: verdict, "freshidx/source_partition": partition.path}
+    meta = {"outcome": verdict, "reason": why, "source_partition": partition.path,
+            "serving_version": current.version if current else "none",
+            "trigger": _run_info_trigger(context)}
+    _report_nothing_new(context, "delta", f"{why} (not built)", tags, meta)
+
+
+def _report_nothing_new(context: dg.AssetExecutionContext, index: str, why: str, tags: dict[str, str],
+                        meta: dict) -> None:
+    headline = f"nothing new: {index} not published: {why}"
+    context.instance.add_run_tags(context.run_id, tags)
+    # An observation, not a materialization: the asset page keeps the serving version as the
+    # latest materialization and shows this event in the asset's timeline.
+    context.log_event(dg.AssetObservation(asset_key=context.asset_key, description=headline, metadata=meta))
+    context.log.warning(headline)
+
+
+def _run_info_trigger(context: dg.AssetExecutionContext) -> str:
+    tags = context.run.tags
+    return tags.get(TAG_TRIGGER, "backfill" if "dagster/backfill" in tags else
+                    "schedule" if "dagster/schedule_name" in tags else "manual")
 
 
 def _run_info(context: dg.AssetExecutionContext, settings: Settings) -> dict:
     tags = context.run.tags
     return {
         "run_id": context.run_id,
-        "trigger": tags.get(TAG_TRIGGER, "backfill" if "dagster/backfill" in tags else
-                            "schedule" if "dagster/schedule_name" in tags else "manual"),
+        "trigger": _run_info_trigger(context),
         "run_key": tags.get("dagster/run_key"),
         "attempt": tags.get(TAG_ATTEMPT),
         "sensor": tags.get("dagster/sensor_name"),

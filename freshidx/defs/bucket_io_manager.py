@@ -6,7 +6,7 @@ inputs. Every outcome lands in the ledger next to the claim that caused it.
 """
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import dagster as dg
 
@@ -30,7 +30,8 @@ class BucketIOManager(dg.ConfigurableIOManager):
     """Publishes each hour's staged bucket and records the outcome; fails the run if an hour failed."""
 
     store: dg.ResourceDependency[ObjectStoreResource]
-    asset: str = catchup.ASSET
+    #: Not a config field: fixed by the code, and a field would pre-fill the launchpad.
+    asset: ClassVar[str] = catchup.ASSET
 
     def handle_output(self, context: dg.OutputContext, obj: list[HourBucket]) -> None:
         store = self.store.open()

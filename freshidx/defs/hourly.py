@@ -50,6 +50,9 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
         partitions_def=hourly_partitions(settings),
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=settings.hourly_max_hours_per_run),
         io_manager_key="bucket_io_manager",
+        # A Spark Connect restart under the build (drained, or a dead JVM) fails it with an ordinary
+        # exception; retrying here keeps it from costing one of the catch-up's per-hour attempts.
+        retry_policy=dg.RetryPolicy(max_retries=2, delay=30),
         group_name="buckets",
         kinds={"spark", "parquet"},
         owners=OWNERS,

@@ -6,7 +6,7 @@ after ``handle_output``, so the gate must be here, before the swap.
 """
 
 
-from typing import Any
+from typing import Any, ClassVar
 
 import dagster as dg
 
@@ -24,6 +24,9 @@ from freshidx.publish import (
 )
 from freshidx.store import ObjectStore
 
+TAG_OUTCOME = "freshidx/outcome"
+TAG_SKIPPED = "freshidx/skipped_count"
+
 #: Ledger decision per publish outcome. ``unchanged`` (a full rebuild of exactly the serving inputs)
 #: is a refusal; its reason starts with "unchanged:".
 DECISIONS = {"published": ledger.PUBLISHED, "superseded": ledger.REFUSED, "unchanged": ledger.REFUSED,
@@ -34,7 +37,8 @@ class IndexIOManager(dg.ConfigurableIOManager):
     """Stages are already written; this publishes them atomically and records the outcome."""
 
     store: dg.ResourceDependency[ObjectStoreResource]
-    allow_empty: bool = False
+    #: Not a config field: nobody sets it per run, and a field would pre-fill the launchpad.
+    allow_empty: ClassVar[bool] = False
 
     def handle_output(self, context: dg.OutputContext, obj: DraftManifest) -> None:
         if not isinstance(obj, DraftManifest):
@@ -44,58 +48,22 @@ class IndexIOManager(dg.ConfigurableIOManager):
         result = publish(store, obj, allow_empty=self.allow_empty,
                          max_drop_fraction=None if obj.run.get("force") else guard)
         record_outcome(store, obj, result, context.run_id)
-        meta: dict[str, Any] = {
-            "outcome": result.outcome,
-            "reason": result.reason,
-            "version": obj.version,
-            "doc_count": dg.MetadataValue.int(obj.doc_count),
-            "covered_ids": dg.MetadataValue.int(obj.covered_count),
-            "shards": dg.MetadataValue.int(len(obj.shards)),
-            "invalid_records": dg.MetadataValue.int(int(obj.invalid.get("count", 0))),
-            "invalid_reasons": dg.MetadataValue.json(obj.invalid.get("reasons", {})),
-            "input_partitions": dg.MetadataValue.int(_count(obj.inputs.get("partitions"))),
-            "input_files": dg.MetadataValue.int(_count(obj.inputs.get("files"))),
-            "ignored_keys": dg.MetadataValue.int(len(obj.inputs.get("ignored", []))),
-            "build_seconds": dg.MetadataValue.float(float(obj.stats.get("total_build_seconds", 0.0))),
-            "publish_seconds": dg.MetadataValue.float(round(result.seconds, 3)),
-            "cas_attempts": dg.MetadataValue.int(result.cas_attempts),
-        }
-        if obj.source_partition:
-            meta["source_partition"] = obj.source_partition
-            meta["window"] = f"({obj.window_start}, {obj.window_end}]"
-            meta["lag_seconds"] = dg.MetadataValue.float(
-                round((utcnow() - parse_iso(obj.position)).total_seconds(), 3)
-            )
-        if obj.cutoff:
-            meta["cutoff"] = obj.cutoff
-            meta["cutoff_age_seconds"] = dg.MetadataValue.float(
-                round((utcnow() - parse_iso(obj.cutoff)).total_seconds(), 3)
-            )
-        if result.pointer is not None:
-            meta["serving_version"] = result.pointer.version
-        # The run manifest (seed 002): what this run owned and why it exists.
-        meta["trigger"] = str(obj.run.get("trigger") or "manual")
-        if obj.run.get("run_key"):
-            meta["trigger_id"] = str(obj.run["run_key"])
-        if result.outcome != "invalid":
-            meta["manifest"] = dg.MetadataValue.path(f"{store.uri}/{layout.manifest_key(obj.index, obj.version)}")
-        meta["code_version"] = str(obj.run.get("code_version", "unknown"))
+        skipped = context.step_context.run_tags.get(TAG_SKIPPED) if context.step_context else None
+        meta = outcome_metadata(store, obj, result, skipped=skipped, manifest_written=result.outcome != "invalid")
         if context.step_context is not None:
-            context.step_context.instance.add_run_tags(context.run_id, {
-                "freshidx/outcome": result.outcome, "freshidx/version": obj.version,
-                **({"freshidx/source_partition": obj.source_partition} if obj.source_partition else {}),
-                **({"freshidx/cutoff": obj.cutoff} if obj.cutoff else {}),
-            })
-        skipped = context.step_context.run_tags.get("freshidx/skipped_count") if context.step_context else None
-        if skipped is not None:
-            meta["skipped_partitions"] = dg.MetadataValue.int(int(skipped))
+            context.step_context.instance.add_run_tags(context.run_id, outcome_tags(obj, result))
         context.add_output_metadata(meta)
         if result.outcome == "invalid":
-            # The previous version keeps serving; fail the run so it is visible and retried.
+            # The previous version keeps serving; fail the run so it is visible and retried (by the
+            # sensor, as a new attempt; a step retry would rebuild the same inputs).
             raise dg.Failure(description=f"{obj.index} {obj.version} not published: {result.reason}",
                              metadata={"reason": result.reason}, allow_retries=False)
         if result.outcome in ("superseded", "unchanged"):
-            context.log.warning(f"{obj.index} {obj.version} not published: {result.reason}")
+            # Only reachable when another publisher won between the asset's compare and this CAS (the
+            # asset does not yield a draft it already knows is not newer). The materialization cannot
+            # be suppressed from here (Dagster records it once handle_output returns) and failing
+            # would count as a failed attempt for the sensor, so the outcome metadata says it.
+            context.log.warning(f"nothing new: {obj.index} {obj.version} not published ({result.reason})")
 
     def load_input(self, context: dg.InputContext) -> dict[str, Any]:
         """Downstream assets get the *published* version (pointer + manifest), never a staged one."""
@@ -106,6 +74,60 @@ class IndexIOManager(dg.ConfigurableIOManager):
         if pointer is None:
             raise dg.Failure(f"no published {index} index yet")
         return {"pointer": pointer.to_dict(), "manifest": read_manifest(store, index, pointer.version)}
+
+
+def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResult, *,
+                     skipped: str | None = None, manifest_written: bool = True) -> dict[str, Any]:
+    """What the UI shows about one publication attempt (materialization or observation metadata);
+    ``outcome`` and ``reason`` first, so they head the metadata table."""
+    meta: dict[str, Any] = {
+        "outcome": result.outcome,
+        "reason": result.reason,
+        "version": obj.version,
+        "doc_count": dg.MetadataValue.int(obj.doc_count),
+        "covered_ids": dg.MetadataValue.int(obj.covered_count),
+        "shards": dg.MetadataValue.int(len(obj.shards)),
+        "invalid_records": dg.MetadataValue.int(int(obj.invalid.get("count", 0))),
+        "invalid_reasons": dg.MetadataValue.json(obj.invalid.get("reasons", {})),
+        "input_partitions": dg.MetadataValue.int(_count(obj.inputs.get("partitions"))),
+        "input_files": dg.MetadataValue.int(_count(obj.inputs.get("files"))),
+        "ignored_keys": dg.MetadataValue.int(len(obj.inputs.get("ignored", []))),
+        "build_seconds": dg.MetadataValue.float(float(obj.stats.get("total_build_seconds", 0.0))),
+        "publish_seconds": dg.MetadataValue.float(round(result.seconds, 3)),
+        "cas_attempts": dg.MetadataValue.int(result.cas_attempts),
+    }
+    if obj.source_partition:
+        meta["source_partition"] = obj.source_partition
+        meta["window"] = f"({obj.window_start}, {obj.window_end}]"
+        meta["lag_seconds"] = dg.MetadataValue.float(
+            round((utcnow() - parse_iso(obj.position)).total_seconds(), 3)
+        )
+    if obj.cutoff:
+        meta["cutoff"] = obj.cutoff
+        meta["cutoff_age_seconds"] = dg.MetadataValue.float(
+            round((utcnow() - parse_iso(obj.cutoff)).total_seconds(), 3)
+        )
+    if result.pointer is not None:
+        meta["serving_version"] = result.pointer.version
+    # The run manifest (seed 002): what this run owned and why it exists.
+    meta["trigger"] = str(obj.run.get("trigger") or "manual")
+    if obj.run.get("run_key"):
+        meta["trigger_id"] = str(obj.run["run_key"])
+    if manifest_written:
+        meta["manifest"] = dg.MetadataValue.path(f"{store.uri}/{layout.manifest_key(obj.index, obj.version)}")
+    meta["code_version"] = str(obj.run.get("code_version", "unknown"))
+    if skipped is not None:
+        meta["skipped_partitions"] = dg.MetadataValue.int(int(skipped))
+    return meta
+
+
+def outcome_tags(obj: DraftManifest, result: PublishResult) -> dict[str, str]:
+    """Run tags: the outcome is the first thing the run list and run page show."""
+    return {
+        TAG_OUTCOME: result.outcome, "freshidx/version": obj.version,
+        **({"freshidx/source_partition": obj.source_partition} if obj.source_partition else {}),
+        **({"freshidx/cutoff": obj.cutoff} if obj.cutoff else {}),
+    }
 
 
 def record_outcome(store: ObjectStore, obj: DraftManifest, result: PublishResult, run_id: str) -> None:

@@ -84,7 +84,8 @@ class SparkResource(dg.ConfigurableResource):
     server_state_dir: str | None = None
     """State dir of a `freshidx spark-server` supervisor: runs hold a lease while they use it, so a
     planned restart drains first, and a run arriving during a restart waits (then fails clearly)."""
-    lease_timeout_seconds: float = 120.0
+    # A drained restart on a loaded 2-core box took 53-175 s: a retry must outwait one.
+    lease_timeout_seconds: float = 300.0
 
     _session: Any = PrivateAttr(default=None)
     _leases: Any = PrivateAttr(default=None)

@@ -7,17 +7,20 @@ JVM) in its own session, and acts as the watchdog the design asks for:
 
 * **liveness** – the process is polled every ``poll_interval_s``; if it died (OOM killer,
   ``kill -9``) it is restarted at once (reason ``crash``);
-* **health** – every ``health_interval_s`` a Spark Connect client session runs ``SELECT 1`` under a
-  short timeout; ``health_failures`` failures in a row restart it (reason ``health``). A probe that
-  fails while runs hold leases and the JVM kept using CPU since the previous probe (at least
-  ``BUSY_CPU_FRACTION`` of a core) means *busy*, not hung: a build holding every task slot on a
-  loaded box can starve the probe, and restarting would fail those runs. Such failures are
-  recorded (``health_busy_since``) but count only once the server has looked busy for longer than
-  ``health_busy_grace_s``; a hung JVM (no CPU) or one without leases is restarted as before;
+* **health and progress** – every ``health_interval_s`` a Spark Connect client session runs
+  ``SELECT 1`` under a short timeout, and the progress of the server's jobs is sampled
+  (:mod:`freshidx.spark.progress`: task/stage counters and live I/O metrics from the driver's UI REST
+  API on a random loopback port, plus the CPU time of the server's Python workers; *not* the JVM's
+  CPU, which a starved JVM cannot get and an idle one spends on heartbeats and probes). While runs
+  hold leases, probes do not decide anything (a failed one is recorded as ``health_busy_since`` /
+  ``health_busy_failures``): the server is restarted (reason ``hung``) only once its jobs made no
+  progress for ``hang_timeout_s``. A server nobody leases is restarted (reason ``health``) after
+  ``health_failures`` failed probes in a row;
 * **planned restarts** – when the JVM is older than ``restart_every_s`` (reason ``planned-age``) or
   its heap stays over ``max_heap_fraction`` of ``-Xmx`` even after a full GC (``planned-heap``), the
-  supervisor *drains* first: it marks the state ``draining`` and waits (up to ``drain_timeout_s``)
-  until no client holds a lease, then restarts. ``SIGHUP`` (CLI) requests one (``planned-manual``).
+  supervisor *drains* first (so do ``hung`` and ``health``; only a dead JVM is restarted at once):
+  it marks the state ``draining`` and waits (up to ``drain_timeout_s``) until no client holds a
+  lease, then restarts. ``SIGHUP`` (CLI) requests one (``planned-manual``).
   More than ``max_session_processes`` processes in the JVM's session (Python worker daemons that
   Spark Connect leaks per client session) is a planned restart too (``planned-processes``).
 
@@ -54,6 +57,21 @@ stdout/stderr go to ``state_dir/server.log``. Only one supervisor may own a ``st
 ``SIGKILL`` is found through the recorded pid and its command line and killed on the next start.
 On stop the whole session of the JVM (the JVM *and* its Python worker daemons, which put themselves
 in their own process group) gets ``SIGTERM``, then ``SIGKILL`` after ``stop_timeout_s``.
+
+**Stopping at any moment.** ``SIGTERM``/``SIGINT`` to ``freshidx spark-server`` call
+:meth:`SparkConnectSupervisor.request_stop` from the handler: the current JVM's session gets
+``SIGTERM`` at once, whatever the supervisor is doing (starting, warming up, dumping the archive,
+draining, restarting), every wait in a start polls the request (a JVM spawned just before it is
+killed right after ``Popen``), no JVM is spawned after it, the JVM gets at most ``STOP_GRACE_S``
+before ``SIGKILL``, and the last status written is ``down`` (with ``stopped_at``). The JVM is also
+started with ``PR_SET_PDEATHSIG`` = ``SIGTERM`` (a small exec shim before ``spark-submit``): if the
+supervisor is killed with ``SIGKILL``, its JVM shuts down with it (the worker daemons exit when the
+JVM's pipes close), and the recorded-pid check above remains for anything else. The death signal
+follows the *thread* that spawned the JVM: start and supervise from one long-lived thread.
+
+**Clients cut off by a restart** see a ``pyspark.errors.PySparkException`` (e.g. ``SparkConnectGrpcException``
+or ``Cannot call methods on a stopped SparkContext``), an ordinary exception: the assets' Dagster
+``RetryPolicy`` retries it, and the retry leases again (waiting while the server restarts).
 """
 
 from __future__ import annotations
@@ -80,13 +98,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from freshidx.spark.progress import ProgressTracker, SparkStatusClient, python_worker_cpu_s, ui_port_from_log
+
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_STATE_DIR = Path(".freshidx") / "spark-server"
 DEFAULT_PORT = 15002
 STATUSES = ("starting", "up", "draining", "restarting", "down")
-#: CPU (cores) the JVM must have used since the previous probe for a failed probe to mean "busy".
-BUSY_CPU_FRACTION = 0.5
-RESTART_REASONS = ("crash", "health", "planned-age", "planned-heap", "planned-processes", "planned-manual")
+RESTART_REASONS = ("crash", "health", "hung", "planned-age", "planned-heap", "planned-processes", "planned-manual")
+#: After a stop request the JVM gets at most this long to exit on SIGTERM (callers such as the demo
+#: SIGKILL the supervisor ~30 s after their SIGTERM; the JVM must be gone well before).
+STOP_GRACE_S = 10.0
+# Run through this before spark-submit: the JVM gets SIGTERM (its shutdown hooks clean up; it exits
+# in seconds) when the supervisor thread that spawned it ends, even by SIGKILL, and it never outlives a
+# supervisor that died before the prctl took effect.
+_PDEATHSIG_SHIM = (
+    "import ctypes, os, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM\n"
+    "if os.getppid() != int(sys.argv[1]):\n    sys.exit(70)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 _STARTED_RE = re.compile(rb"Spark Connect server started at: *(\S+):(\d+)")
 _HEAP_USED_RE = re.compile(r"\btotal (\d+)K, used (\d+)K")
@@ -132,9 +162,9 @@ class ServerConfig:
     max_session_processes: int = 48
     health_interval_s: float = 5.0
     health_timeout_s: float = 15.0
-    health_failures: int = 3  # consecutive failed health checks before a restart
-    # Failed probes while leased runs keep the JVM busy count only after this long (0 = always count).
-    health_busy_grace_s: float = 600.0
+    health_failures: int = 3  # consecutive failed health checks before a restart (only without leases)
+    # With leases held, restart (drained) only after the jobs made no progress for this long (progress.py).
+    hang_timeout_s: float = 300.0
     heap_check_interval_s: float = 30.0
     drain_timeout_s: float = 120.0
     driver_memory: str = "2g"
@@ -160,8 +190,8 @@ class ServerConfig:
             raise ValueError(f"max_session_processes must be >= 0: {self.max_session_processes}")
         if self.health_failures < 1:
             raise ValueError("health_failures must be >= 1")
-        if self.health_busy_grace_s < 0:
-            raise ValueError(f"health_busy_grace_s must be >= 0: {self.health_busy_grace_s}")
+        if self.hang_timeout_s <= 0:
+            raise ValueError(f"hang_timeout_s must be > 0: {self.hang_timeout_s}")
         parse_memory(self.driver_memory)  # validates
         if self.cds_dir is not None:
             self.cds_dir = Path(self.cds_dir).expanduser().absolute()
@@ -180,7 +210,11 @@ class ServerConfig:
         conf: dict[str, str] = {
             "spark.connect.grpc.binding.address": self.host,
             "spark.connect.grpc.binding.port": str(self.port),
-            "spark.ui.enabled": "false",
+            # The UI's REST API is the supervisor's progress signal (progress.py): a random port (0),
+            # read back from the log; loopback only via SPARK_LOCAL_IP in local mode; no kill links.
+            "spark.ui.enabled": "true",
+            "spark.ui.port": "0",
+            "spark.ui.killEnabled": "false",
             "spark.ui.showConsoleProgress": "false",
             "spark.sql.session.timeZone": "UTC",
             "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -485,17 +519,28 @@ class MemorySample:
         return None if used is None else used / self.heap_max_bytes
 
 
-def _run_jcmd(pid: int, *command: str, timeout: float = 20.0) -> str | None:
+def _run_jcmd(
+    pid: int, *command: str, timeout: float = 20.0, cancel: Callable[[], bool] | None = None
+) -> str | None:
     exe = _jcmd()
     if exe is None:
         return None
     try:
-        res = subprocess.run(
-            [exe, str(pid), *command], capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
+        proc = subprocess.Popen([exe, str(pid), *command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    except OSError:
         return None
-    return res.stdout if res.returncode == 0 else None
+    deadline = time.monotonic() + timeout
+    while True:  # polled, so a stop request does not wait for a CDS dump (10-50 s)
+        try:
+            out, _ = proc.communicate(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline or (cancel is not None and cancel()):
+                proc.kill()
+                proc.communicate()
+                return None
+    return out if proc.returncode == 0 else None
 
 
 def sample_memory(pid: int, xmx_bytes: int, max_heap_cache: dict[int, int] | None = None) -> MemorySample:
@@ -550,9 +595,9 @@ def _warmup_batches(batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def _call_with_timeout(
-    fn: Callable[[], T], timeout_s: float, on_timeout: Callable[[], None], cancel: threading.Event | None = None
+    fn: Callable[[], T], timeout_s: float, on_timeout: Callable[[], None], cancel: Callable[[], bool] | None = None
 ) -> T:
-    """Run ``fn`` in a daemon thread. After ``timeout_s`` (or once ``cancel`` is set) call
+    """Run ``fn`` in a daemon thread. After ``timeout_s`` (or once ``cancel()`` is true) call
     ``on_timeout`` (which should make ``fn`` fail, e.g. close its channel) and raise TimeoutError."""
     box: dict[str, Any] = {}
 
@@ -566,13 +611,13 @@ def _call_with_timeout(
     th.start()
     deadline = time.monotonic() + timeout_s
     while th.is_alive() and (left := deadline - time.monotonic()) > 0:
-        if cancel is not None and cancel.is_set():
+        if cancel is not None and cancel():
             break
         th.join(min(0.1, left))
     if th.is_alive():
         with contextlib.suppress(Exception):
             on_timeout()
-        cancelled = cancel is not None and cancel.is_set()
+        cancelled = cancel is not None and cancel()
         raise TimeoutError("cancelled" if cancelled else f"no answer within {timeout_s}s")
     if "error" in box:
         raise box["error"]
@@ -618,7 +663,13 @@ class SparkConnectSupervisor:
         self._proc_lock = threading.RLock()
         self._state_lock = threading.RLock()
         self._state: dict[str, Any] = {}
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # stop requested (request_stop / stop): no JVM may outlive it
+        self._stop_at: float | None = None
+        self._run_stop: threading.Event | None = None  # run_forever's stop event
+        self._status_client: SparkStatusClient | None = None  # the JVM's UI REST API (progress.py)
+        self._health_failures = 0
+        self._busy_since: str | None = None
+        self._busy_failures = 0
         self._restart_requested: str | None = None
         self._pending_reason: str | None = None  # a restart that failed and must be retried
         self._lock_file: IO[str] | None = None
@@ -641,7 +692,12 @@ class SparkConnectSupervisor:
         with self._state_lock:
             return dict(self._state)
 
+    def _stopping(self) -> bool:
+        return self._stop.is_set() or (self._run_stop is not None and self._run_stop.is_set())
+
     def _update_state(self, **changes: Any) -> dict[str, Any]:
+        if self._stop.is_set() and changes.get("status") not in (None, "down"):
+            changes.pop("status")  # once a stop is requested, the last status written is "down"
         with self._state_lock:
             status_changed = "status" in changes and changes["status"] != self._state.get("status")
             self._state.update(changes)
@@ -698,8 +754,15 @@ class SparkConnectSupervisor:
     # ---- start / stop ------------------------------------------------------------------------
 
     def start(self) -> dict[str, Any]:
-        """Start the server and wait until it answers a real query. Returns timings (seconds)."""
+        """Start the server and wait until it answers a real query. Returns timings (seconds).
+
+        The JVM is killed when the thread that calls this ends (``PR_SET_PDEATHSIG``): call it from
+        the thread that keeps supervising (as :meth:`run_forever` does)."""
         self._stop.clear()
+        self._stop_at = None
+        return self._start()
+
+    def _start(self) -> dict[str, Any]:
         self._take_lock()
         with self._state_lock:
             if not self._state:
@@ -720,6 +783,7 @@ class SparkConnectSupervisor:
     def _command(self) -> list[str]:
         home = spark_home()
         return [
+            sys.executable, "-I", "-S", "-c", _PDEATHSIG_SHIM, str(os.getpid()),
             str(home / "bin" / "spark-submit"),
             "--class", SERVER_CLASS,
             "--name", "freshidx Spark Connect server",
@@ -786,7 +850,11 @@ class SparkConnectSupervisor:
             return None
         tmp, archive = pending
         t = time.monotonic()
-        out = _run_jcmd(pid, "VM.cds", "dynamic_dump", str(tmp), timeout=max(5.0, deadline - time.monotonic()))
+        out = _run_jcmd(pid, "VM.cds", "dynamic_dump", str(tmp), timeout=max(5.0, deadline - time.monotonic()),
+                        cancel=self._stopping)
+        if self._stopping():
+            tmp.unlink(missing_ok=True)
+            raise ServerStartError("stop requested while dumping the class archive")
         try:
             if out is not None and tmp.is_file() and tmp.stat().st_size > 0:
                 os.replace(tmp, archive)
@@ -820,6 +888,8 @@ class SparkConnectSupervisor:
     def _spawn_and_wait(self, when_up: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
         """Spawn the JVM, wait for the port, warm up; ``when_up`` adds fields to the "up" state write."""
         cfg = self.config
+        if self._stopping():
+            raise ServerStartError("stop requested")
         if not _port_free(cfg.host if cfg.host not in ("", "::") else "0.0.0.0", cfg.port):
             raise ServerStartError(f"port {cfg.host}:{cfg.port} is already in use")
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -839,9 +909,10 @@ class SparkConnectSupervisor:
         self._proc = proc
         self._started_mono = t0
         self._max_heap_cache.clear()
-        self._update_state(pid=proc.pid, started_at=_now_iso(), heap_used_bytes=None, heap_max_bytes=None,
-                           rss_bytes=None)
         try:
+            # (a stop requested between Popen and the line above did not see this JVM: it is killed below)
+            self._update_state(pid=proc.pid, started_at=_now_iso(), heap_used_bytes=None, heap_max_bytes=None,
+                               rss_bytes=None, ui_url=None)
             self._wait_listening(proc, offset, t0 + cfg.start_timeout_s)
             t_port = time.monotonic()
             timings = {"port_open_s": round(t_port - t0, 3)}
@@ -873,7 +944,7 @@ class SparkConnectSupervisor:
         probe_host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
         scanned = offset
         while True:
-            if self._stop.is_set():
+            if self._stopping():
                 raise ServerStartError("stop requested while starting")
             rc = proc.poll()
             if rc is not None:
@@ -882,12 +953,15 @@ class SparkConnectSupervisor:
             with contextlib.suppress(OSError), open(self.log_path, "rb") as f:
                 f.seek(scanned)
                 chunk = f.read()
+                chunk = chunk[: chunk.rfind(b"\n") + 1]  # whole lines only (a port number may be cut)
                 m = _STARTED_RE.search(chunk)
                 if m and int(m.group(2)) != cfg.port:
                     raise ServerStartError(f"server bound port {int(m.group(2))} instead of {cfg.port}")
-                cut = chunk.rfind(b"\n")
-                if cut >= 0:
-                    scanned += cut + 1
+                if (ui_port := ui_port_from_log(chunk)) is not None:  # logged before the Connect port opens
+                    self._status_client = SparkStatusClient(f"http://{probe_host}:{ui_port}",
+                                                            timeout_s=min(10.0, cfg.health_timeout_s))
+                    self._update_state(ui_url=self._status_client.base)
+                scanned += len(chunk)
             if _port_accepts(probe_host, cfg.port):
                 return
             if time.monotonic() > deadline:
@@ -919,7 +993,7 @@ class SparkConnectSupervisor:
             _close_session(box.get("session"), release=False)
 
         try:
-            return _call_with_timeout(work, max(1.0, deadline - time.monotonic()), abort, self._stop)
+            return _call_with_timeout(work, max(1.0, deadline - time.monotonic()), abort, self._stopping)
         finally:
             _close_session(box.get("session"), release=False)
 
@@ -931,13 +1005,20 @@ class SparkConnectSupervisor:
             if proc is None:
                 return
             sid = proc.pid
+            self._status_client = None
             if proc.poll() is None:
                 _signal_session(sid, signal.SIGTERM)
-                try:
-                    proc.wait(self.config.stop_timeout_s)
-                except subprocess.TimeoutExpired:
-                    _signal_session(sid, signal.SIGKILL)
-                    proc.wait(10)
+                give_up = time.monotonic() + self.config.stop_timeout_s
+                while proc.poll() is None:
+                    if self._stopping():  # a stop request shortens a restart's grace too
+                        give_up = min(give_up, (self._stop_at or time.monotonic()) + STOP_GRACE_S)
+                    if time.monotonic() >= give_up:
+                        _signal_session(sid, signal.SIGKILL)
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            proc.wait(10)
+                        break
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(0.1)
             # Python worker daemons (own process groups, same session) that outlived the JVM
             for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
                 if not session_members(sid):
@@ -949,13 +1030,24 @@ class SparkConnectSupervisor:
             self._proc = None
             self._started_mono = None
 
+    def request_stop(self) -> None:
+        """Ask for a stop from anywhere (a signal handler too: takes no lock). Whatever the supervisor is
+        doing, the current JVM gets SIGTERM now, every start or restart in progress gives up, and no
+        JVM is spawned after this. :meth:`stop` finishes the job (SIGKILL after the grace, reaping)."""
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
+        self._stop.set()
+        proc = self._proc
+        if proc is not None and proc.returncode is None:  # not reaped: the pid is still this JVM's
+            _signal_session(proc.pid, signal.SIGTERM)
+
     def stop(self) -> None:
         """Stop supervising and stop the server (no JVM or Python worker is left behind)."""
-        self._stop.set()
-        with self._proc_lock:
+        self.request_stop()
+        with self._proc_lock:  # waits for a start/restart in progress to notice the request
             self._terminate()
             if self._state:
-                self._update_state(status="down", pid=None, stopped_at=_now_iso())
+                self._update_state(status="down", pid=None, restarting_reason=None, stopped_at=_now_iso())
             self._release_lock()
 
     def request_restart(self, reason: str = "planned-manual") -> None:
@@ -998,15 +1090,6 @@ class SparkConnectSupervisor:
             _close_session(session, release=False)
         return ok
 
-    def _looks_busy(self, before: tuple[float, int, float | None], after: tuple[float, int, float | None]) -> bool:
-        """A failed probe while leased runs keep the JVM computing: busy, not hung (module docstring)."""
-        (t0, pid0, cpu0), (t1, pid1, cpu1) = before, after
-        if not self.config.health_busy_grace_s or pid0 != pid1 or cpu0 is None or cpu1 is None:
-            return False
-        if t1 <= t0 or cpu1 - cpu0 < BUSY_CPU_FRACTION * (t1 - t0):
-            return False
-        return bool(active_leases(self.state_dir))
-
     def _sample_memory(self) -> MemorySample | None:
         pid = self.pid
         if pid is None:
@@ -1042,9 +1125,9 @@ class SparkConnectSupervisor:
 
     # ---- restarts ----------------------------------------------------------------------------
 
-    def _drain(self, stop: threading.Event) -> bool:
+    def _drain(self, reason: str) -> bool:
         """Mark draining, wait until no lease is held (or the timeout). False if asked to stop."""
-        self._update_state(status="draining", drain_started_at=_now_iso())
+        self._update_state(status="draining", drain_started_at=_now_iso(), draining_reason=reason)
         deadline = time.monotonic() + self.config.drain_timeout_s
         while True:
             leases = active_leases(self.state_dir)
@@ -1059,7 +1142,7 @@ class SparkConnectSupervisor:
             held = [d.get("run_id") for d in leases]
             if held != self._state.get("leases"):
                 self._update_state(leases=held)
-            if stop.wait(0.2) or self._stop.is_set():
+            if self._stop.wait(0.2) or self._stopping():
                 return False
 
     def _restart(self, reason: str) -> dict[str, Any]:
@@ -1083,94 +1166,122 @@ class SparkConnectSupervisor:
         return {**timings, "restart_s": self._state["last_restart_duration_s"]}
 
     def run_forever(self, stop_event: threading.Event | None = None) -> None:
-        """Supervise until ``stop_event`` is set (or :meth:`stop`). Starts the server if needed.
+        """Supervise until ``stop_event`` is set (or :meth:`request_stop` / :meth:`stop`). Starts the
+        server if needed.
 
         Does not stop the server on return; call :meth:`stop` for that. Raises
         :class:`StateDirBusy` if another supervisor owns the state dir; every other failure to
         start is retried with exponential backoff (status ``down``, ``last_error``).
         """
         stop = stop_event or threading.Event()
+        self._run_stop = stop
         cfg = self.config
         failed_starts = 0
-        health_failures = 0
-        busy_since: float | None = None
-        busy_failures = 0
-        cpu_mark: tuple[float, int, float | None] = (time.monotonic(), 0, None)  # (when, JVM pid, its CPU s)
+        tracker = ProgressTracker(cfg.hang_timeout_s)
         next_health = time.monotonic() + cfg.health_interval_s
         next_heap = time.monotonic() + min(cfg.heap_check_interval_s, cfg.health_interval_s)
 
-        def stopping() -> bool:
-            return stop.is_set() or self._stop.is_set()
+        def fresh_jvm() -> None:
+            nonlocal next_health
+            self._health_failures, self._busy_since = 0, None
+            tracker.reset(time.monotonic())
+            next_health = time.monotonic() + cfg.health_interval_s
 
-        while not stopping():
-            try:
-                proc = self._proc
-                if proc is None:  # first start, or a restart that failed: retry with backoff
-                    try:
-                        if self._pending_reason:
-                            self._restart(self._pending_reason)
-                        else:
-                            self.start()
-                        failed_starts = 0
-                    except StateDirBusy:
-                        raise
-                    except ServerStartError as exc:
-                        if stopping():
+        try:
+            while not self._stopping():
+                try:
+                    proc = self._proc
+                    if proc is None:  # first start, or a restart that failed: retry with backoff
+                        try:
+                            if self._pending_reason:
+                                self._restart(self._pending_reason)
+                            else:
+                                self._start()
+                            failed_starts = 0
+                        except StateDirBusy:
+                            raise
+                        except ServerStartError as exc:
+                            if self._stopping():
+                                break
+                            failed_starts += 1
+                            self._update_state(status="down", last_error=str(exc)[:4000])
+                            stop.wait(min(60.0, 2.0**failed_starts))
+                        fresh_jvm()
+                        continue
+                    if proc.poll() is not None:  # dead: restarted at once, nothing to drain
+                        self._update_state(last_exit_code=proc.returncode)
+                        self._restart_or_mark_down("crash")
+                        fresh_jvm()
+                        continue
+                    now = time.monotonic()
+                    reason: str | None = None
+                    if now >= next_health:
+                        reason = self._health_tick(tracker)
+                        next_health = time.monotonic() + cfg.health_interval_s
+                    if reason is None:
+                        check_heap = now >= next_heap
+                        if check_heap:
+                            next_heap = now + cfg.heap_check_interval_s
+                        reason = self.planned_restart_reason(check_heap=check_heap)
+                    if reason is not None:  # every restart of a live JVM drains first
+                        if not self._drain(reason):
                             break
-                        failed_starts += 1
-                        self._update_state(status="down", last_error=str(exc)[:4000])
-                        stop.wait(min(60.0, 2.0**failed_starts))
-                    health_failures, busy_since = 0, None
-                    next_health = time.monotonic() + cfg.health_interval_s
-                    continue
-                if proc.poll() is not None:
-                    self._update_state(last_exit_code=proc.returncode)
-                    self._restart_or_mark_down("crash")
-                    health_failures, busy_since = 0, None
-                    next_health = time.monotonic() + cfg.health_interval_s
-                    continue
-                now = time.monotonic()
-                if now >= next_health:
-                    ok = self.health_check()
-                    next_health = time.monotonic() + cfg.health_interval_s
-                    prev_mark, cpu_mark = cpu_mark, (time.monotonic(), proc.pid, _cpu_seconds(proc.pid))
-                    if ok:
-                        health_failures, busy_since = 0, None
-                        self._update_state(last_health_at=_now_iso(), consecutive_health_failures=0,
-                                           health_busy_since=None)
-                    elif self._looks_busy(prev_mark, cpu_mark) and (
-                        busy_since is None or time.monotonic() - busy_since < cfg.health_busy_grace_s
-                    ):
-                        if busy_since is None:
-                            busy_since, busy_failures = time.monotonic(), 0
-                            self._update_state(health_busy_since=_now_iso())
-                        busy_failures += 1
-                        self._update_state(health_busy_failures=busy_failures)
+                        dead = self._proc is None or self._proc.poll() is not None
+                        self._restart_or_mark_down("crash" if dead else reason)
+                        fresh_jvm()
                         continue
-                    else:
-                        health_failures += 1
-                        self._update_state(consecutive_health_failures=health_failures)
-                        if health_failures >= cfg.health_failures and self._proc is not None:
-                            health_failures, busy_since = 0, None
-                            if self._proc.poll() is None:  # (if it died, the crash path restarts it)
-                                self._restart_or_mark_down("health")
-                        continue
-                check_heap = now >= next_heap
-                if check_heap:
-                    next_heap = now + cfg.heap_check_interval_s
-                reason = self.planned_restart_reason(check_heap=check_heap)
-                if reason is not None:
-                    if not self._drain(stop):
-                        break
-                    dead = self._proc is None or self._proc.poll() is not None
-                    self._restart_or_mark_down("crash" if dead else reason)
-                    next_health = time.monotonic() + cfg.health_interval_s
-                    continue
-            except StateDirBusy:
-                raise
-            except Exception as exc:  # keep supervising whatever goes wrong in one tick
-                self._update_state(last_error=f"supervisor: {type(exc).__name__}: {exc}"[:4000])
-            stop.wait(cfg.poll_interval_s)
+                except StateDirBusy:
+                    raise
+                except Exception as exc:  # keep supervising whatever goes wrong in one tick
+                    self._update_state(last_error=f"supervisor: {type(exc).__name__}: {exc}"[:4000])
+                stop.wait(cfg.poll_interval_s)
+        finally:
+            self._run_stop = None
+
+    def _health_tick(self, tracker: ProgressTracker) -> str | None:
+        """Probe, sample progress, record both; ``hung`` / ``health`` if a (drained) restart is due.
+
+        With leases held only progress counts (a failed probe is recorded as ``health_busy_*``); the
+        probe failure count applies to a server nobody is using."""
+        proc = self._proc
+        if proc is None:
+            return None
+        t0 = time.monotonic()
+        ok = self.health_check()
+        t1 = time.monotonic()
+        leased = bool(active_leases(self.state_dir))
+        client = self._status_client
+        status = client.sample() if client is not None else None
+        t2 = time.monotonic()
+        cpu = python_worker_cpu_s(proc.pid, session_members(proc.pid))
+        tracker.hang_timeout_s = self.config.hang_timeout_s  # (the config may be changed while running)
+        verdict = tracker.observe(time.monotonic(), leased=leased, probe_ok=ok, status=status, python_cpu_s=cpu)
+        changes: dict[str, Any] = {
+            "progress": verdict.why, "progress_stalled_s": round(verdict.stalled_s, 1),
+            "active_tasks": status.active_tasks if status else None,
+            "status_api_error": status.error if status else "no UI",
+            "probe_s": round(t1 - t0, 2), "status_api_s": round(t2 - t1, 2),
+        }
+        if verdict.progressed:
+            changes["progress_at"] = _now_iso()
+        if ok:
+            self._health_failures, self._busy_since = 0, None
+            changes.update(last_health_at=_now_iso(), consecutive_health_failures=0, health_busy_since=None)
+        elif leased:
+            if self._busy_since is None:
+                self._busy_since, self._busy_failures = _now_iso(), 0
+            self._busy_failures += 1
+            changes.update(health_busy_since=self._busy_since, health_busy_failures=self._busy_failures)
+        else:
+            self._health_failures += 1
+            changes.update(consecutive_health_failures=self._health_failures)
+        self._update_state(**changes)
+        if verdict.hung:
+            return "hung"
+        if not leased and self._health_failures >= self.config.health_failures and proc.poll() is None:
+            self._health_failures = 0
+            return "health"
+        return None
 
     def _restart_or_mark_down(self, reason: str) -> None:
         try:
@@ -1202,9 +1313,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-timeout", type=float, default=120.0, metavar="SECONDS",
                    help="how long a planned restart waits for leases to be released (default 120)")
     p.add_argument("--health-interval", type=float, default=5.0, metavar="SECONDS")
-    p.add_argument("--health-busy-grace", type=float, default=600.0, metavar="SECONDS",
-                   help="failed health probes while leased runs keep the JVM busy count only after this "
-                        "long (default 600; 0 = always count)")
+    p.add_argument("--hang-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="while runs hold leases, restart (drained) only after their jobs made no progress "
+                        "for this long; failed health probes alone never restart a leased server (default 300)")
     p.add_argument("--cds-dir", type=Path, default=None, help="AppCDS archive directory (default STATE_DIR/cds)")
     p.add_argument("--no-class-data-sharing", action="store_true", help="do not use/write an AppCDS archive")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark conf (repeatable)")
@@ -1237,7 +1348,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         restart_every_s=args.restart_every, max_heap_fraction=args.max_heap_fraction,
         max_session_processes=args.max_session_processes,
         driver_memory=args.driver_memory, drain_timeout_s=args.drain_timeout, health_interval_s=args.health_interval,
-        health_busy_grace_s=args.health_busy_grace,
+        hang_timeout_s=args.hang_timeout,
         class_data_sharing=not args.no_class_data_sharing, cds_dir=args.cds_dir, warm_up=not args.no_warm_up,
     )
 
@@ -1272,6 +1383,7 @@ def cmd_spark_server(args: argparse.Namespace) -> int:
 
     def on_signal(signum: int, _frame: Any) -> None:
         stop.set()
+        sup.request_stop()  # the JVM gets SIGTERM now, whatever run_forever is in the middle of
 
     def on_hup(signum: int, _frame: Any) -> None:
         sup.request_restart("planned-manual")
