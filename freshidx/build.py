@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 
 from freshidx import transform
 from freshidx.index_format import FORMAT
+from freshidx.records import DEFAULT_MAX_FUTURE_SKEW_SECONDS
 from freshidx.spark.index_shards import read_version_state, write_index_shards
 from freshidx.spark.raw_source import read_raw_lines
 from freshidx.spark.shards import QuarantineCommit, ShardCommit, write_quarantine
@@ -61,6 +62,7 @@ def build_version(
     quarantine_after: str | bool | None,
     max_read_tasks: int = 0,
     full_manifest: dict[str, Any] | None = None,
+    max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS,
 ) -> BuildResult:
     """Build and stage one version of tantivy shards (``index_format.FORMAT``).
 
@@ -76,7 +78,7 @@ def build_version(
     # checkpoint rather than persist(): under Spark Connect every plan sent re-resolves the Python
     # data source, so a persisted plan never matches and each action re-read the whole window
     # (measured: 6 read stages per delta build); a checkpoint is referenced by id and cut the lineage.
-    parsed = transform.parse_records(lines).localCheckpoint(eager=True)
+    parsed = transform.parse_records(lines, max_future_skew_seconds).localCheckpoint(eager=True)
     try:
         valid, invalid = transform.split_valid(parsed)
         reasons = {r["reason"]: int(r["count"]) for r in transform.reason_counts(invalid).collect()}

@@ -60,6 +60,7 @@ def build_delta(
         # A few files per task: one Python task per 5-minute file costs more in task start-up than
         # in reading (60 files in a 5 h window).
         max_read_tasks=READ_TASKS,
+        max_future_skew_seconds=settings.max_future_skew_seconds,
     )
     if on_stage:
         on_stage("build_seconds", result.seconds)

@@ -136,7 +136,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"  starting dagster dev on 127.0.0.1:{args.port} … (log: {home / 'dagster-dev.log'})")
         dev.start()
         try:
-            dev.wait_ready(timeout=180, abort=lambda: stop["now"])
+            dev.wait_ready(timeout=900, abort=lambda: stop["now"])  # a loaded box can take minutes
         except WaitAborted:
             return 0
         print(f"  Dagster UI: {dev.url}   (sensors running; Ctrl-C to stop)", flush=True)

@@ -83,6 +83,7 @@ def build_full(
         num_shards=settings.full_shards, source=settings.source, run_id=run_id,
         quarantine_after=False,  # the delta runs already quarantined these records; count only
         max_read_tasks=max(4, settings.full_shards * 4),
+        max_future_skew_seconds=settings.max_future_skew_seconds,
     )
     return DraftManifest(
         index=INDEX,

@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 from freshidx import layout, transform
 from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import DraftManifest, iso, new_version
+from freshidx.records import DEFAULT_MAX_FUTURE_SKEW_SECONDS
 from freshidx.spark.bucket_writer import write_buckets_parts
 from freshidx.spark.raw_source import read_raw_lines
 from freshidx.spark.shards import QuarantineCommit, ShardCommit, write_quarantine
@@ -234,6 +235,7 @@ def build_buckets(
     run_info: dict[str, Any] | None = None,
     quarantine: bool = True,
     kind: str = "initial",
+    max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS,
 ) -> list[BucketBuild]:
     """Build and stage one version of the bucket of every hour of ``hours`` in one Spark pass.
 
@@ -262,7 +264,7 @@ def build_buckets(
     lines = read_raw_lines(spark, store_config, file_list, max_partitions=_read_task_limit(spark))
     # Parsed once, used three times (counts, quarantine, bucket parts). A checkpoint, not persist():
     # under Spark Connect a persisted plan never matches and every action re-read (see build.py).
-    parsed = transform.parse_records(lines).localCheckpoint(eager=True)
+    parsed = transform.parse_records(lines, max_future_skew_seconds).localCheckpoint(eager=True)
     try:
         # One small aggregation gives the lines per file and the invalid reasons of every hour.
         for row in parsed.groupBy("file", "reason").agg(F.count(F.lit(1)).alias("n")).collect():

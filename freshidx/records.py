@@ -33,6 +33,12 @@ REASON_BAD_TIMESTAMP = "bad_updated_at"
 REASON_BAD_VERSION = "bad_version"
 REASON_TOO_LONG = "title_too_long"
 REASON_BAD_ENCODING = "bad_encoding"
+REASON_FUTURE_TIMESTAMP = "future_timestamp"
+
+#: How far ``updated_at`` may lie after the minute of the partition holding the record (upstream clocks
+#: drift a little; a record cannot have been changed an hour after it was written). Setting:
+#: ``FRESHIDX_MAX_FUTURE_SKEW_SECONDS``.
+DEFAULT_MAX_FUTURE_SKEW_SECONDS = 3600
 
 
 def raw_ddl() -> str:

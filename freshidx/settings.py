@@ -103,6 +103,9 @@ class Settings(BaseModel):
     hourly_sensor_interval_seconds: int = Field(30, ge=1, le=3600, description="catch-up sensor tick interval")
     catchup_autostart: bool = Field(True, description="start the ads_hourly catch-up sensor with the code location "
                                     "(false: it can still be started from the UI)")
+    max_future_skew_seconds: int = Field(
+        3600, ge=0, le=7 * 24 * 3600,
+        description="quarantine a record whose updated_at is this far after its partition's minute (future_timestamp)")
     delta_overlap: str = Field("serialize", description="a delta trigger while a run is in flight: "
                                "serialize|skip|queue")
     hourly_overlap: str = Field("serialize", description="a catch-up trigger while a run is in flight: "

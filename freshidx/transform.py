@@ -19,8 +19,11 @@ the first failing rule, in this order:
    ``"1.5"``) is rejected: the record schema says double;
 6. ``bad_updated_at``: not ``YYYY-MM-DD[T ]HH:MM:SS[.f{1,9}][Z|±HH:MM|±HHMM]`` or not a real instant.
    Without a zone the time is taken as UTC (whatever the session time zone);
-7. ``bad_version``: not a JSON integer (``3.0``, ``"3"``, > 2^63-1 are rejected) or negative;
-8. ``title_too_long``: more than ``MAX_TITLE_CHARS`` characters (code points).
+7. ``future_timestamp``: ``updated_at`` lies more than ``max_future_skew_seconds`` after the minute
+   of the partition that holds the record (deterministic: every build of the same input agrees,
+   whenever it runs);
+8. ``bad_version``: not a JSON integer (``3.0``, ``"3"``, > 2^63-1 are rejected) or negative;
+9. ``title_too_long``: more than ``MAX_TITLE_CHARS`` characters (code points).
 
 String fields accept any JSON scalar (``"ad_id": 123`` reads as ``"123"``), like Spark's JSON reader.
 Duplicate keys in one object: the last one wins (Spark's JSON parser).
@@ -37,6 +40,7 @@ from pyspark.sql import functions as F
 
 from freshidx.records import (
     ACTIVE,
+    DEFAULT_MAX_FUTURE_SKEW_SECONDS,
     MAX_BID,
     MAX_TITLE_CHARS,
     RAW_FIELDS,
@@ -45,6 +49,7 @@ from freshidx.records import (
     REASON_BAD_STATUS,
     REASON_BAD_TIMESTAMP,
     REASON_BAD_VERSION,
+    REASON_FUTURE_TIMESTAMP,
     REASON_MALFORMED_JSON,
     REASON_MISSING_FIELD,
     REASON_TOO_LONG,
@@ -105,7 +110,16 @@ def _check_partial_results(df: DataFrame) -> None:
         )
 
 
-def parse_records(lines: DataFrame) -> DataFrame:
+_PARTITION_RE = r"^year=(\d{4})/month=(\d{2})/day=(\d{2})/hour=(\d{2})/minute=(\d{2})$"
+
+
+def _partition_time(partition: Column) -> Column:
+    """The UTC minute a partition path names (null for anything that is not a minute path)."""
+    iso = F.regexp_replace(partition, _PARTITION_RE, "$1-$2-$3T$4:$5:00Z")
+    return F.when(partition.rlike(_PARTITION_RE), iso.try_cast("timestamp"))
+
+
+def parse_records(lines: DataFrame, max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS) -> DataFrame:
     """Parse and validate raw lines (``partition, file, line, raw[, bad_encoding, original, object_error]``).
 
     Returns ``partition, file, line, raw``, one typed column per :data:`RAW_FIELDS` field
@@ -173,6 +187,8 @@ def parse_records(lines: DataFrame) -> DataFrame:
             F.lit(REASON_BAD_BID),
         )
         .when(updated_at.isNull(), F.lit(REASON_BAD_TIMESTAMP))
+        .when(updated_at.cast("long") > _partition_time(F.col("partition")).cast("long")
+              + F.lit(int(max_future_skew_seconds)), F.lit(REASON_FUTURE_TIMESTAMP))
         .when(version.isNull() | (version < F.lit(0)), F.lit(REASON_BAD_VERSION))
         .when(F.length(t["title"]) > F.lit(MAX_TITLE_CHARS), F.lit(REASON_TOO_LONG))
     )

@@ -108,6 +108,12 @@ CASES: list[tuple[str | tuple[str, bool], str | None]] = [
     (line() + " " + line(ad_id="ad-2"), R.REASON_MALFORMED_JSON),
     (line() + ",\t" + line(ad_id="ad-2"), R.REASON_MALFORMED_JSON),
     (line(title="curly } { title }"), None),  # braces inside strings are text
+    # updated_at after the partition's minute (P1 = 14:05) by more than the skew (default 1 h)
+    (line(updated_at="2026-11-21T15:05:00Z"), None),  # exactly the skew: accepted
+    (line(updated_at="2026-11-21T15:05:01Z"), R.REASON_FUTURE_TIMESTAMP),
+    (line(updated_at="2026-11-22T14:05:00Z"), R.REASON_FUTURE_TIMESTAMP),  # a day ahead
+    (line(updated_at="2036-11-21T14:05:07Z"), R.REASON_FUTURE_TIMESTAMP),  # ten years ahead
+    (line(updated_at="2026-11-21 17:05:07+02:00"), R.REASON_FUTURE_TIMESTAMP),  # 15:05:07Z: the zone counts
 ]
 
 
@@ -149,6 +155,16 @@ def test_columns_and_typed_values(spark: SparkSession, parsed: list[Any]) -> Non
     assert by_raw[line(ad_id=123)]["ad_id"] == "123"
     assert by_raw[line(bid=7)]["bid"] == 7.0
     assert by_raw[line(keywords=_DROP)]["keywords"] is None
+
+
+def test_future_skew_is_a_parameter_and_needs_a_minute_partition(spark: SparkSession) -> None:
+    ahead = line(updated_at="2026-11-21T14:15:00Z")  # 10 min after P1's minute
+    strict = T.parse_records(lines_df(spark, [ahead]), max_future_skew_seconds=60).collect()
+    assert [r["reason"] for r in strict] == [R.REASON_FUTURE_TIMESTAMP]
+    assert [r["reason"] for r in T.parse_records(lines_df(spark, [ahead])).collect()] == [None]
+    # a partition that is not a minute path (a test's or a replay's) is never judged
+    loose = T.parse_records(lines_df(spark, [ahead], partition="adhoc"), max_future_skew_seconds=0).collect()
+    assert [r["reason"] for r in loose] == [None]
 
 
 def test_string_bid_is_never_silently_nulled(spark: SparkSession) -> None:

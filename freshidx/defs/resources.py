@@ -224,6 +224,7 @@ PIPELINE_FIELDS = (
     "readiness", "quiet_seconds", "close_grace_seconds", "hourly_max_hours_per_run", "hourly_timeout_seconds",
     "hourly_max_attempts", "hourly_lookahead_hours", "hourly_late_lookback_hours", "hourly_late_checks_per_tick",
     "hourly_parts", "hourly_sensor_interval_seconds", "delta_overlap", "hourly_overlap", "catchup_autostart",
+    "max_future_skew_seconds",
 )
 
 
@@ -266,6 +267,7 @@ class FreshidxSettings(dg.ConfigurableResource):
     delta_overlap: str = "serialize"
     hourly_overlap: str = "serialize"
     catchup_autostart: bool = True
+    max_future_skew_seconds: int = 3600
 
     def settings(self, store_uri: str, endpoint_url: str | None = None) -> Settings:
         return Settings.from_env({}, store=store_uri, s3_endpoint_url=endpoint_url,
