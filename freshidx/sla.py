@@ -13,8 +13,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from freshidx.listing import newest_partition
-from freshidx.partitions import PartitionId
+from freshidx.listing import newest_partition, partitions_after
+from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import Pointer, parse_iso, read_pointer
 from freshidx.settings import Settings
 from freshidx.store import ObjectStore
@@ -46,11 +46,44 @@ class Observed:
     delta: Pointer | None
     full: Pointer | None
     delta_failures: int = 0  # consecutive failed delta runs, newest first
+    #: When the oldest partition the delta does not cover yet became visible (its first object's
+    #: last-modified); None when the delta covers the newest partition.
+    waiting_since: dt.datetime | None = None
+
+
+def _delta_partition(delta: Pointer | None) -> PartitionId | None:
+    if delta is None or not delta.source_partition:
+        return None
+    try:
+        return PartitionId.parse(delta.source_partition)
+    except PartitionError:
+        return None
+
+
+def waiting_since(store: ObjectStore, settings: Settings, newest: PartitionId | None,
+                  delta: Pointer | None) -> dt.datetime | None:
+    """When the oldest partition newer than the delta became visible (None: nothing is waiting).
+
+    The oldest, not the newest: the delta skips to the newest partition, so while publication is
+    stuck the newest keeps changing and its own wait never grows; the first uncovered one's does.
+    """
+    covered = _delta_partition(delta)
+    if newest is None or (covered is not None and newest <= covered):
+        return None
+    listing = partitions_after(store, settings.source, covered, max_scan_hours=settings.scan_hours, newest=newest)
+    if not listing.partitions:
+        return newest.at
+    first = listing.partitions[0]
+    # A partition's files can be written before the minute they are named after ends; never count
+    # waiting from before its own timestamp.
+    return max(min(o.last_modified for o in listing.files[first]), first.at)
 
 
 def observe(store: ObjectStore, settings: Settings, now: dt.datetime, delta_failures: int = 0) -> Observed:
     newest, _ = newest_partition(store, settings.source)
-    return Observed(now, newest, read_pointer(store, "delta")[0], read_pointer(store, "full")[0], delta_failures)
+    delta = read_pointer(store, "delta")[0]
+    return Observed(now, newest, delta, read_pointer(store, "full")[0], delta_failures,
+                    waiting_since(store, settings, newest, delta))
 
 
 def _graded(value: float, warn: float, fail: float) -> tuple[bool, Severity]:
@@ -109,17 +142,23 @@ def coverage(o: Observed, s: Settings) -> CheckOutcome:
 
 
 def publication_stuck(o: Observed, s: Settings) -> CheckOutcome:
+    """How long visible data has waited for the delta: now minus when the oldest partition the delta
+    does not cover yet became visible. An upstream gap does not count (the wait starts when data
+    appears), and neither does the newest partition's timestamp relative to the pointer."""
     if o.newest is None:
         return CheckOutcome("delta_index", "publication_stuck", True, "WARN", "no partitions yet")
-    behind_from = parse_iso(o.delta.position) if o.delta else None
-    behind = (o.newest.at - behind_from).total_seconds() if behind_from else float("inf")
-    passed = behind < s.stuck_seconds
+    if o.waiting_since is None:
+        return CheckOutcome("delta_index", "publication_stuck", True, "ERROR",
+                            f"the delta covers the newest visible partition {o.newest.path}",
+                            {"waiting_seconds": 0.0, "consecutive_failures": o.delta_failures})
+    waited = max(0.0, (o.now - o.waiting_since).total_seconds())
+    passed = waited < s.stuck_seconds
     return CheckOutcome(
         "delta_index", "publication_stuck", passed, "ERROR",
-        f"newest visible {o.newest.path} is {behind:.0f}s ahead of the published delta"
+        f"visible data has waited {waited:.0f}s for the delta (limit {s.stuck_seconds}s; newest {o.newest.path})"
         + ("" if passed else f"; {o.delta_failures} consecutive failed delta runs"),
-        {"behind_seconds": round(behind, 3) if behind != float("inf") else -1.0,
-         "consecutive_failures": o.delta_failures},
+        {"waiting_seconds": round(waited, 3), "waiting_since": o.waiting_since.isoformat(),
+         "newest_partition": o.newest.path, "consecutive_failures": o.delta_failures},
     )
 
 
@@ -146,6 +185,62 @@ CHECK_NAMES = {
     "raw_ad_updates": ["source_silence"],
     "delta_index": ["data_lag", "coverage", "publication_stuck", "run_failures"],
     "full_index": ["age"],
+}
+
+
+def _env(field_name: str) -> str:
+    default = Settings.model_fields[field_name].default
+    return f"{Settings.env_name(field_name)} (default {default})"
+
+
+_SENSOR = f"freshidx_sla_sensor evaluates it every {_env('sla_interval_seconds')} seconds"
+#: One paragraph per check, shown as the check's description in the Dagster UI.
+DESCRIPTIONS: dict[str, str] = {
+    "source_silence": (
+        "Seconds since the newest raw partition's minute (now minus its timestamp). Warns at "
+        f"{_env('silence_warn_seconds')} and fails at {_env('silence_fail_seconds')}, and fails when no "
+        "partition exists at all. A failure means upstream stopped writing (an upstream outage, not a "
+        f"freshidx failure); nothing in freshidx can fix it. {_SENSOR}, records state changes in the "
+        "sla ledger and launches nothing for it."
+    ),
+    "data_lag": (
+        "Seconds between now and the raw partition the published delta index covers (the delta "
+        f"pointer's position): how stale search results are. Warns at {_env('lag_warn_seconds')} and fails "
+        f"at {_env('lag_fail_seconds')}; fails when no delta is published. A failure means readers see "
+        "data older than the SLA, because upstream is silent (see source_silence) or delta runs are slow or "
+        f"failing (see publication_stuck, run_failures). {_SENSOR} and records state changes in the sla "
+        "ledger; it launches nothing: delta_index_sensor keeps requesting delta runs."
+    ),
+    "coverage": (
+        "Whether the delta window reaches back to (or past) the full index's cutoff: the gap in seconds "
+        "between the delta window start and the full cutoff must be 0, else updates in between are in "
+        f"neither index. The window is {_env('window_minutes')} minutes; the full index is rebuilt every "
+        f"{_env('full_every_hours')} hours. Fails (ERROR) on any gap or when no full index is published. "
+        f"{_SENSOR} and on a failure launches one full_index rebuild (run key per full version, never "
+        "while another full_index run is queued or running, at most 3 failed attempts per version)."
+    ),
+    "publication_stuck": (
+        "How long visible data has waited for the delta: now minus the time the oldest raw partition "
+        "newer than the delta pointer became visible (its first object's last-modified). An upstream gap "
+        "does not count: the wait starts when data appears. Fails (ERROR) at "
+        f"{_env('stuck_seconds')}; the metadata also counts consecutive failed delta runs. A failure means "
+        "delta runs are failing, queued behind heavy builds, or not being requested. "
+        f"{_SENSOR} and records state changes in the sla ledger; it launches nothing (see the delta runs "
+        "and delta_index_sensor's ticks)."
+    ),
+    "run_failures": (
+        "Consecutive failed delta_index runs, newest first (interrupted runs and runs in flight do not "
+        f"count). Warns at 1 and fails (ERROR) at {_env('max_attempts')}, the runs a partition gets "
+        "before it is parked. A failure means the delta is not publishing: read the failed runs' errors. "
+        f"{_SENSOR} and records state changes in the sla ledger; it launches nothing (the delta sensor "
+        "retries on its own)."
+    ),
+    "age": (
+        "Seconds since the full index's cutoff (now minus the newest raw partition it includes). Fails "
+        f"(ERROR) above {_env('full_max_age_seconds')}, or when no full index is published. A failure "
+        "means scheduled rebuilds are not publishing, so the delta window will soon stop reaching the "
+        f"cutoff. {_SENSOR} and on a failure launches one full_index rebuild, like coverage."
+    ),
 }
 
 

@@ -7,4 +7,4 @@ bash scripts/bootstrap.sh
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"
 .venv/bin/ruff check freshidx freshidx_tests
 # Two workers, one test file each at a time: much of the suite waits on JVMs and dagster dev.
-exec .venv/bin/python -m pytest -n 2 --dist loadfile freshidx_tests "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadfile --durations=25 freshidx_tests "$@"

@@ -54,6 +54,11 @@ def hourly_partitions(settings: Settings) -> dg.HourlyPartitionsDefinition:
     return dg.HourlyPartitionsDefinition(start_date=f"{settings.partitions_start}-00:00", timezone="UTC")
 
 
+def store_kind(uri: str) -> str:
+    """The asset kind of the configured object store (the UI shows it as the asset's storage)."""
+    return "s3" if uri.startswith("s3://") else "file"
+
+
 def raw_ad_updates_spec(settings: Settings) -> dg.AssetSpec:
     return dg.AssetSpec(
         "raw_ad_updates",
@@ -65,7 +70,7 @@ def raw_ad_updates_spec(settings: Settings) -> dg.AssetSpec:
         ),
         partitions_def=hourly_partitions(settings),
         group_name="raw",
-        kinds={"s3", "json"},
+        kinds={store_kind(settings.store), "json"},
         owners=OWNERS,
         metadata={"layout": f"raw/{settings.source}/year=YYYY/month=MM/day=DD/hour=HH/minute=mm/"},
     )

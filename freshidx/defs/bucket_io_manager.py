@@ -26,6 +26,21 @@ class HourBucket:
     problems: list[str] = field(default_factory=list)
 
 
+def _per_partition_metadata(per_hour: dict[str, dict[str, Any]]) -> bool:
+    """Attach each hour's metadata to that hour's materialization of the running step.
+
+    ``add_output_metadata`` would put one dict on every partition of a multi-hour run; the step's
+    ``AssetExecutionContext`` (still current while its output is handled) scopes it per partition.
+    """
+    try:
+        ctx = dg.AssetExecutionContext.get()
+    except Exception:  # no step is executing (IO manager driven by hand)
+        return False
+    for hid, values in per_hour.items():
+        ctx.add_asset_metadata(values, partition_key=catchup.dagster_key(catchup.parse_hour_id(hid)))
+    return True
+
+
 class BucketIOManager(dg.ConfigurableIOManager):
     """Publishes each hour's staged bucket and records the outcome; fails the run if an hour failed."""
 
@@ -41,10 +56,14 @@ class BucketIOManager(dg.ConfigurableIOManager):
         versions: dict[str, str] = {}
         rows = invalid = 0
         publish_seconds = build_seconds = 0.0
+        per_hour: dict[str, dict[str, Any]] = {}  # what each hour's own materialization shows
         for hb in obj:
             hour = catchup.parse_hour_id(hb.hour_id)
+            per_hour[hb.hour_id] = {"hour": hb.hour_id, "kind": hb.kind, "claim": hb.claim or "none",
+                                    "run": dg.MetadataValue.dagster_run(run_id)}
             if hb.draft is None or hb.problems:
                 why = "; ".join(hb.problems) or "no bucket built"
+                per_hour[hb.hour_id].update(outcome="not_ready", reason=why)
                 catchup.record(store, self.asset, hour, f".refused-{run_id[:8]}", ledger.REFUSED, why,
                                run_id=run_id, extra={"kind": hb.kind, "claim": hb.claim})
                 outcomes[hb.hour_id] = "not_ready"
@@ -54,6 +73,7 @@ class BucketIOManager(dg.ConfigurableIOManager):
                 reason = f"claim {hb.claim} expired (the sensor handed the hour to another attempt)"
                 catchup.record(store, self.asset, hour, f".{hb.claim}.done", ledger.REFUSED, reason, run_id=run_id)
                 outcomes[hb.hour_id] = "expired"
+                per_hour[hb.hour_id].update(outcome="expired", reason=reason)
                 continue
             _crash_point("bucket_before_publish")  # tests: the run dies here like a kill -9, buckets staged
             result = publish(store, hb.draft, allow_empty=True, only_if_absent=hb.kind == "catchup")
@@ -65,6 +85,18 @@ class BucketIOManager(dg.ConfigurableIOManager):
             invalid += int(hb.draft.invalid.get("count", 0))
             extra = {"version": hb.draft.version, "kind": hb.kind, "doc_count": hb.draft.doc_count,
                      "inputs": len(hb.draft.inputs.get("files", []))}
+            per_hour[hb.hour_id].update(
+                outcome=result.outcome, reason=result.reason, version=hb.draft.version,
+                rows=dg.MetadataValue.int(hb.draft.doc_count),
+                invalid_records=dg.MetadataValue.int(int(hb.draft.invalid.get("count", 0))),
+                inputs=dg.MetadataValue.int(len(hb.draft.inputs.get("files", []))),
+                publish_seconds=dg.MetadataValue.float(round(result.seconds, 3)),
+                build_seconds=dg.MetadataValue.float(round(float(hb.draft.stats.get("build_seconds") or 0.0), 3)),
+                manifest=dg.MetadataValue.path(f"{store.uri}/{layout.manifest_key(hb.draft.index, hb.draft.version)}"),
+            )
+            if result.outcome == "published":
+                per_hour[hb.hour_id]["lag_seconds"] = dg.MetadataValue.float(
+                    round((utcnow() - (hour + catchup.HOUR)).total_seconds(), 3))
             if result.outcome == "invalid":
                 failed.append(f"{hb.hour_id}: {result.reason}")
                 catchup.record(store, self.asset, hour, f".invalid-{run_id[:8]}", ledger.INVALID, result.reason,
@@ -106,7 +138,14 @@ class BucketIOManager(dg.ConfigurableIOManager):
         if len(obj) == 1 and obj[0].draft is not None:
             meta["manifest"] = dg.MetadataValue.path(
                 f"{store.uri}/{layout.manifest_key(obj[0].draft.index, obj[0].draft.version)}")
-        context.add_output_metadata(meta)
+        if len(obj) > 1 and not _per_partition_metadata(per_hour):
+            # Not inside a run step (a bare OutputContext): only the run's totals can be recorded.
+            context.add_output_metadata(meta)
+        elif len(obj) > 1:
+            # Every hour's materialization gets its own values (above); the totals say they are the run's.
+            context.add_output_metadata({f"run_{k}": v for k, v in meta.items()})
+        else:
+            context.add_output_metadata(meta)
         if failed:
             raise dg.Failure(description=f"{len(failed)} hour(s) not published: " + " | ".join(failed),
                              metadata={"failed": dg.MetadataValue.json(failed)}, allow_retries=False)

@@ -106,7 +106,8 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
             with spark.session() as session:  # a failure drops the session, so a step retry reconnects
                 built = build_buckets(session, store.store_config(), asset=catchup.ASSET, source=cfg.source,
                                       hours=todo, run_id=context.run_id,
-                                      parts=cfg.hourly_parts, run_info=run_info, kind=kind)
+                                      parts=cfg.hourly_parts, run_info=run_info, kind=kind,
+                                      max_future_skew_seconds=cfg.max_future_skew_seconds)
             for hid, b in zip(hids, built, strict=True):
                 out.append(HourBucket(hid, kind, claims.get(hid), b.draft,
                                       [f"manifest rows: {m}" for m in b.row_mismatches]))

@@ -2,7 +2,10 @@
 
 The checks are real ``@asset_check`` definitions (so the UI lists them and can execute them on
 demand); the sensor evaluates the same functions every tick and stores the results as runless
-check evaluations when a state changes (plus a periodic heartbeat), so there is no run per tick.
+check evaluations when a state changes, after each new materialization of the checked asset (the
+UI matches runless evaluations to the latest materialization by time, and would show "Not
+Evaluated" until the next one), plus a periodic heartbeat, so there is no run per tick. Every tick
+that launches nothing says why in its skip reason.
 A coverage gap or a too-old full index launches one ``full_index`` run (idempotent via the
 ledger and a run key; never while another ``full_index`` run is in flight).
 """
@@ -53,8 +56,7 @@ def _evaluation(o: sla.CheckOutcome) -> dg.AssetCheckEvaluation:
 def _make_check(asset: str, name: str) -> dg.AssetChecksDefinition:
     fn = {f.__name__: f for f in sla.CHECKS}[{"run_failures": "delta_failures", "age": "full_age"}.get(name, name)]
 
-    @dg.asset_check(asset=asset, name=name, description=(fn.__doc__ or name).strip().split("\n")[0],
-                    blocking=False)
+    @dg.asset_check(asset=asset, name=name, description=sla.DESCRIPTIONS[name], blocking=False)
     def _check(context: dg.AssetCheckExecutionContext, store: ObjectStoreResource,
                freshidx: FreshidxSettings) -> dg.AssetCheckResult:
         settings = freshidx.settings(store.uri, store.endpoint_url)
@@ -66,6 +68,23 @@ def _make_check(asset: str, name: str) -> dg.AssetChecksDefinition:
         )
 
     return _check
+
+
+def _latest_materialization(instance: dg.DagsterInstance, asset: str) -> int | None:
+    """Storage id of the asset's latest materialization (None: never materialized, e.g. external)."""
+    records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset)), limit=1)
+    return records.records[0].storage_id if records.records else None
+
+
+def tick_summary(outcomes: list[sla.CheckOutcome], reported: int, changes: list[str],
+                 remediation: str | None) -> str:
+    """The skip reason of a tick that launches nothing: always says why, never Dagster's generic one."""
+    failing = [f"{o.asset}.{o.check} {o.state}" for o in outcomes if not o.passed]
+    head = remediation or ("no remediation needed" if not any(o.remediate for o in outcomes)
+                           else "remediation not launched")
+    checks = f"{len(failing)} of {len(outcomes)} checks failing" + (f" ({', '.join(failing)})" if failing else "")
+    changed = f"; changed: {', '.join(changes)}" if changes else ""
+    return f"{head}; {checks}; {reported} evaluation(s) reported{changed}"
 
 
 def sla_checks() -> list[dg.AssetChecksDefinition]:
@@ -91,20 +110,27 @@ def make_sla_sensor(interval_seconds: int) -> dg.SensorDefinition:
         outcomes = sla.evaluate(observed, settings)
         cursor = json.loads(context.cursor) if context.cursor else {}
         states: dict = cursor.get("states", {})
+        latest = {a: _latest_materialization(context.instance, a) for a in sla.CHECK_NAMES}
         events: list[dg.AssetCheckEvaluation] = []
+        changes: list[str] = []
         for o in outcomes:
             key = f"{o.asset}.{o.check}"
             prev = states.get(key)
-            due = prev is None or prev["state"] != o.state or now - dt.datetime.fromisoformat(prev["at"]) >= HEARTBEAT
+            changed = prev is not None and prev["state"] != o.state
+            # The UI shows a check's evaluation only while it is newer than the asset's latest
+            # materialization (runless evaluations are matched by time), so re-report after each one.
+            due = (prev is None or changed or prev.get("mat") != latest[o.asset]
+                   or now - dt.datetime.fromisoformat(prev["at"]) >= HEARTBEAT)
             if due:
                 events.append(_evaluation(o))
-                if prev is not None and prev["state"] != o.state:
+                if changed:
+                    changes.append(f"{key} {prev['state']} → {o.state}")
                     ledger.record(st, layout.ledger_key("sla", now.strftime("%Y-%m-%d"),
                                                         f"{now:%Y%m%dT%H%M%S}-{o.check}-{o.state}"),
                                   ledger.Entry("sla", f"{o.check}-{o.state}", "check_state_changed",
                                                f"{o.asset}.{o.check}: {prev['state']} → {o.state}: {o.description}",
                                                scope=o.asset))
-                states[key] = {"state": o.state, "at": now.isoformat()}
+                states[key] = {"state": o.state, "at": now.isoformat(), "mat": latest[o.asset]}
         cursor["states"] = states
 
         requests: list[dg.RunRequest] = []
@@ -112,8 +138,10 @@ def make_sla_sensor(interval_seconds: int) -> dg.SensorDefinition:
         skip = None
         if reasons:
             requests, skip = _remediation(context, st, observed, reasons, now)
+        if not requests:
+            skip = tick_summary(outcomes, len(events), changes, skip)
         return dg.SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(cursor),
-                               skip_reason=skip if not requests else None)
+                               skip_reason=None if requests else skip)
 
     return freshidx_sla_sensor
 
