@@ -40,7 +40,7 @@ from freshidx_tests.conftest import free_port, make_s3_config
 from freshidx_tests.polling import poll_until
 
 # Generous: every build is real Spark work, and the suite's box is a loaded 2-core machine.
-pytestmark = [pytest.mark.s3, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.s3, pytest.mark.heavy, pytest.mark.timeout(1500)]
 REPO = Path(__file__).resolve().parents[1]
 
 

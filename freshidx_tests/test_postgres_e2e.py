@@ -100,6 +100,7 @@ def pg_count(url: str, table: str) -> int:
 
 
 @pytest.mark.daemon
+@pytest.mark.heavy
 @pytest.mark.timeout(2400)  # as test_daemon_e2e: every run is a fresh local Spark JVM
 def test_sensor_publish_and_ui_backfill_on_postgres_with_grpc_code_server(
         deployment: tuple[DagsterDev, StoreConfig], postgres: PostgresServer) -> None:
