@@ -58,7 +58,7 @@ def dev(tmp_path: Path, local_store_config: StoreConfig) -> Iterator[tuple[Dagst
 @pytest.mark.timeout(2400)  # under cpu_load every local-Spark run takes minutes
 def test_ui_backfill_rebuilds_hours_while_delta_only_moves_forward(
         cpu_load: list, dev: tuple[DagsterDev, StoreConfig]) -> None:
-    # cpu_load first: the box is busy (2x cores of CPU hogs) from before dagster dev starts.
+    # cpu_load first: the box is busy (CPU hogs, see conftest) from before dagster dev starts.
     d, cfg = dev
     store = open_store(cfg)
     for i in range(3):  # three closed hours, two batches each

@@ -73,7 +73,7 @@ def dev(tmp_path: Path, local_store_config: StoreConfig) -> Iterator[tuple[Dagst
 @pytest.mark.daemon
 @pytest.mark.timeout(2400)  # under cpu_load every local-Spark run takes minutes
 def test_daemon_latest_only_and_ui_materialize(cpu_load: list, dev: tuple[DagsterDev, StoreConfig]) -> None:
-    # cpu_load first: the box is busy (2x cores of CPU hogs) from before dagster dev starts.
+    # cpu_load first: the box is busy (CPU hogs, see conftest) from before dagster dev starts.
     d, cfg = dev
     store = open_store(cfg)
     for m in range(0, 30, 5):
