@@ -87,7 +87,8 @@ def one_round(i: int, home: Path, rng: random.Random, port: int, spark_port: int
     tag = uuid.uuid4().hex
     env = {**os.environ, MARK: tag}
     before = delta_version(home / "store")
-    cmd = ["bash", str(REPO / "scripts" / "demo.sh"), "--home", str(home), "--port", str(port),
+    cmd = ["bash", str(REPO / "scripts" / "demo.sh"), "--home", str(home), "--store", (home / "store").as_uri(),
+           "--port", str(port),
            "--spark-port", str(spark_port), "--every", "20"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     started = time.monotonic()
