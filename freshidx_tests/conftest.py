@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     whole rest of the suite on 2 cores, and the default suite must stay within its time budget."""
     if os.environ.get("FRESHIDX_TEST_HEAVY") == "1":
         return
-    skip = pytest.mark.skip(reason="heavy (standalone cluster / PostgreSQL deployment): set FRESHIDX_TEST_HEAVY=1")
+    skip = pytest.mark.skip(reason="heavy (cluster, PostgreSQL deployment, slow JVM restarts): FRESHIDX_TEST_HEAVY=1")
     for item in items:
         if "heavy" in item.keywords:
             item.add_marker(skip)

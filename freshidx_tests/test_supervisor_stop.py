@@ -100,8 +100,10 @@ def _up(st: dict[str, Any]) -> Any:
     return st.get("status") == "up" and st
 
 
-MOMENTS = ["spawned", "warming-up", "dumping-cds", "draining", "restarting-old-jvm", "restarting-new-jvm",
-           "sigkill-up"]
+# Each case starts at least one JVM (two for the restarts); the CDS dump and a second full start are
+# the slowest and run with FRESHIDX_TEST_HEAVY=1 (conftest), so the suite keeps its time budget.
+MOMENTS = ["spawned", "warming-up", pytest.param("dumping-cds", marks=pytest.mark.heavy), "draining",
+           "restarting-old-jvm", pytest.param("restarting-new-jvm", marks=pytest.mark.heavy), "sigkill-up"]
 
 
 @pytest.mark.daemon
