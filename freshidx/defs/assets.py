@@ -144,7 +144,12 @@ def delta_index(
     settings = freshidx.settings(store.uri, store.endpoint_url)
     st = store.open()
     pointer, _ = read_pointer(st, "delta")
-    partition = resolve_partition(st, settings, config.source_partition, "source_partition", store.uri)
+    # The sensor's value comes from the listing: a visible partition that upstream labelled ahead of our
+    # clock (skew, or a test writing minutes faster than real time) is data, not a typo. Values typed
+    # in the launchpad are also checked against the clock.
+    from_listing = context.run.tags.get(TAG_TRIGGER) == "sensor"
+    partition = resolve_partition(st, settings, config.source_partition, "source_partition", store.uri,
+                                  allow_future=from_listing)
     watermark = PartitionId.parse(pointer.source_partition) if pointer and pointer.source_partition else None
     run_info = {**_run_info(context, settings), "force": config.force,
                 "max_drop_fraction": settings.delta_max_drop_fraction}
@@ -248,7 +253,7 @@ def config_refused(field: str, value: str, why: str) -> dg.Failure:
 
 def resolve_partition(
     st: ObjectStore, settings: Settings, configured: str | None, field: str, uri: str,
-    *, now: dt.datetime | None = None,
+    *, now: dt.datetime | None = None, allow_future: bool = False,
 ) -> PartitionId:
     """The partition a run builds for: the configured one, validated, or the newest visible one.
 
@@ -270,7 +275,7 @@ def resolve_partition(
         selected = ledger.parse_partition(value)
     except PartitionError:
         raise config_refused(field, value, "not a partition; expected " + PARTITION_FORMS_TEXT) from None
-    if selected.at > now:
+    if selected.at > now and not allow_future:
         raise config_refused(field, value, f"{selected.path} is in the future (now {iso(now)}); "
                                            "a partition that does not exist yet would freeze the delta")
     if selected.hour:
