@@ -241,20 +241,6 @@ def version_files(manifest: dict[str, Any], name: str) -> list[str]:
     )
 
 
-def _read_docs_task(store_json: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        config = store_from_json(store_json)
-        fs = config.arrow_fs()
-        for batch in batches:
-            for key in batch.column("key").to_pylist():
-                with fs.open_input_file(config.arrow_path(key)) as f:
-                    pf = pq.ParquetFile(f)
-                    for b in pf.iter_batches(batch_size=65536):
-                        yield _conform(b, DOCS_ARROW_SCHEMA)
-
-    return run
-
-
 def read_version_docs(spark: SparkSession, store_config: StoreConfig, manifest: dict[str, Any]) -> DataFrame:
     """The ``docs.parquet`` rows of a published version (its active ads), read on the executors.
 
@@ -262,11 +248,15 @@ def read_version_docs(spark: SparkSession, store_config: StoreConfig, manifest: 
     :func:`write_index_shards` and by ``shards.write_shards`` (same ``docs.parquet`` schema).
     Columns: ``transform.TYPED_FIELDS``.
     """
-    keys = version_files(manifest, DOCS_FILE)
+    return _read_version_files(spark, store_config, [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)])
+
+
+def _read_version_files(spark: SparkSession, store_config: StoreConfig, keys: list[tuple[str, str]]) -> DataFrame:
+    """``(key, file name)`` pairs of a version read on the executors (:func:`_read_state_task`)."""
     if not keys:
         return spark.createDataFrame([], DOCS_DDL)
-    files = spark.createDataFrame([(k,) for k in keys], "key string").repartition(len(keys))
-    return files.mapInArrow(_read_docs_task(store_to_json(store_config)), DOCS_DDL)
+    files = spark.createDataFrame(keys, "key string, kind string").repartition(len(keys))
+    return files.mapInArrow(_read_state_task(store_to_json(store_config)), DOCS_DDL)
 
 
 def _read_state_task(store_json: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -306,10 +296,7 @@ def read_version_state(spark: SparkSession, store_config: StoreConfig, manifest:
     """
     keys = [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)]
     keys += [(k, COVERED_FILE) for k in version_files(manifest, COVERED_FILE)]
-    if not keys:
-        return spark.createDataFrame([], DOCS_DDL)
-    files = spark.createDataFrame(keys, "key string, kind string").repartition(len(keys))
-    return files.mapInArrow(_read_state_task(store_to_json(store_config)), DOCS_DDL)
+    return _read_version_files(spark, store_config, keys)
 
 
 def commit_summary(commits: list[ShardCommit]) -> dict[str, Any]:
