@@ -40,7 +40,6 @@ Numbers only: nothing here asserts on timings.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import math
@@ -472,44 +471,7 @@ def bench_query(
     }
 
 
-# --------------------------------------------------------------------------- CLI
-
-
-def add_bench_parser(subparsers: Any) -> None:
-    """``freshidx bench build ...`` / ``freshidx bench query ...``."""
-    p = subparsers.add_parser(
-        "bench", help="benchmarks: index build throughput, query latency, end-to-end freshness, Connect soak")
-    add_bench_commands(p.add_subparsers(dest="bench", required=True))
-
-
-def add_bench_commands(sub: Any) -> None:
-    """The ``build``, ``query``, ``freshness`` and ``soak`` sub-commands (under ``freshidx bench`` or
-    ``python -m freshidx.bench``); the last two live in :mod:`freshidx.bench_freshness`."""
-    from freshidx.bench_freshness import add_bench_subcommands
-
-    b = sub.add_parser("build", help="Spark shards vs one process: docs/s and ratio")
-    b.add_argument("--docs", type=int, default=200_000)
-    b.add_argument("--shards", type=int, default=os.cpu_count() or 2, help="default: one per core")
-    b.add_argument("--rounds", type=int, default=BUILD_ROUNDS, help="timed rounds after the warm-up (median)")
-    b.add_argument("--warmup", type=int, default=BUILD_WARMUP, help="untimed rounds first (JIT, Python workers)")
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--master", help="a cluster master (spark://host:port): run the Spark side there, once per "
-                   "--workers count; the driver is this process")
-    b.add_argument("--workers", default="1,2",
-                   help="with --master: executor counts to compare, 1 core each (default 1,2); on a cluster of "
-                        "1-core workers, the number of workers used")
-    b.add_argument("--json", action="store_true")
-    b.set_defaults(func=cmd_bench_build)
-    q = sub.add_parser("query", help="query latency through the real Searcher (p50/p95)")
-    q.add_argument("--docs", type=int, default=1_000_000)
-    q.add_argument("--queries", type=int, default=300)
-    q.add_argument("--shards", type=int, default=4)
-    q.add_argument("--k", type=int, default=10)
-    q.add_argument("--workdir", help="where the benchmark store is built and reused (default: a temp dir per N)")
-    q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--json", action="store_true")
-    q.set_defaults(func=cmd_bench_query)
-    add_bench_subcommands(sub)
+# --------------------------------------------------------------------------- CLI (options: freshidx.cli.bench)
 
 
 def bench_build_cluster(master: str, workers: Sequence[int], docs: int, shards: int, **kw: Any) -> list[dict[str, Any]]:
@@ -532,21 +494,21 @@ def bench_build_cluster(master: str, workers: Sequence[int], docs: int, shards: 
     return out
 
 
-def cmd_bench_build(args: argparse.Namespace) -> int:
-    if args.master:
-        counts = [int(x) for x in str(args.workers).split(",") if x.strip()]
-        rs = bench_build_cluster(args.master, counts, args.docs, args.shards, seed=args.seed, rounds=args.rounds,
-                                 warmup=args.warmup)
-        if args.json:
+def cmd_bench_build(*, docs: int, shards: int, rounds: int, warmup: int, seed: int, master: str | None,
+                    workers: str, as_json: bool) -> int:
+    if master:
+        counts = [int(x) for x in str(workers).split(",") if x.strip()]
+        rs = bench_build_cluster(master, counts, docs, shards, seed=seed, rounds=rounds, warmup=warmup)
+        if as_json:
             print(json.dumps(rs))
             return 0
-        print(f"{rs[0]['docs']} docs, {args.shards} shards, master {args.master}, load {rs[-1]['load_avg_1m']}")
+        print(f"{rs[0]['docs']} docs, {shards} shards, master {master}, load {rs[-1]['load_avg_1m']}")
         for r in rs:
             print(f"workers {r['workers']}: spark {r['spark_docs_per_s']:>12,.0f} docs/s  ({r['spark_seconds']} s, "
                   f"rounds {[x['spark_s'] for x in r['rounds']]}); single process {r['single_docs_per_s']:,.0f} docs/s")
         return 0
-    r = bench_build(args.docs, args.shards, seed=args.seed, rounds=args.rounds, warmup=args.warmup)
-    if args.json:
+    r = bench_build(docs, shards, seed=seed, rounds=rounds, warmup=warmup)
+    if as_json:
         print(json.dumps(r))
     else:
         print(f"{r['docs']} docs ({r['indexed_docs']} active), {r['shards']} shards, {r['cores']} cores, "
@@ -562,9 +524,10 @@ def cmd_bench_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_query(args: argparse.Namespace) -> int:
-    r = bench_query(args.docs, args.queries, shards=args.shards, k=args.k, workdir=args.workdir, seed=args.seed)
-    if args.json:
+def cmd_bench_query(*, docs: int, queries: int, shards: int, k: int, workdir: str | None, seed: int,
+                    as_json: bool) -> int:
+    r = bench_query(docs, queries, shards=shards, k=k, workdir=workdir, seed=seed)
+    if as_json:
         print(json.dumps(r))
     else:
         print(f"{r['docs']} docs, shards {r['shards']}, {r['queries']} queries, k={r['k']}: "
@@ -574,11 +537,10 @@ def cmd_bench_query(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m freshidx.bench {build|query|freshness|soak} ...`` (same options as ``freshidx bench``)."""
-    parser = argparse.ArgumentParser(prog="python -m freshidx.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_bench_commands(parser.add_subparsers(dest="bench", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
+    from freshidx.cli.base import run
+    from freshidx.cli.bench import bench_group
+
+    return run(bench_group, argv, "python -m freshidx.bench")
 
 
 if __name__ == "__main__":

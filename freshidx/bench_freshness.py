@@ -55,7 +55,6 @@ Numbers only: nothing here asserts on timings. Every process started here (Conne
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import json
@@ -84,7 +83,6 @@ __all__ = [
     "MODES",
     "STAGES",
     "Probe",
-    "add_bench_subcommands",
     "bench_freshness",
     "bench_soak",
     "generator_config_for",
@@ -1144,106 +1142,51 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 _INTERRUPTED = "interrupted; every process started by the benchmark was stopped"
 
 
-def _modes(text: str) -> list[str]:
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in MODES]
-    if bad or not modes:
-        raise argparse.ArgumentTypeError(f"modes are a comma-separated subset of {','.join(MODES)}, got {text!r}")
-    return modes
-
-
-def _health_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--health-timeout", type=float, default=15.0, metavar="SECONDS",
-                   help="Connect supervisor: health probe timeout (default 15, the supervisor's default)")
-    p.add_argument("--health-failures", type=int, default=3, metavar="N",
-                   help="Connect supervisor: failed probes in a row before a restart (default 3)")
-
-
-def add_bench_subcommands(bench_subparsers: Any) -> None:
-    """Register ``freshness`` and ``soak`` on an existing ``freshidx bench`` sub-parser group."""
-    f = bench_subparsers.add_parser(
-        "freshness", help="end-to-end arrival → searchable latency through dagster dev (Connect vs local Spark)")
-    f.add_argument("--partitions", type=int, default=8, help="measured partitions per mode (default 8)")
-    f.add_argument("--window-docs", type=int, default=100_000, help="documents in the window (default 100000)")
-    f.add_argument("--window-minutes", type=int, default=WINDOW_MINUTES,
-                   help=f"delta window length given to the pipeline (default {WINDOW_MINUTES})")
-    f.add_argument("--modes", type=_modes, default=list(MODES), help="connect,local (default both, in that order)")
-    f.add_argument("--max-delay", type=float, default=5.0, help="random pause before each drop, 0..S s (default 5)")
-    f.add_argument("--timeout", type=float, default=300.0, help="per-partition deadline in seconds (default 300)")
-    f.add_argument("--driver-memory", default="2g", help="Spark Connect server heap (default 2g)")
-    f.add_argument("--no-full-warm-up", dest="full_warmup", action="store_false",
-                   help="measure once the first delta is published, without waiting for the first full index "
-                        "(which may then run during the measurement; for smoke tests)")
-    _health_args(f)
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--workdir", help="keep everything (stores, Dagster homes, logs) here instead of a temp dir")
-    f.add_argument("--keep", action="store_true", help="do not delete the temp dir")
-    f.add_argument("--json", action="store_true", help="print the result as JSON on stdout (table on stderr)")
-    f.set_defaults(func=cmd_bench_freshness)
-
-    s = bench_subparsers.add_parser(
-        "soak", help="many micro-batches against one supervised Spark Connect server: heap/RSS and restarts")
-    s.add_argument("--batches", type=int, default=500, help="micro-batches (default 500)")
-    s.add_argument("--window-docs", type=int, default=2_000, help="documents in the window (default 2000)")
-    s.add_argument("--window-minutes", type=int, default=WINDOW_MINUTES,
-                   help=f"delta window length (default {WINDOW_MINUTES}: one raw file per 5 min = 60 read tasks)")
-    s.add_argument("--shared-session", action="store_true",
-                   help="one Connect session for all batches instead of one per batch (as Dagster runs do)")
-    s.add_argument("--max-minutes", type=float, default=None, help="stop after this many minutes")
-    s.add_argument("--restart-every", type=float, default=600.0, metavar="SECONDS",
-                   help="planned restart cadence of the supervisor (server age; default 600)")
-    s.add_argument("--restart-every-batches", type=int, default=0, metavar="K",
-                   help="also request a planned restart after every K batches (default 0 = never)")
-    s.add_argument("--max-heap-fraction", type=float, default=0.85, help="planned restart above this live heap")
-    s.add_argument("--driver-memory", default="2g", help="Spark Connect server heap (default 2g)")
-    _health_args(s)
-    s.add_argument("--heap-check-interval", type=float, default=15.0, metavar="SECONDS",
-                   help="how often the supervisor samples the heap with jcmd (default 15)")
-    s.add_argument("--samples", type=int, default=25, help="rows of the heap/RSS timeline (default 25)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--workdir", help="work here instead of a temp dir")
-    s.add_argument("--keep", action="store_true", help="do not delete the temp dir")
-    s.add_argument("--json", action="store_true", help="print the result as JSON on stdout (table on stderr)")
-    s.set_defaults(func=cmd_bench_soak)
-
-
-def cmd_bench_freshness(args: argparse.Namespace) -> int:
+def cmd_bench_freshness(*, partitions: int, window_docs: int, window_minutes: int, modes: list[str], max_delay: float,
+                        timeout: float, driver_memory: str, full_warmup: bool, health_timeout: float,
+                        health_failures: int, seed: int, workdir: str | None, keep: bool, as_json: bool) -> int:
+    """``freshidx bench freshness`` (options: freshidx.cli.bench)."""
     try:
         with _sigterm_as_interrupt():
             r = bench_freshness(
-                args.partitions, args.window_docs, modes=args.modes, seed=args.seed, max_delay_s=args.max_delay,
-                timeout_s=args.timeout, workdir=args.workdir, keep=args.keep, driver_memory=args.driver_memory,
-                window_minutes=args.window_minutes, health_timeout_s=args.health_timeout,
-                health_failures=args.health_failures, full_warmup=args.full_warmup,
+                partitions, window_docs, modes=modes, seed=seed, max_delay_s=max_delay,
+                timeout_s=timeout, workdir=workdir, keep=keep, driver_memory=driver_memory,
+                window_minutes=window_minutes, health_timeout_s=health_timeout,
+                health_failures=health_failures, full_warmup=full_warmup,
             )
     except KeyboardInterrupt:
         print(_INTERRUPTED, file=sys.stderr)
         return 130
     table = render_freshness(r)
-    if args.json:
+    if as_json:
         print(table, file=sys.stderr)
         print(json.dumps(r, default=str))
     else:
         print(table)
-    return 0 if all(isinstance(r.get(m), dict) and not r[m].get("error") for m in args.modes) else 1
+    return 0 if all(isinstance(r.get(m), dict) and not r[m].get("error") for m in modes) else 1
 
 
-def cmd_bench_soak(args: argparse.Namespace) -> int:
+def cmd_bench_soak(*, batches: int, window_docs: int, window_minutes: int, shared_session: bool,
+                   max_minutes: float | None, restart_every: float, restart_every_batches: int,
+                   max_heap_fraction: float, driver_memory: str, health_timeout: float, health_failures: int,
+                   heap_check_interval: float, samples: int, seed: int, workdir: str | None, keep: bool,
+                   as_json: bool) -> int:
+    """``freshidx bench soak`` (options: freshidx.cli.bench)."""
     try:
         with _sigterm_as_interrupt():
             r = bench_soak(
-                args.batches, window_docs=args.window_docs, window_minutes=args.window_minutes,
-                shared_session=args.shared_session, max_minutes=args.max_minutes, restart_every_s=args.restart_every,
-                restart_every_batches=args.restart_every_batches, max_heap_fraction=args.max_heap_fraction,
-                driver_memory=args.driver_memory, heap_check_interval_s=args.heap_check_interval,
-                samples=args.samples, seed=args.seed, workdir=args.workdir, keep=args.keep,
-                health_timeout_s=args.health_timeout, health_failures=args.health_failures,
+                batches, window_docs=window_docs, window_minutes=window_minutes,
+                shared_session=shared_session, max_minutes=max_minutes, restart_every_s=restart_every,
+                restart_every_batches=restart_every_batches, max_heap_fraction=max_heap_fraction,
+                driver_memory=driver_memory, heap_check_interval_s=heap_check_interval,
+                samples=samples, seed=seed, workdir=workdir, keep=keep,
+                health_timeout_s=health_timeout, health_failures=health_failures,
             )
     except KeyboardInterrupt:
         print(_INTERRUPTED, file=sys.stderr)
         return 130
     table = render_soak(r)
-    if args.json:
+    if as_json:
         print(table, file=sys.stderr)
         print(json.dumps(r, default=str))
     else:
@@ -1253,12 +1196,11 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m freshidx.bench_freshness {freshness|soak} ...`` (same options as ``freshidx bench``)."""
-    parser = argparse.ArgumentParser(prog="python -m freshidx.bench_freshness", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_bench_subcommands(parser.add_subparsers(dest="bench", required=True))
-    args = parser.parse_args(argv)
+    from freshidx.cli.base import run
+    from freshidx.cli.bench import freshness_group
+
     try:
-        return int(args.func(args))
+        return run(freshness_group, argv, "python -m freshidx.bench_freshness")
     except KeyboardInterrupt:
         print(_INTERRUPTED, file=sys.stderr)
         return 130

@@ -14,7 +14,6 @@ previous demo left unfinished (it was killed) are ended the same way at the next
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import json
@@ -24,11 +23,12 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from freshidx.devserver import DagsterDev, WaitAborted, prepare_home
-from freshidx.settings import DEFAULT_HOME, Settings, SettingsError
+from freshidx.settings import Settings, SettingsError
 from freshidx.store import open_store
 
 if TYPE_CHECKING:
@@ -42,21 +42,20 @@ TERMINATE_GRACE_S = 20.0  # runs get this long to end after Terminate, before da
 SUPERVISOR_GRACE_S = 45.0  # the Spark supervisor drains/stops its JVM within its own stop timeout
 
 
-def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("demo", help="run generator + dagster dev (UI and daemon) on a local store")
-    p.add_argument("--store", help="store URI (default: FRESHIDX_STORE or ./.freshidx/store)")
-    p.add_argument("--home", default=DEFAULT_HOME, help="working directory for instance and logs")
-    p.add_argument("--port", type=int, default=3000, help="UI port on 127.0.0.1 (default 3000)")
-    p.add_argument("--every", type=float, default=60.0, help="seconds between upstream partitions")
-    p.add_argument("--history-minutes", type=int, default=120, help="back-dated history to seed")
-    p.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print events as JSON lines")
-    p.add_argument("--spark", choices=("connect", "local"), default="connect",
-                   help="connect (default): a supervised Spark Connect server shared by all runs; "
-                   "local: a SparkSession per run (~8-20 s start-up each)")
-    p.add_argument("--spark-port", type=int, default=15002, help="Spark Connect port on 127.0.0.1")
-    p.set_defaults(func=cmd_demo)
+@dataclass(frozen=True)
+class DemoArgs:
+    """The options of ``freshidx demo`` (declared in :mod:`freshidx.cli.demo`)."""
+
+    store: str | None
+    home: str
+    port: int
+    every: float
+    history_minutes: int
+    duration: float | None
+    seed: int
+    as_json: bool
+    spark: str
+    spark_port: int
 
 
 class Printer:
@@ -70,20 +69,23 @@ class Printer:
             print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def cmd_demo(**options: Any) -> int:
+    args = DemoArgs(**options)
+    home = Path(args.home).resolve()
+    # One demo home holds everything of one demo: `--home X` never writes into ./.freshidx/store.
+    store_uri = args.store or os.environ.get("FRESHIDX_STORE") or str(home / "store")
     try:
-        settings = Settings.from_env(store=args.store)
+        settings = Settings.from_env(store=store_uri)
     except SettingsError as exc:
         print(exc, file=sys.stderr)
         return 2
-    home = Path(args.home).resolve()
     home.mkdir(parents=True, exist_ok=True)
     dagster_home = prepare_home(home / "dagster_home", _dagster_yaml())
     demo_id = os.environ.get(DEMO_ID_ENV) or uuid.uuid4().hex
     env = {"FRESHIDX_STORE": settings.store, DEMO_ID_ENV: demo_id}
     env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or sys.executable)
     store = open_store(settings.store_config())
-    out = Printer(args.json)
+    out = Printer(args.as_json)
 
     stop = {"now": False}
 
@@ -92,6 +94,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)  # the terminal went away: stop as cleanly as on Ctrl-C
 
     instance = _open_instance(dagster_home)
     from freshidx.defs.run_health import interrupt_runs
@@ -159,12 +162,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
             time.sleep(2)  # display refresh cadence, not synchronisation
         return 0
     finally:
-        print("stopping … (ending in-flight runs, then dagster dev, the generator and the Spark server)",
-              flush=True)
+        # Whoever read our output may be gone (closed terminal, killed pipe reader): a print must not
+        # abort the stop and leave the JVM and the generator behind.
+        with contextlib.suppress(OSError):
+            print("stopping … (ending in-flight runs, then dagster dev, the generator and the Spark server)",
+                  flush=True)
         summary = shutdown(dev, generator, server, state_dir, instance, demo_id)
         gen_log.close()
         instance.dispose()
-        out.event("stopped", "stopped: " + ", ".join(f"{k} {v}" for k, v in summary.items()), **summary)
+        with contextlib.suppress(OSError):
+            out.event("stopped", "stopped: " + ", ".join(f"{k} {v}" for k, v in summary.items()), **summary)
 
 
 # ------------------------------------------------------------------------------------------ watching

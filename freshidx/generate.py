@@ -26,7 +26,6 @@ Lines of a partition are shuffled, so file order is not version order.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import functools
@@ -101,7 +100,7 @@ VOCABULARY: tuple[str, ...] = BRANDS + NOUNS + ADJECTIVES + QUALIFIERS
 
 REQUIRED_FIELDS: tuple[str, ...] = tuple(name for name, (_, required) in RAW_FIELDS.items() if required)
 
-_SOURCE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+SOURCE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _MAX_CHANGES = 1_000_000  # with the 5x burst and duplicates, sequences stay far below 60 000 000
 _BURST_FACTOR = 5
 _MIN_BID, _MAX_BID = 0.05, 20.0
@@ -150,9 +149,9 @@ class GeneratorConfig:
     files_per_partition: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.source, str) or not _SOURCE_RE.match(self.source):
+        if not isinstance(self.source, str) or not SOURCE_RE.match(self.source):
             raise ValueError(
-                f"GeneratorConfig.source must match {_SOURCE_RE.pattern} (it becomes a key segment), "
+                f"GeneratorConfig.source must match {SOURCE_RE.pattern} (it becomes a key segment), "
                 f"got {self.source!r}"
             )
         _check_int("seed", self.seed)
@@ -552,109 +551,9 @@ def generate(
 
 
 # ---------------------------------------------------------------------------------------------
-# CLI plumbing (freshidx.cli registers the subcommand; ``python -m freshidx.generate`` works too)
+# CLI: the options are declared in freshidx.cli.generate (``freshidx generate``); ``python -m
+# freshidx.generate [generate] [options]`` runs the same command.
 # ---------------------------------------------------------------------------------------------
-
-
-def _arg_store(value: str) -> str:
-    from freshidx.store import StoreConfig, normalize_uri
-
-    uri = normalize_uri(value)
-    try:
-        StoreConfig(uri=uri)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return uri
-
-
-def _arg_source(value: str) -> str:
-    if not _SOURCE_RE.match(value):
-        raise argparse.ArgumentTypeError(f"must match {_SOURCE_RE.pattern}, got {value!r}")
-    return value
-
-
-def _arg_int(lo: int) -> Callable[[str], int]:
-    def parse(value: str) -> int:
-        try:
-            number = int(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-        if number < lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {number}")
-        return number
-
-    return parse
-
-
-def _arg_seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
-    if not math.isfinite(number) or number < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value!r}")
-    return number
-
-
-def _arg_time(value: str) -> dt.datetime:
-    try:
-        at = dt.datetime.fromisoformat(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not an ISO-8601 time: {value!r} (e.g. 2026-11-21T14:05Z)"
-        ) from None
-    if at.tzinfo is None:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} has no timezone; partition times are UTC, say so (e.g. 2026-11-21T14:05Z)"
-        )
-    return at
-
-
-def add_parser(subparsers: Any) -> None:
-    """Register ``generate`` on an ``argparse`` subparsers object; sets ``func=cmd_generate``."""
-    p = subparsers.add_parser(
-        "generate",
-        help="simulate the upstream: write raw partitions of ad changes",
-        description=(
-            "Write minute partitions of ad-change JSON lines to raw/<source>/year=/month=/day=/hour=/"
-            "minute=/part-*.jsonl, with malformed lines, duplicates, deletes and bursts."
-        ),
-    )
-    p.add_argument(
-        "--store", type=_arg_store, default=None, metavar="URI",
-        help="file:///abs/path or s3://bucket/prefix (default: $FRESHIDX_STORE, else ./.freshidx/store)",
-    )
-    p.add_argument(
-        "--source", type=_arg_source, default=None,
-        help="raw source name (default: $FRESHIDX_SOURCE, else ad_updates)",
-    )
-    p.add_argument(
-        "--every", type=_arg_seconds, default=300.0, metavar="SECONDS",
-        help="seconds between two partitions (default 300)",
-    )
-    p.add_argument(
-        "--count", type=_arg_int(0), default=None, metavar="N",
-        help="partitions to write, not counting --history-minutes (default: run until Ctrl-C)",
-    )
-    p.add_argument("--seed", type=_arg_int(-(2**63)), default=0, metavar="N", help="random seed (default 0)")
-    p.add_argument(
-        "--history-minutes", type=_arg_int(0), default=0, metavar="M",
-        help="first back-fill partitions every 5 minutes over the last M minutes (default 0)",
-    )
-    p.add_argument(
-        "--start", type=_arg_time, default=None, metavar="ISO",
-        help="simulated timeline: first partition time, e.g. 2026-11-21T14:05Z (default: wall clock)",
-    )
-    p.add_argument(
-        "--step-minutes", type=_arg_int(1), default=None, metavar="M",
-        help="simulated timeline: minutes between partitions (default 5; needs --start)",
-    )
-    p.add_argument(
-        "--changes", type=_arg_int(1), default=None, metavar="N",
-        help=f"changes per partition before bursts (default {GeneratorConfig.changes_per_partition})",
-    )
-    p.add_argument("--json", action="store_true", help="print one JSON object per partition written")
-    p.set_defaults(func=cmd_generate)
 
 
 def _describe(result: PartitionWritten) -> str:
@@ -684,9 +583,11 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    """Run the simulator from parsed arguments. Returns the exit code (Ctrl-C or SIGTERM: a clean
-    exit 0)."""
+def cmd_generate(*, store: str | None, source: str | None, every: float, count: int | None, seed: int,
+                 history_minutes: int, start: dt.datetime | None, step_minutes: int | None, changes: int | None,
+                 as_json: bool) -> int:
+    """Run the simulator with the options of ``freshidx generate``. Returns the exit code (Ctrl-C or
+    SIGTERM: a clean exit 0)."""
     from freshidx.settings import Settings, SettingsError
     from freshidx.store import open_store
 
@@ -694,38 +595,38 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"freshidx generate: error: {message}", file=sys.stderr)
         return 2
 
-    if args.step_minutes is not None and args.start is None:
+    if step_minutes is not None and start is None:
         return fail("--step-minutes needs --start (it sets the simulated timeline)")
     try:
-        settings = Settings.from_env(store=args.store, source=args.source)
+        settings = Settings.from_env(store=store, source=source)
     except SettingsError as exc:
         return fail(str(exc))
-    overrides: dict[str, Any] = {"source": settings.source, "seed": args.seed}
-    if args.changes is not None:
-        overrides["changes_per_partition"] = args.changes
+    overrides: dict[str, Any] = {"source": settings.source, "seed": seed}
+    if changes is not None:
+        overrides["changes_per_partition"] = changes
     try:
         cfg = GeneratorConfig(**overrides)
     except ValueError as exc:
         return fail(str(exc))
-    store = open_store(settings.store_config())
+    st = open_store(settings.store_config())
 
     def report(result: PartitionWritten) -> None:
-        if args.json:
+        if as_json:
             print(json.dumps(result.to_json(), sort_keys=True), flush=True)
         else:
             print(_describe(result), flush=True)
 
-    if not args.json:
-        print(f"generating into {store.uri} (source {cfg.source}, seed {cfg.seed})", flush=True)
+    if not as_json:
+        print(f"generating into {st.uri} (source {cfg.source}, seed {cfg.seed})", flush=True)
     try:
         with _sigterm_as_interrupt():
             generate(
-                store, cfg,
-                count=args.count,
-                every_s=args.every,
-                start=args.start,
-                step=dt.timedelta(minutes=args.step_minutes) if args.step_minutes is not None else None,
-                history=dt.timedelta(minutes=args.history_minutes) if args.history_minutes else None,
+                st, cfg,
+                count=count,
+                every_s=every,
+                start=start,
+                step=dt.timedelta(minutes=step_minutes) if step_minutes is not None else None,
+                history=dt.timedelta(minutes=history_minutes) if history_minutes else None,
                 on_written=report,
             )
     except KeyboardInterrupt:
@@ -736,13 +637,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m freshidx.generate [generate] [options]``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "generate":
-        argv.insert(0, "generate")
-    parser = argparse.ArgumentParser(prog="python -m freshidx.generate")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
+    from freshidx.cli.base import run
+    from freshidx.cli.generate import generate as command
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    return run(command, args[1:] if args[:1] == ["generate"] else args, "python -m freshidx.generate")
 
 
 if __name__ == "__main__":

@@ -27,13 +27,10 @@ Listing is fine here (a sweeper, not the hot path) but bounded per call.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
-import json
 import os
 import re
-import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -339,77 +336,3 @@ def _prune_local_dirs(store: ObjectStore, prefix: str) -> None:
     for dirpath, _, _ in sorted(os.walk(top), key=lambda t: -len(t[0])):
         with contextlib.suppress(OSError):  # not empty (a file appeared meanwhile): leave it
             os.rmdir(dirpath)
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def add_rollback_parser(subparsers: Any) -> None:
-    """``freshidx rollback {delta|full} [--to VERSION] [--store URI] [--json]``."""
-    p = subparsers.add_parser("rollback", help="point an index back at an earlier published version")
-    p.add_argument("index", choices=layout.INDEX_NAMES)
-    p.add_argument("--to", dest="to_version", help="version to restore (default: the previous published one)")
-    p.add_argument("--store", help="store URI (default: FRESHIDX_STORE or ./.freshidx/store)")
-    p.add_argument("--json", action="store_true", help="print the new pointer as JSON")
-    p.set_defaults(func=cmd_rollback)
-
-
-def cmd_rollback(args: argparse.Namespace) -> int:
-    store = _open(args.store)
-    try:
-        pointer = rollback(store, args.index, args.to_version)
-    except RetentionError as exc:
-        if args.json:
-            print(json.dumps({"ok": False, "error": str(exc)}))
-        else:
-            print(f"freshidx rollback: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps({"ok": True, "pointer": pointer.to_dict()}, indent=1))
-    else:
-        print(f"{args.index}: now serving {pointer.version} (seq {pointer.seq}, was {pointer.previous_version})")
-    return 0
-
-
-def add_gc_parser(subparsers: Any) -> None:
-    """``freshidx gc {delta|full} [--keep N] [--grace-minutes M] [--dry-run] [--max-versions N] [--json]``."""
-    p = subparsers.add_parser("gc", help="delete old, abandoned and orphaned index files")
-    p.add_argument("index", choices=layout.INDEX_NAMES)
-    p.add_argument("--keep", type=int, default=None, help="published versions to keep (default FRESHIDX_KEEP_VERSIONS)")
-    p.add_argument("--grace-minutes", type=float, default=DEFAULT_GRACE_MINUTES,
-                   help=f"only delete what is older than this (default {DEFAULT_GRACE_MINUTES})")
-    p.add_argument("--dry-run", action="store_true", help="report, delete nothing")
-    p.add_argument("--max-versions", type=int, default=DEFAULT_MAX_VERSIONS, help="versions examined per call")
-    p.add_argument("--store", help="store URI (default: FRESHIDX_STORE or ./.freshidx/store)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=cmd_gc)
-
-
-def cmd_gc(args: argparse.Namespace) -> int:
-    from freshidx.settings import Settings
-
-    settings = Settings.from_env(store=args.store)
-    store = _open(args.store)
-    keep = args.keep if args.keep is not None else settings.keep_versions
-    report = gc(store, args.index, keep, dt.timedelta(minutes=args.grace_minutes), dry_run=args.dry_run,
-                max_versions=args.max_versions)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
-    else:
-        verb = "would delete" if args.dry_run else "deleted"
-        print(f"{args.index}: current {report.current}, kept {report.kept}")
-        print(f"{verb} {len(report.deleted_versions)} version(s), {len(report.deleted_orphans)} orphan dir(s), "
-              f"{report.deleted_objects} object(s), {report.deleted_bytes} bytes"
-              + ("; more left for the next call" if report.truncated else ""))
-        for v in report.deleted_versions:
-            print(f"  version {v}")
-        for d in report.deleted_orphans:
-            print(f"  orphan  {d}")
-    return 0
-
-
-def _open(store_uri: str | None) -> ObjectStore:
-    from freshidx.settings import Settings
-    from freshidx.store import open_store
-
-    return open_store(Settings.from_env(store=store_uri).store_config())

@@ -23,17 +23,14 @@ One ``cache_dir`` per Searcher: it deletes what it does not serve.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import heapq
-import io
 import json
 import logging
 import os
 import re
 import shutil
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -48,12 +45,14 @@ import tantivy
 from freshidx import layout
 from freshidx.index_format import INDEX_DIR, SEARCH_FIELDS, is_lock_file, open_index, schema
 from freshidx.publish import Pointer, read_manifest, read_pointer
-from freshidx.spark.shards import COVERED_FILE
 from freshidx.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
 INDEXES = ("full", "delta")
+#: The delta's kill-list file in each shard (written by :mod:`freshidx.spark.shards`, same name; not
+#: imported from there so that serving, and ``freshidx search``, import no Spark).
+COVERED_FILE = "covered.parquet"
 DOWNLOAD_THREADS = 8
 _TMP_PREFIX = ".tmp-"
 _WORD_RE = re.compile(r"[^\W_]+")
@@ -453,66 +452,7 @@ class _Stream:
         )
 
 
-# ---------------------------------------------------------------------- CLI
-
-
-def default_cache_dir() -> str:
-    from freshidx.settings import DEFAULT_HOME
-
-    return os.path.join(os.getcwd(), DEFAULT_HOME, "cache")
-
-
-def add_search_parser(subparsers: Any) -> None:
-    """``freshidx search QUERY [--k N] [--json] [--store URI] [--cache DIR]``."""
-    p = subparsers.add_parser("search", help="query the published full + delta indexes")
-    p.add_argument("query", help="tantivy query syntax over title and keywords; invalid syntax falls back to words")
-    p.add_argument("--k", type=int, default=10, help="number of hits (default 10)")
-    p.add_argument("--json", action="store_true", help="one JSON object: hits, versions, answered_by, "
-                   "published (false: nothing published yet, exit 3)")
-    p.add_argument("--store", help="store URI (default: FRESHIDX_STORE or ./.freshidx/store)")
-    p.add_argument("--cache", help="local shard cache (default ./.freshidx/cache)")
-    p.set_defaults(func=cmd_search)
+# ---------------------------------------------------------------------- CLI (freshidx.cli.search)
 
 
 NOTHING_PUBLISHED_EXIT = 3  # documented in docs/operations.md: distinct from errors (1) and usage (2)
-
-
-def cmd_search(args: argparse.Namespace) -> int:
-    from freshidx.settings import Settings
-    from freshidx.store import open_store
-
-    settings = Settings.from_env(store=args.store)
-    store = open_store(settings.store_config())
-    try:
-        searcher = Searcher(store, args.cache or default_cache_dir())
-    except ServingError as exc:
-        print(f"freshidx search: {exc}", file=sys.stderr)
-        return 1
-    with searcher.snapshot() as snap:
-        v = snap.versions()
-        # Which index can answer: an empty answer must say whether nothing matched or nothing is served.
-        answering = [n for n, lv in (("full", snap.full), ("delta", snap.active_delta)) if lv is not None]
-    note: str | None = None
-    if not answering:
-        note = (f"nothing published yet in {store.uri}: no delta or full index; "
-                "is the demo/sensor running? (see `freshidx status`)")
-    elif len(answering) == 1:
-        other = "delta" if answering == ["full"] else "full"
-        why = "is older than the full cutoff" if other == "delta" and v["delta"] else "is not published yet"
-        note = f"only the {answering[0]} index answered (the {other} index {why})"
-    hits = searcher.search(args.query, args.k) if answering else []
-    code = 0 if answering else NOTHING_PUBLISHED_EXIT
-    if args.json:
-        print(json.dumps({"store": store.uri, "published": bool(answering), "answered_by": answering,
-                          "versions": v, "note": note, "hits": [h.to_dict() for h in hits]}, indent=1))
-        return code
-    if not answering:
-        print(f"freshidx search: {note}", file=sys.stderr)
-        return code
-    buf = io.StringIO()
-    buf.write(f"full={v['full'] or '–'} delta={v['delta'] or '–'}  {len(hits)} hit(s)"
-              + (f"  ({note})" if note else "") + "\n")
-    for h in hits:
-        buf.write(f"{h.score:8.3f}  {h.index:5}  {h.ad_id:<14} {h.product_id:<12} {h.bid:8.2f}  {h.title}\n")
-    print(buf.getvalue(), end="")
-    return code

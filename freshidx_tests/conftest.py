@@ -20,9 +20,30 @@ MOTO_ACCESS_KEY = "freshidx-test"
 MOTO_SECRET_KEY = "freshidx-test-secret"
 
 
+#: Fixtures that start a JVM (in-process Spark, a Connect server): their tests are ``slow``.
+SLOW_FIXTURES = frozenset({"spark", "shared_spark_connect", "make_harness"})
+#: Modules whose tests start JVMs or Dagster runs as subprocesses (or through in-process Dagster runs)
+#: without asking for one of those fixtures.
+SLOW_MODULES = frozenset({
+    "test_bench", "test_bench_freshness", "test_catchup", "test_checks_hourly_metadata", "test_cluster",
+    "test_connect_retry", "test_delta_versions", "test_demo_stop", "test_full_late_inputs", "test_hourly_build",
+    "test_index_shards", "test_launchpad_validation", "test_no_green_noop", "test_overlap", "test_product_features",
+    "test_quarantine_replay", "test_retention", "test_run_health", "test_search_e2e", "test_sensor_e2e",
+    "test_serving", "test_shards", "test_sla", "test_spark_server", "test_spark_source", "test_supervisor_progress",
+    "test_supervisor_stop", "test_transform",
+})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``heavy`` run only with ``FRESHIDX_TEST_HEAVY=1``: together they take longer than the
-    whole rest of the suite on 2 cores, and the default suite must stay within its time budget."""
+    """Marks ``slow`` every test that starts a JVM or ``dagster dev`` (the fast lane, ``scripts/test.sh
+    --fast``, deselects them). Tests marked ``heavy`` run only with ``FRESHIDX_TEST_HEAVY=1``: together
+    they take longer than the whole rest of the suite on 2 cores, and the default suite must stay within
+    its time budget."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
+        if (SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or module in SLOW_MODULES
+                or "daemon" in item.keywords or "heavy" in item.keywords):
+            item.add_marker(pytest.mark.slow)
     if os.environ.get("FRESHIDX_TEST_HEAVY") == "1":
         return
     skip = pytest.mark.skip(reason="heavy (cluster, PostgreSQL deployment, slow JVM restarts): FRESHIDX_TEST_HEAVY=1")
@@ -177,6 +198,49 @@ def cpu_load() -> Iterator[list[subprocess.Popen[bytes]]]:
             h.kill()
         for h in hogs:
             h.wait(30)
+
+
+@pytest.fixture(scope="session")
+def shared_spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """One supervised Spark Connect server (``freshidx spark-server``) per test worker, shared by the
+    Dagster runs of the end-to-end tests, as the demo shares one: a local JVM per run costs 10-60 s
+    of start-up each on a busy 2-core box. Yields the environment a run needs to use it. Started
+    only for the tests that ask for it; stopped (SIGTERM, then SIGKILL) at the end of the session.
+    Tests that restart, drain or kill a server start their own (test_connect_retry.py,
+    test_spark_server.py)."""
+    import signal
+
+    from freshidx.spark.server import read_state
+    from freshidx_tests.polling import poll_until
+
+    root = tmp_path_factory.mktemp("shared-spark-connect")
+    port = free_port()
+    state_dir = root / "state"
+    with open(root / "spark-server.out", "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "freshidx.spark.server", "--port", str(port), "--state-dir", str(state_dir),
+             "--driver-memory", "1g", "--no-class-data-sharing"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable},
+        )
+    try:
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"freshidx spark-server exited with {proc.returncode}; see {root / 'spark-server.out'}")
+            return (read_state(state_dir) or {}).get("status") == "up"
+
+        # Start-up and warm-up are polled with a generous deadline (a JVM start on a loaded box).
+        poll_until(up, timeout=600, interval=0.5, what=f"shared Spark Connect server on port {port} up")
+        yield {"FRESHIDX_SPARK_REMOTE": f"sc://127.0.0.1:{port}", "FRESHIDX_SPARK_SERVER_STATE": str(state_dir)}
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
 
 
 @pytest.fixture

@@ -39,9 +39,10 @@ def delta_history(store: ObjectStore) -> list[dict]:
 
 
 @pytest.fixture
-def dev(tmp_path: Path, local_store_config: StoreConfig) -> Iterator[tuple[DagsterDev, StoreConfig]]:
+def dev(tmp_path: Path, local_store_config: StoreConfig,
+        shared_spark_connect: dict[str, str]) -> Iterator[tuple[DagsterDev, StoreConfig]]:
     home = prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml")
-    env = {**env_for(local_store_config), "FRESHIDX_CATCHUP_AUTOSTART": "true",
+    env = {**env_for(local_store_config, shared_spark_connect), "FRESHIDX_CATCHUP_AUTOSTART": "true",
            "FRESHIDX_HOURLY_SENSOR_INTERVAL_SECONDS": "5", "FRESHIDX_CLOSE_GRACE_SECONDS": "0",
            # one hour per run: the backfill is 3 runs, long enough for live publications to land inside it
            "FRESHIDX_HOURLY_MAX_HOURS_PER_RUN": "1"}

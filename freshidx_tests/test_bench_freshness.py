@@ -10,7 +10,6 @@ Nothing asserts on timings: only on the shape of the result and on the order of 
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import math
@@ -156,30 +155,29 @@ def test_pick_probe_is_the_newest_active_record_of_its_ad() -> None:
 
 
 def test_cli_registers_under_an_existing_bench_group() -> None:
-    parser = argparse.ArgumentParser(prog="freshidx")
-    bench = parser.add_subparsers(dest="command").add_parser("bench")
-    bf.add_bench_subcommands(bench.add_subparsers(dest="bench", required=True))
-    a = parser.parse_args(["bench", "freshness", "--partitions", "3", "--modes", "local", "--json"])
-    assert (a.partitions, a.window_docs, a.modes, a.json, a.func) == (3, 100_000, ["local"], True,
-                                                                       bf.cmd_bench_freshness)
-    s = parser.parse_args(["bench", "soak", "--restart-every-batches", "4"])
-    assert (s.batches, s.restart_every_batches, s.func) == (500, 4, bf.cmd_bench_soak)
-    assert parser.parse_args(["bench", "freshness", "--no-full-warm-up"]).full_warmup is False
+    from freshidx.cli import parse
+
+    a = parse(["bench", "freshness", "--partitions", "3", "--modes", "local", "--json"])
+    p = a.params
+    assert (p["partitions"], p["window_docs"], p["modes"], p["as_json"], a.command.load()) == (
+        3, 100_000, ["local"], True, bf.cmd_bench_freshness)
+    s = parse(["bench", "soak", "--restart-every-batches", "4"])
+    assert (s.params["batches"], s.params["restart_every_batches"], s.command.load()) == (500, 4, bf.cmd_bench_soak)
+    assert parse(["bench", "freshness", "--no-full-warm-up"]).params["full_warmup"] is False
     with pytest.raises(SystemExit):
-        parser.parse_args(["bench", "freshness", "--modes", "yarn"])
+        parse(["bench", "freshness", "--modes", "yarn"])
 
 
 def test_freshidx_bench_cli_has_all_four_subcommands() -> None:
-    from freshidx.cli import build_parser
+    from freshidx.cli import parse
 
-    parser = build_parser()
     for argv, func in ((["bench", "freshness", "--partitions", "2"], bf.cmd_bench_freshness),
                        (["bench", "soak", "--batches", "3"], bf.cmd_bench_soak)):
-        assert parser.parse_args(argv).func is func
+        assert parse(argv).command.load() is func
     from freshidx import bench
 
-    assert parser.parse_args(["bench", "build", "--docs", "10"]).func is bench.cmd_bench_build
-    assert parser.parse_args(["bench", "query", "--docs", "10"]).func is bench.cmd_bench_query
+    assert parse(["bench", "build", "--docs", "10"]).command.load() is bench.cmd_bench_build
+    assert parse(["bench", "query", "--docs", "10"]).command.load() is bench.cmd_bench_query
 
 
 # ----------------------------------------------------------------------------------------- real runs

@@ -39,7 +39,9 @@ FRESHNESS_QUERY = """
 """
 
 
-def env_for(cfg: StoreConfig) -> dict[str, str]:
+def env_for(cfg: StoreConfig, spark: dict[str, str] | None = None) -> dict[str, str]:
+    """``spark``: the ``shared_spark_connect`` fixture's environment (runs lease the shared server instead
+    of starting a local JVM each); None = local Spark per run."""
     # The catch-up sensor is off here: its Spark runs would compete with the delta runs under test
     # (test_backfill_e2e.py runs both).
     env = {"FRESHIDX_STORE": cfg.uri, "PYSPARK_PYTHON": sys.executable, "FRESHIDX_PARTITIONS_START": "2026-11-01",
@@ -47,6 +49,7 @@ def env_for(cfg: StoreConfig) -> dict[str, str]:
            "FRESHNESS_DAEMON_INTERVAL_SECONDS": "5"}
     if cfg.is_s3:
         env.update(s3_env(cfg))
+    env.update(spark or {})
     return env
 
 
@@ -56,12 +59,14 @@ def pointer_at(cfg: StoreConfig) -> str | None:
 
 
 @pytest.fixture
-def dev(tmp_path: Path, local_store_config: StoreConfig) -> Iterator[tuple[DagsterDev, StoreConfig]]:
-    # One store kind here (each run is a fresh process with its own Spark session, so this test is
-    # slow); the same flow runs against both local files and moto S3 in test_sensor_e2e.py.
+def dev(tmp_path: Path, local_store_config: StoreConfig,
+        shared_spark_connect: dict[str, str]) -> Iterator[tuple[DagsterDev, StoreConfig]]:
+    # One store kind here (every run is a Dagster run process, so this test is slow); the same flow
+    # runs against both local files and moto S3 in test_sensor_e2e.py.
     store_config = local_store_config
     home = prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml")
-    d = DagsterDev(home=home, module="freshidx.definitions", env=env_for(store_config), cwd=REPO)
+    d = DagsterDev(home=home, module="freshidx.definitions", env=env_for(store_config, shared_spark_connect),
+                   cwd=REPO)
     d.start()
     try:
         d.wait_ready(timeout=300)
@@ -142,12 +147,13 @@ def test_daemon_latest_only_and_ui_materialize(cpu_load: list, dev: tuple[Dagste
 
 
 @pytest.mark.daemon
-def test_cli_asset_materialize_publishes_newest(tmp_path: Path, local_store_config: StoreConfig) -> None:
+def test_cli_asset_materialize_publishes_newest(tmp_path: Path, local_store_config: StoreConfig,
+                                               shared_spark_connect: dict[str, str]) -> None:
     store = open_store(local_store_config)
     for m in (0, 5, 10):
         write_partition(store, GEN, at(m))
     home = prepare_home(tmp_path / "home", REPO / "dagster.yaml")
-    env = {**os.environ, **env_for(local_store_config), "DAGSTER_HOME": str(home)}
+    env = {**os.environ, **env_for(local_store_config, shared_spark_connect), "DAGSTER_HOME": str(home)}
     proc = subprocess.run(
         [sys.executable, "-m", "dagster", "asset", "materialize", "-m", "freshidx.definitions",
          "--select", "delta_index"],

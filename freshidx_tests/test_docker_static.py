@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from freshidx.cli import build_parser
+from freshidx.cli import parse
 from freshidx.settings import Settings
 from freshidx_tests.test_postgres_e2e import grpc_command
 
@@ -72,11 +72,10 @@ def test_dockerfile_and_every_mounted_or_copied_file_exist() -> None:
 
 
 def test_commands_exist_in_the_project() -> None:
-    parser = build_parser()
     for name in OURS:
         cmd = command(name)
         if cmd[0] == "freshidx":
-            parser.parse_args(cmd[1:])  # exits (SystemExit) on an unknown subcommand or option
+            parse(cmd[1:])  # exits (SystemExit) on an unknown subcommand or option
         elif cmd[:3] == ["dagster", "api", "grpc"]:
             module = cmd[cmd.index("--module-name") + 1]
             assert importlib.util.find_spec(module) is not None, module

@@ -595,13 +595,12 @@ def test_cli_human_output_in_process(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_add_parser_registers_cmd_generate() -> None:
-    import argparse
+    from freshidx.cli import parse
 
-    parser = argparse.ArgumentParser(prog="freshidx")
-    gen.add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["generate", "--count", "1"])
-    assert args.func is gen.cmd_generate
-    assert (args.every, args.seed, args.history_minutes, args.start, args.store, args.json) == (
+    args = parse(["generate", "--count", "1"])
+    assert args.command.load() is gen.cmd_generate
+    p = args.params
+    assert (p["every"], p["seed"], p["history_minutes"], p["start"], p["store"], p["as_json"]) == (
         300.0, 0, 0, None, None, False,
     )
 

@@ -79,7 +79,8 @@ query Schema($selector: PipelineSelector!) {
 
 
 @pytest.fixture
-def dev(tmp_path: Path, local_store_config: StoreConfig) -> Iterator[tuple[DagsterDev, ObjectStore]]:
+def dev(tmp_path: Path, local_store_config: StoreConfig,
+        shared_spark_connect: dict[str, str]) -> Iterator[tuple[DagsterDev, ObjectStore]]:
     cfg = local_store_config
     store = open_store(cfg)
     for m in (0, 5, 10):
@@ -87,7 +88,7 @@ def dev(tmp_path: Path, local_store_config: StoreConfig) -> Iterator[tuple[Dagst
     serve(store, "delta", at(10))  # the delta sensor has nothing to do
     serve(store, "full", at(10))  # nor does SLA remediation
     env = {"FRESHIDX_STORE": cfg.uri, "PYSPARK_PYTHON": sys.executable, "FRESHIDX_PARTITIONS_START": "2026-11-01",
-           "FRESHIDX_CATCHUP_AUTOSTART": "false"}
+           "FRESHIDX_CATCHUP_AUTOSTART": "false", **shared_spark_connect}
     d = DagsterDev(home=prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml"), module="freshidx.definitions",
                    env=env, cwd=REPO)
     d.start()

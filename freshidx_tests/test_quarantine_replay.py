@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 
 from freshidx import layout
 from freshidx.cli import main as cli
+from freshidx.cli.quarantine import entries
 from freshidx.publish import read_pointer
-from freshidx.quarantine_cli import entries
 from freshidx.serving import Searcher
 from freshidx.store import StoreConfig
 from freshidx_tests.harness import Harness, at
@@ -35,8 +35,10 @@ def good(ad: str, minutes: int, title: str) -> bytes:
                        "updated_at": at(minutes).at.strftime("%Y-%m-%dT%H:%M:%S.000Z"), "version": 1}).encode()
 
 
-def test_non_utf8_line_survives_quarantine_and_replays(tmp_path: Path, spark: Any, capsys: Any) -> None:
-    cfg = StoreConfig(uri=(tmp_path / "store").as_uri())
+def test_non_utf8_line_survives_quarantine_and_replays(tmp_path: Path, spark: Any, capsys: Any,
+                                                       store_config: StoreConfig) -> None:
+    """On the local store and on moto S3 (the CLI reaches S3 through the harness's environment)."""
+    cfg = store_config
     bad_line = good("ad-bin", 0, "PLACEHOLDER").replace(b"PLACEHOLDER", LATIN1_TITLE.encode("latin-1"))
     prefix = layout.raw_partition_prefix("ad_updates", at(0))
     with dg.instance_for_test() as instance:
@@ -84,12 +86,12 @@ def test_non_utf8_line_survives_quarantine_and_replays(tmp_path: Path, spark: An
             h.close()
 
 
-def test_unreadable_object_never_blocks_the_indexes(tmp_path: Path, spark: Any) -> None:
+def test_unreadable_object_never_blocks_the_indexes(tmp_path: Path, spark: Any, store_config: StoreConfig) -> None:
     """A truncated gzip and a plain file named .gz in the history: delta and full both publish from
-    everything else, the bad object is counted, the mis-named plain file is read."""
+    everything else, the bad object is counted, the mis-named plain file is read. Local store and moto S3."""
     import gzip
 
-    cfg = StoreConfig(uri=(tmp_path / "store").as_uri())
+    cfg = store_config
     with dg.instance_for_test() as instance:
         h = Harness(cfg, instance)
         try:

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 from pathlib import Path
 
 import pytest
 
-from freshidx import layout
+from freshidx import cli, layout
 from freshidx.publish import iso, publish, read_pointer
 from freshidx.retention import (
     RetentionError,
-    add_gc_parser,
-    add_rollback_parser,
     gc,
     history_entries,
     rollback,
@@ -168,24 +165,16 @@ def test_cli(local_store_config: StoreConfig, capsys: pytest.CaptureFixture[str]
     store = open_store(local_store_config)
     put_version(store, local_store_config, "full", "v1", "a", 1)
     put_version(store, local_store_config, "full", "v2", "b", 2)
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command")
-    add_rollback_parser(sub)
-    add_gc_parser(sub)
     store_args = ["--store", local_store_config.uri]
 
-    args = parser.parse_args(["rollback", "full", "--json", *store_args])
-    assert args.func(args) == 0
+    assert cli.main(["rollback", "full", "--json", *store_args]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and out["pointer"]["version"] == "v1" and out["pointer"]["action"] == "rollback"
-    args = parser.parse_args(["rollback", "full", "--to", "zzz", "--json", *store_args])
-    assert args.func(args) == 1
+    assert cli.main(["rollback", "full", "--to", "zzz", "--json", *store_args]) == 1
     assert not json.loads(capsys.readouterr().out)["ok"]
 
-    args = parser.parse_args(["gc", "full", "--keep", "1", "--grace-minutes", "0", "--dry-run", "--json", *store_args])
-    assert args.func(args) == 0
+    assert cli.main(["gc", "full", "--keep", "1", "--grace-minutes", "0", "--dry-run", "--json", *store_args]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["dry_run"] and report["current"] == "v1" and report["deleted_versions"] == ["v2"]
-    args = parser.parse_args(["gc", "delta", *store_args])
-    assert args.func(args) == 0
+    assert cli.main(["gc", "delta", *store_args]) == 0
     assert "current None" in capsys.readouterr().out

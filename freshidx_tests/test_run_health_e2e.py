@@ -29,9 +29,11 @@ from freshidx_tests.test_daemon_e2e import GEN, REPO, at, env_for, pointer_at
 
 
 @pytest.fixture
-def dev(tmp_path: Path, local_store_config: StoreConfig) -> Iterator[tuple[DagsterDev, StoreConfig]]:
+def dev(tmp_path: Path, local_store_config: StoreConfig,
+        shared_spark_connect: dict[str, str]) -> Iterator[tuple[DagsterDev, StoreConfig]]:
     home = prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml")
-    d = DagsterDev(home=home, module="freshidx.definitions", env=env_for(local_store_config), cwd=REPO)
+    d = DagsterDev(home=home, module="freshidx.definitions", env=env_for(local_store_config, shared_spark_connect),
+                   cwd=REPO)
     d.start()
     try:
         d.wait_ready(timeout=240)
@@ -92,7 +94,7 @@ def test_killed_run_worker_is_failed_fast_and_the_sensor_jumps_to_the_newest(
 
 @pytest.mark.daemon
 def test_run_left_started_by_a_killed_dagster_dev_is_failed_by_run_health_after_restart(
-        tmp_path: Path, local_store_config: StoreConfig) -> None:
+        tmp_path: Path, local_store_config: StoreConfig, shared_spark_connect: dict[str, str]) -> None:
     """Issue 17 item 2: nothing reports a run whose code server died with it; the next dagster dev's
     freshidx_run_health_sensor finds its recorded worker pid gone, fails it, and the delta moves on."""
     cfg = local_store_config
@@ -100,8 +102,8 @@ def test_run_left_started_by_a_killed_dagster_dev_is_failed_by_run_health_after_
     home = prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml")
     for m in range(0, 30, 5):
         write_partition(store, GEN, at(m))
-    first = DagsterDev(home=home, module="freshidx.definitions", env=env_for(cfg), cwd=REPO)
-    second = DagsterDev(home=home, module="freshidx.definitions", env=env_for(cfg), cwd=REPO)
+    first = DagsterDev(home=home, module="freshidx.definitions", env=env_for(cfg, shared_spark_connect), cwd=REPO)
+    second = DagsterDev(home=home, module="freshidx.definitions", env=env_for(cfg, shared_spark_connect), cwd=REPO)
     instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
     try:
         first.start()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import threading
@@ -13,10 +12,10 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from freshidx import layout
+from freshidx import cli, layout
 from freshidx.publish import read_manifest, read_pointer
 from freshidx.retention import rollback
-from freshidx.serving import Hit, Searcher, ServingError, add_search_parser
+from freshidx.serving import Hit, Searcher, ServingError
 from freshidx.spark.index_shards import read_version_docs, write_index_shards
 from freshidx.spark.shards import write_one_shard
 from freshidx.store import StoreConfig, open_store
@@ -248,16 +247,12 @@ def test_search_cli(local_store_config: StoreConfig, tmp_path: Path, capsys: pyt
     store = open_store(local_store_config)
     publish_commits(store, "full", "f1", FULL_AT,
                     build_direct(local_store_config, "full", "f1", [ad(1, 1, title="red shoes"), ad(2, 1)]))
-    parser = argparse.ArgumentParser()
-    add_search_parser(parser.add_subparsers(dest="command"))
     base = ["--store", local_store_config.uri, "--cache", str(tmp_path / "cache")]
-    args = parser.parse_args(["search", "red shoes", "--k", "3", "--json", *base])
-    assert args.func(args) == 0
+    assert cli.main(["search", "red shoes", "--k", "3", "--json", *base]) == 0
     hits = json.loads(capsys.readouterr().out)["hits"]
     assert [(h["ad_id"], h["index"], h["version"]) for h in hits] == [("ad-0001", "full", "f1")]
     assert isinstance(hits[0]["score"], float)
-    args = parser.parse_args(["search", 'title:"red', *base])
-    assert args.func(args) == 0
+    assert cli.main(["search", 'title:"red', *base]) == 0
     assert "ad-0001" in capsys.readouterr().out
     pointer, _ = read_pointer(store, "full")
     assert pointer is not None and pointer.version == "f1" and layout.pointer_key("full").endswith("CURRENT")

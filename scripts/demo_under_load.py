@@ -30,6 +30,10 @@ def main() -> int:
     ap.add_argument("--want", type=int, default=3, help="delta publications wanted inside the window")
     ap.add_argument("--home", default=None)
     args = ap.parse_args()
+    # Stopped with SIGINT or SIGTERM (also when started in the background, where SIGINT is ignored):
+    # the finally below still ends the hogs and stops the demo cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     home = Path(args.home or tempfile.mkdtemp(prefix="freshidx-load-")).resolve()
     hogs = [subprocess.Popen([sys.executable, "-c", HOG.format(limit=3600)]) for _ in range(args.hogs)]
     t0 = time.monotonic()

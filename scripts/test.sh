@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # One command: set up (venv, packages, Java check), lint, and run the whole test suite.
 # Tests start their own servers (moto S3, dagster dev) on free loopback ports.
+#   bash scripts/test.sh            the full suite (what CI runs)
+#   bash scripts/test.sh --fast     the fast lane: every test that starts no JVM and no dagster dev
+# Other arguments are passed to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"
 .venv/bin/ruff check freshidx freshidx_tests
+if [[ "${1:-}" == "--fast" ]]; then
+    shift
+    exec .venv/bin/python -m pytest -n 2 -m "not slow" --durations=10 freshidx_tests "$@"
+fi
 # Two workers, one test file each at a time: much of the suite waits on JVMs and dagster dev.
 exec .venv/bin/python -m pytest -n 2 --dist loadfile --durations=25 freshidx_tests "$@"

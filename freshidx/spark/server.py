@@ -76,7 +76,6 @@ or ``Cannot call methods on a stopped SparkContext``), an ordinary exception: th
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime as dt
 import fcntl
@@ -1292,124 +1291,7 @@ class SparkConnectSupervisor:
             self._update_state(status="down", last_error=str(exc)[:4000])
 
 
-# --------------------------------------------------------------------------------------------
-# CLI
+if __name__ == "__main__":  # the CLI: freshidx.cli.spark_server (``freshidx spark-server``)
+    from freshidx.cli.spark_server import main
 
-
-def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="gRPC bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"gRPC port (default {DEFAULT_PORT})")
-    p.add_argument("--master", default="local[2,4]", help="Spark master (default local[2,4])")
-    p.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR,
-                   help=f"state.json, server.log and leases/ (default ./{DEFAULT_STATE_DIR})")
-    p.add_argument("--restart-every", type=float, default=24 * 3600.0, metavar="SECONDS",
-                   help="planned restart cadence (default 86400)")
-    p.add_argument("--max-heap-fraction", type=float, default=0.85,
-                   help="planned restart when the live heap exceeds this fraction of -Xmx (default 0.85)")
-    p.add_argument("--max-session-processes", type=int, default=48,
-                   help="planned restart when the JVM's session (JVM + Python workers) has more processes "
-                        "(default 48; 0 = off)")
-    p.add_argument("--driver-memory", default="2g", help="JVM heap (default 2g)")
-    p.add_argument("--drain-timeout", type=float, default=120.0, metavar="SECONDS",
-                   help="how long a planned restart waits for leases to be released (default 120)")
-    p.add_argument("--health-interval", type=float, default=5.0, metavar="SECONDS")
-    p.add_argument("--hang-timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="while runs hold leases, restart (drained) only after their jobs made no progress "
-                        "for this long; failed health probes alone never restart a leased server (default 300)")
-    p.add_argument("--cds-dir", type=Path, default=None, help="AppCDS archive directory (default STATE_DIR/cds)")
-    p.add_argument("--no-class-data-sharing", action="store_true", help="do not use/write an AppCDS archive")
-    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark conf (repeatable)")
-    p.add_argument("--no-warm-up", action="store_true",
-                   help="report up as soon as the port accepts (the first client then pays the warm-up)")
-    p.add_argument("--status", action="store_true", help="print the state of a running supervisor and exit")
-    p.add_argument("--json", action="store_true", help="print state changes as JSON lines")
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``spark-server`` on a ``freshidx`` argparse subparsers object."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "spark-server", help="run a supervised Spark Connect server (health checks, planned restarts)",
-        description=__doc__.split("\n\n", 1)[0] if __doc__ else None,
-    )
-    _add_arguments(p)
-    p.set_defaults(func=cmd_spark_server)
-    return p
-
-
-def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    conf: dict[str, str] = {}
-    for item in args.conf or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"--conf expects KEY=VALUE, got {item!r}")
-        conf[key.strip()] = value
-    return ServerConfig(
-        host=args.host, port=args.port, master=args.master, conf=conf, state_dir=args.state_dir,
-        restart_every_s=args.restart_every, max_heap_fraction=args.max_heap_fraction,
-        max_session_processes=args.max_session_processes,
-        driver_memory=args.driver_memory, drain_timeout_s=args.drain_timeout, health_interval_s=args.health_interval,
-        hang_timeout_s=args.hang_timeout,
-        class_data_sharing=not args.no_class_data_sharing, cds_dir=args.cds_dir, warm_up=not args.no_warm_up,
-    )
-
-
-def _render(state: dict[str, Any]) -> str:
-    return (
-        f"[{state.get('updated_at')}] spark-server {state.get('status')}: {state.get('url')} pid={state.get('pid')} "
-        f"restarts={state.get('restarts')} last={state.get('last_restart_reason')}"
-        + (f" error={state.get('last_error')}" if state.get("status") == "down" and state.get("last_error") else "")
-    )
-
-
-def cmd_spark_server(args: argparse.Namespace) -> int:
-    """Run the supervisor in the foreground until SIGINT/SIGTERM; then stop the JVM cleanly."""
-    if getattr(args, "status", False):
-        state = read_state(args.state_dir)
-        if state is None:
-            print(json.dumps({"status": "none", "state_dir": str(args.state_dir)}) if args.json
-                  else f"no supervisor state in {args.state_dir}")
-            return 1
-        print(json.dumps(state, indent=1, default=str) if args.json else _render(state))
-        return 0
-
-    cfg = config_from_args(args)
-
-    def emit(state: dict[str, Any]) -> None:
-        print(json.dumps(state, sort_keys=True, default=str) if args.json else _render(state), flush=True)
-
-    sup = SparkConnectSupervisor(cfg, on_state=emit)
-    stop = threading.Event()
-    previous: dict[int, Any] = {}
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        stop.set()
-        sup.request_stop()  # the JVM gets SIGTERM now, whatever run_forever is in the middle of
-
-    def on_hup(signum: int, _frame: Any) -> None:
-        sup.request_restart("planned-manual")
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, on_signal)
-    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
-    try:
-        sup.run_forever(stop)
-        return 0
-    except ServerStartError as exc:
-        print(f"freshidx spark-server: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        sup.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m freshidx.spark.server", description=__doc__.split("\n\n", 1)[0] if __doc__ else None
-    )
-    _add_arguments(parser)
-    return cmd_spark_server(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
     sys.exit(main())

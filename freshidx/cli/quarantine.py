@@ -18,7 +18,6 @@ The replay path (docs/operations.md):
 
 from __future__ import annotations
 
-import argparse
 import base64
 import datetime as dt
 import json
@@ -27,45 +26,23 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from freshidx import layout
-from freshidx.ledger import parse_partition
-from freshidx.partitions import PartitionError, PartitionId
-from freshidx.settings import Settings
-from freshidx.store import ObjectStore, open_store
+import click
 
+from freshidx.cli.base import LazyCommand, LazyGroup, json_option, store_option
 
-def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("quarantine", help="rejected input: list, export exact bytes, replay after a fix")
-    sub = p.add_subparsers(dest="quarantine_command", required=True)
-
-    def common(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--store", help="store URI (default: FRESHIDX_STORE or ./.freshidx/store)")
-        q.add_argument("--json", action="store_true", help="print JSON")
-
-    ls = sub.add_parser("list", help="quarantined records per partition and reason")
-    common(ls)
-    ls.add_argument("--partition", help="one partition (path form year=…/minute=…)")
-    ls.set_defaults(func=cmd_list)
-
-    ex = sub.add_parser("export", help="write the rejected lines of a partition byte for byte")
-    common(ex)
-    ex.add_argument("--partition", required=True,
-                    help="minute partition: 20261124T0148 or year=YYYY/month=MM/day=DD/hour=HH/minute=mm")
-    ex.add_argument("--run", help="only this run id (default: every run that quarantined the partition)")
-    ex.add_argument("--out", required=True, help="output file ('-' for standard output)")
-    ex.set_defaults(func=cmd_export)
-
-    rp = sub.add_parser("replay", help="upload a (fixed) JSON-lines file as new raw input of the current minute")
-    common(rp)
-    rp.add_argument("file", help="JSON lines, e.g. a fixed `quarantine export`")
-    rp.set_defaults(func=cmd_replay)
+if TYPE_CHECKING:
+    from freshidx.partitions import PartitionId
+    from freshidx.settings import Settings
+    from freshidx.store import ObjectStore
 
 
 def entries(store: ObjectStore, source: str, partition: PartitionId | None = None,
             run: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(partition path, entry)`` for every quarantined line, in key order."""
+    from freshidx import layout
+
     root = f"quarantine/{source}/"
     prefix = layout.quarantine_prefix(source, partition, run) if partition and run else (
         f"{root}{partition.path}/" if partition else root)
@@ -88,6 +65,9 @@ def original_bytes(entry: dict[str, Any]) -> bytes | None:
 
 
 def _partition(value: str | None) -> PartitionId | None:
+    from freshidx.ledger import parse_partition
+    from freshidx.partitions import PartitionError
+
     if value is None:
         return None
     try:
@@ -96,13 +76,20 @@ def _partition(value: str | None) -> PartitionId | None:
         raise SystemExit(f"freshidx quarantine: --partition: {exc}") from None
 
 
-def cmd_list(args: argparse.Namespace) -> int:
-    settings = Settings.from_env(store=args.store)
-    store = open_store(settings.store_config())
+def _open(store: str | None) -> tuple[Settings, ObjectStore]:
+    from freshidx.settings import Settings
+    from freshidx.store import open_store
+
+    settings = Settings.from_env(store=store)
+    return settings, open_store(settings.store_config())
+
+
+def cmd_list(*, store: str | None, as_json: bool, partition: str | None) -> int:
+    settings, st = _open(store)
     counts: dict[str, Counter[str]] = {}
-    for part, e in entries(store, settings.source, _partition(args.partition)):
+    for part, e in entries(st, settings.source, _partition(partition)):
         counts.setdefault(part, Counter())[str(e.get("reason"))] += 1
-    if args.json:
+    if as_json:
         print(json.dumps({p: dict(c) for p, c in sorted(counts.items())}, indent=1))
     elif not counts:
         print("nothing quarantined")
@@ -112,45 +99,69 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    settings = Settings.from_env(store=args.store)
-    store = open_store(settings.store_config())
+def cmd_export(*, store: str | None, as_json: bool, partition: str, run: str | None, out: str) -> int:
+    settings, st = _open(store)
     lines: list[bytes] = []
     objects: list[dict[str, Any]] = []
-    for _, e in entries(store, settings.source, _partition(args.partition), args.run):
+    for _, e in entries(st, settings.source, _partition(partition), run):
         data = original_bytes(e)
         if data is None:
             objects.append(e)
         else:
             lines.append(data)
     body = b"".join(line + b"\n" for line in lines)
-    if args.out == "-":
+    if out == "-":
         sys.stdout.buffer.write(body)
     else:
-        Path(args.out).write_bytes(body)
+        Path(out).write_bytes(body)
     summary = {"lines": len(lines), "objects": [{"file": o.get("file"), "reason": o.get("reason"),
                                                    "detail": o.get("detail")} for o in objects]}
     text = f"{len(lines)} line(s) exported"
     if objects:
         names = ", ".join(str(o.get("file")) for o in objects)
         text += f"; {len(objects)} whole object(s) not exported (copies under quarantine/…/objects/): {names}"
-    print(json.dumps(summary) if args.json else text, file=sys.stderr if args.out == "-" else sys.stdout)
+    print(json.dumps(summary) if as_json else text, file=sys.stderr if out == "-" else sys.stdout)
     return 0
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
-    settings = Settings.from_env(store=args.store)
-    store = open_store(settings.store_config())
-    data = Path(args.file).read_bytes()
+def cmd_replay(*, store: str | None, as_json: bool, file: str) -> int:
+    from freshidx import layout
+    from freshidx.partitions import PartitionId
+
+    settings, st = _open(store)
+    data = Path(file).read_bytes()
     if not data.strip():
-        print(f"freshidx quarantine replay: {args.file} is empty; nothing uploaded", file=sys.stderr)
+        print(f"freshidx quarantine replay: {file} is empty; nothing uploaded", file=sys.stderr)
         return 2
     now = dt.datetime.now(dt.UTC)
     partition = PartitionId(now.replace(second=0, microsecond=0))
     key = (layout.raw_partition_prefix(settings.source, partition)
            + f"replay-{now.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}.jsonl")
-    store.create_or_same(key, data if data.endswith(b"\n") else data + b"\n")
+    st.create_or_same(key, data if data.endswith(b"\n") else data + b"\n")
     lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-    print(json.dumps({"key": key, "partition": partition.path, "lines": lines}) if args.json
+    print(json.dumps({"key": key, "partition": partition.path, "lines": lines}) if as_json
           else f"replayed {lines} line(s) as {key}")
     return 0
+
+
+quarantine_group = LazyGroup(
+    "quarantine",
+    [
+        LazyCommand("list", cmd_list, store_option(), json_option("print JSON"),
+                    click.Option(["--partition"], help="one partition (path form year=…/minute=…)"),
+                    help="quarantined records per partition and reason"),
+        LazyCommand("export", cmd_export, store_option(), json_option("print JSON"),
+                    click.Option(["--partition"], required=True, help="minute partition: 20261124T0148 or "
+                                 "year=YYYY/month=MM/day=DD/hour=HH/minute=mm"),
+                    click.Option(["--run"],
+                                 help="only this run id (default: every run that quarantined the partition)"),
+                    click.Option(["--out"], required=True, help="output file ('-' for standard output)"),
+                    help="write the rejected lines of a partition byte for byte"),
+        LazyCommand("replay", cmd_replay, store_option(), json_option("print JSON"),
+                    click.Argument(["file"]),
+                    short_help="upload a (fixed) JSON-lines file as new raw input of the current minute",
+                    help="upload a (fixed) JSON-lines file as new raw input of the current minute\n\n"
+                    "FILE: JSON lines, e.g. a fixed `quarantine export`"),
+    ],
+    help="rejected input: list, export exact bytes, replay after a fix",
+)

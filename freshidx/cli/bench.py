@@ -1,0 +1,129 @@
+"""``freshidx bench {build|query|freshness|soak}``: the benchmarks' options.
+
+The benchmarks: :mod:`freshidx.bench` (build, query) and :mod:`freshidx.bench_freshness`
+(freshness, soak); ``python -m freshidx.bench`` and ``python -m freshidx.bench_freshness`` run the
+same commands.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from freshidx.cli.base import LazyCommand, LazyGroup, Parsed, json_option
+
+BUILD_ROUNDS = 5  # freshidx.bench.BUILD_ROUNDS
+BUILD_WARMUP = 4  # freshidx.bench.BUILD_WARMUP
+MODES = ("connect", "local")  # freshidx.bench_freshness.MODES
+WINDOW_MINUTES = 300  # freshidx.bench_freshness.WINDOW_MINUTES
+
+
+def modes(text: str) -> list[str]:
+    chosen = [m.strip() for m in text.split(",") if m.strip()]
+    if not chosen or any(m not in MODES for m in chosen):
+        raise ValueError(f"modes are a comma-separated subset of {','.join(MODES)}, got {text!r}")
+    return chosen
+
+
+def _opt(*decls: str, **kw: Any) -> click.Option:
+    return click.Option(list(decls), **kw)
+
+
+def _common(workdir_help: str) -> list[click.Parameter]:
+    return [
+        _opt("--seed", type=int, default=0),
+        _opt("--workdir", help=workdir_help),
+        _opt("--keep", is_flag=True, help="do not delete the temp dir"),
+        json_option("print the result as JSON on stdout (table on stderr)"),
+    ]
+
+
+def _health() -> list[click.Parameter]:
+    return [
+        _opt("--health-timeout", type=float, default=15.0, metavar="SECONDS",
+             help="Connect supervisor: health probe timeout (default 15, the supervisor's default)"),
+        _opt("--health-failures", type=int, default=3, metavar="N",
+             help="Connect supervisor: failed probes in a row before a restart (default 3)"),
+    ]
+
+
+build = LazyCommand(
+    "build", "freshidx.bench:cmd_bench_build",
+    _opt("--docs", type=int, default=200_000),
+    _opt("--shards", type=int, default=os.cpu_count() or 2, help="default: one per core"),
+    _opt("--rounds", type=int, default=BUILD_ROUNDS, help="timed rounds after the warm-up (median)"),
+    _opt("--warmup", type=int, default=BUILD_WARMUP, help="untimed rounds first (JIT, Python workers)"),
+    _opt("--seed", type=int, default=0),
+    _opt("--master", help="a cluster master (spark://host:port): run the Spark side there, once per "
+         "--workers count; the driver is this process"),
+    _opt("--workers", default="1,2", help="with --master: executor counts to compare, 1 core each (default 1,2); "
+         "on a cluster of 1-core workers, the number of workers used"),
+    json_option(),
+    help="Spark shards vs one process: docs/s and ratio",
+)
+
+query = LazyCommand(
+    "query", "freshidx.bench:cmd_bench_query",
+    _opt("--docs", type=int, default=1_000_000),
+    _opt("--queries", type=int, default=300),
+    _opt("--shards", type=int, default=4),
+    _opt("--k", type=int, default=10),
+    _opt("--workdir", help="where the benchmark store is built and reused (default: a temp dir per N)"),
+    _opt("--seed", type=int, default=0),
+    json_option(),
+    help="query latency through the real Searcher (p50/p95)",
+)
+
+freshness = LazyCommand(
+    "freshness", "freshidx.bench_freshness:cmd_bench_freshness",
+    _opt("--partitions", type=int, default=8, help="measured partitions per mode (default 8)"),
+    _opt("--window-docs", type=int, default=100_000, help="documents in the window (default 100000)"),
+    _opt("--window-minutes", type=int, default=WINDOW_MINUTES,
+         help=f"delta window length given to the pipeline (default {WINDOW_MINUTES})"),
+    _opt("--modes", type=Parsed("MODES", modes), default=",".join(MODES),
+         help="connect,local (default both, in that order)"),
+    _opt("--max-delay", type=float, default=5.0, help="random pause before each drop, 0..S s (default 5)"),
+    _opt("--timeout", type=float, default=300.0, help="per-partition deadline in seconds (default 300)"),
+    _opt("--driver-memory", default="2g", help="Spark Connect server heap (default 2g)"),
+    _opt("--no-full-warm-up", "full_warmup", is_flag=True, flag_value=False, default=True,
+         help="measure once the first delta is published, without waiting for the first full index "
+         "(which may then run during the measurement; for smoke tests)"),
+    *_health(),
+    *_common("keep everything (stores, Dagster homes, logs) here instead of a temp dir"),
+    help="end-to-end arrival → searchable latency through dagster dev (Connect vs local Spark)",
+)
+
+soak = LazyCommand(
+    "soak", "freshidx.bench_freshness:cmd_bench_soak",
+    _opt("--batches", type=int, default=500, help="micro-batches (default 500)"),
+    _opt("--window-docs", type=int, default=2_000, help="documents in the window (default 2000)"),
+    _opt("--window-minutes", type=int, default=WINDOW_MINUTES,
+         help=f"delta window length (default {WINDOW_MINUTES}: one raw file per 5 min = 60 read tasks)"),
+    _opt("--shared-session", is_flag=True,
+         help="one Connect session for all batches instead of one per batch (as Dagster runs do)"),
+    _opt("--max-minutes", type=float, default=None, help="stop after this many minutes"),
+    _opt("--restart-every", type=float, default=600.0, metavar="SECONDS",
+         help="planned restart cadence of the supervisor (server age; default 600)"),
+    _opt("--restart-every-batches", type=int, default=0, metavar="K",
+         help="also request a planned restart after every K batches (default 0 = never)"),
+    _opt("--max-heap-fraction", type=float, default=0.85, help="planned restart above this live heap"),
+    _opt("--driver-memory", default="2g", help="Spark Connect server heap (default 2g)"),
+    *_health(),
+    _opt("--heap-check-interval", type=float, default=15.0, metavar="SECONDS",
+         help="how often the supervisor samples the heap with jcmd (default 15)"),
+    _opt("--samples", type=int, default=25, help="rows of the heap/RSS timeline (default 25)"),
+    *_common("work here instead of a temp dir"),
+    help="many micro-batches against one supervised Spark Connect server: heap/RSS and restarts",
+)
+
+bench_group = LazyGroup(
+    "bench", [build, query, freshness, soak],
+    help="benchmarks: index build throughput, query latency, end-to-end freshness, Connect soak",
+)
+#: ``python -m freshidx.bench_freshness``: the two end-to-end benchmarks alone.
+freshness_group = LazyGroup(
+    "bench", [freshness, soak],
+    help="end-to-end freshness through dagster dev, and a Spark Connect soak",
+)

@@ -1,0 +1,144 @@
+"""``freshidx spark-server``: run a supervised Spark Connect server in the foreground.
+
+The supervisor is :class:`freshidx.spark.server.SparkConnectSupervisor` (its docstring says what it
+watches and when it restarts); ``python -m freshidx.spark.server`` runs this same command.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from freshidx.cli.base import LazyCommand, json_option, run
+
+if TYPE_CHECKING:
+    from freshidx.spark.server import ServerConfig
+
+DEFAULT_PORT = 15002  # freshidx.spark.server.DEFAULT_PORT
+DEFAULT_STATE_DIR = Path(".freshidx") / "spark-server"  # freshidx.spark.server.DEFAULT_STATE_DIR
+
+
+def server_config(*, host: str, port: int, master: str, state_dir: Path, restart_every: float,
+                  max_heap_fraction: float, max_session_processes: int, driver_memory: str, drain_timeout: float,
+                  health_interval: float, hang_timeout: float, cds_dir: Path | None, no_class_data_sharing: bool,
+                  conf: Sequence[str], no_warm_up: bool) -> ServerConfig:
+    """The supervisor's configuration from the command's options."""
+    from freshidx.spark.server import ServerConfig
+
+    spark_conf: dict[str, str] = {}
+    for item in conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--conf expects KEY=VALUE, got {item!r}")
+        spark_conf[key.strip()] = value
+    return ServerConfig(
+        host=host, port=port, master=master, conf=spark_conf, state_dir=state_dir,
+        restart_every_s=restart_every, max_heap_fraction=max_heap_fraction,
+        max_session_processes=max_session_processes,
+        driver_memory=driver_memory, drain_timeout_s=drain_timeout, health_interval_s=health_interval,
+        hang_timeout_s=hang_timeout,
+        class_data_sharing=not no_class_data_sharing, cds_dir=cds_dir, warm_up=not no_warm_up,
+    )
+
+
+def _render(state: dict[str, Any]) -> str:
+    return (
+        f"[{state.get('updated_at')}] spark-server {state.get('status')}: {state.get('url')} pid={state.get('pid')} "
+        f"restarts={state.get('restarts')} last={state.get('last_restart_reason')}"
+        + (f" error={state.get('last_error')}" if state.get("status") == "down" and state.get("last_error") else "")
+    )
+
+
+def cmd_spark_server(*, status: bool, as_json: bool, **options: Any) -> int:
+    """Run the supervisor in the foreground until SIGINT/SIGTERM; then stop the JVM cleanly."""
+    from freshidx.spark.server import ServerStartError, SparkConnectSupervisor, read_state
+
+    if status:
+        state_dir = options["state_dir"]
+        state = read_state(state_dir)
+        if state is None:
+            print(json.dumps({"status": "none", "state_dir": str(state_dir)}) if as_json
+                  else f"no supervisor state in {state_dir}")
+            return 1
+        print(json.dumps(state, indent=1, default=str) if as_json else _render(state))
+        return 0
+
+    cfg = server_config(**options)
+
+    def emit(state: dict[str, Any]) -> None:
+        print(json.dumps(state, sort_keys=True, default=str) if as_json else _render(state), flush=True)
+
+    sup = SparkConnectSupervisor(cfg, on_state=emit)
+    stop = threading.Event()
+    previous: dict[int, Any] = {}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+        sup.request_stop()  # the JVM gets SIGTERM now, whatever run_forever is in the middle of
+
+    def on_hup(signum: int, _frame: Any) -> None:
+        sup.request_restart("planned-manual")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, on_signal)
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
+    try:
+        sup.run_forever(stop)
+        return 0
+    except ServerStartError as exc:
+        print(f"freshidx spark-server: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        sup.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _opt(*decls: str, **kw: Any) -> click.Option:
+    return click.Option(list(decls), **kw)
+
+
+PATH = click.Path(path_type=Path)
+
+spark_server = LazyCommand(
+    "spark-server", cmd_spark_server,
+    _opt("--host", default="127.0.0.1", help="gRPC bind address (default 127.0.0.1)"),
+    _opt("--port", type=int, default=DEFAULT_PORT, help=f"gRPC port (default {DEFAULT_PORT})"),
+    _opt("--master", default="local[2,4]", help="Spark master (default local[2,4])"),
+    _opt("--state-dir", type=PATH, default=DEFAULT_STATE_DIR,
+         help=f"state.json, server.log and leases/ (default ./{DEFAULT_STATE_DIR})"),
+    _opt("--restart-every", type=float, default=24 * 3600.0, metavar="SECONDS",
+         help="planned restart cadence (default 86400)"),
+    _opt("--max-heap-fraction", type=float, default=0.85,
+         help="planned restart when the live heap exceeds this fraction of -Xmx (default 0.85)"),
+    _opt("--max-session-processes", type=int, default=48,
+         help="planned restart when the JVM's session (JVM + Python workers) has more processes (default 48; 0 = off)"),
+    _opt("--driver-memory", default="2g", help="JVM heap (default 2g)"),
+    _opt("--drain-timeout", type=float, default=120.0, metavar="SECONDS",
+         help="how long a planned restart waits for leases to be released (default 120)"),
+    _opt("--health-interval", type=float, default=5.0, metavar="SECONDS"),
+    _opt("--hang-timeout", type=float, default=300.0, metavar="SECONDS",
+         help="while runs hold leases, restart (drained) only after their jobs made no progress "
+         "for this long; failed health probes alone never restart a leased server (default 300)"),
+    _opt("--cds-dir", type=PATH, default=None, help="AppCDS archive directory (default STATE_DIR/cds)"),
+    _opt("--no-class-data-sharing", is_flag=True, help="do not use/write an AppCDS archive"),
+    _opt("--conf", multiple=True, metavar="KEY=VALUE", help="extra Spark conf (repeatable)"),
+    _opt("--no-warm-up", is_flag=True,
+         help="report up as soon as the port accepts (the first client then pays the warm-up)"),
+    _opt("--status", is_flag=True, help="print the state of a running supervisor and exit"),
+    json_option("print state changes as JSON lines"),
+    short_help="run a supervised Spark Connect server (health checks, planned restarts)",
+    help="A supervised Spark Connect server: health checks, crash restarts, planned restarts with draining.",
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m freshidx.spark.server [options]``."""
+    return run(spark_server, argv, "python -m freshidx.spark.server")
