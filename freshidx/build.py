@@ -11,14 +11,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from freshidx import transform
 from freshidx.index_format import FORMAT
 from freshidx.records import DEFAULT_MAX_FUTURE_SKEW_SECONDS
 from freshidx.spark.index_shards import read_version_state, write_index_shards
+from freshidx.spark.quarantine_once import ConflictReport, quarantined_files, report_conflicts
 from freshidx.spark.raw_source import read_raw_lines
 from freshidx.spark.shards import QuarantineCommit, ShardCommit, write_quarantine
-from freshidx.store import StoreConfig
+from freshidx.store import StoreConfig, open_store
 
 __all__ = ["FORMAT", "BuildResult", "build_version"]
 
@@ -29,6 +31,7 @@ class BuildResult:
     reasons: dict[str, int]
     quarantined: list[QuarantineCommit] = field(default_factory=list)
     seconds: float = 0.0
+    conflicts: ConflictReport = field(default_factory=ConflictReport)
 
     @property
     def doc_count(self) -> int:
@@ -46,6 +49,9 @@ class BuildResult:
                 {"partition": q.partition, "key": q.key, "records": q.records, "reasons": q.reasons}
                 for q in self.quarantined
             ],
+            # Valid records, so not in count/reasons: (ad_id, version) read with different contents;
+            # "reported" = copies this build wrote to the quarantine per partition (earlier ones are there).
+            "conflicts": self.conflicts.summary(),
         }
 
 
@@ -67,7 +73,10 @@ def build_version(
     """Build and stage one version of tantivy shards (``index_format.FORMAT``).
 
     ``quarantine_after``: partition path after which invalid records are written to quarantine,
-    ``None`` for all, ``False`` for none (counted only). ``full_manifest``: for a delta build, the
+    ``None`` for all, ``False`` for none (counted only). Either way a raw file whose invalid records
+    an earlier build quarantined is not written again, and each copy of an ``(ad_id, version)`` read
+    with different contents is reported once (:mod:`freshidx.spark.quarantine_once`); the conflict's
+    winner is what :func:`freshidx.transform.latest_per_ad` keeps. ``full_manifest``: for a delta build, the
     serving full version, whose documents supply the untouched ads of every product the window
     touched (seed 000: a product's grouped features are never half-updated), and whose kill-list
     keeps an ad hidden when the full version holds a higher, inactive version of it.
@@ -81,13 +90,26 @@ def build_version(
     parsed = transform.parse_records(lines, max_future_skew_seconds).localCheckpoint(eager=True)
     try:
         valid, invalid = transform.split_valid(parsed)
-        reasons = {r["reason"]: int(r["count"]) for r in transform.reason_counts(invalid).collect()}
+        # Counted per file (one small row per file and reason): which files hold invalid records, so
+        # only those an earlier build did not quarantine yet are written (no job at all when none).
+        reasons: dict[str, int] = {}
+        bad_files: set[str] = set()
+        for r in invalid.groupBy("file", "reason").agg(F.count(F.lit(1)).alias("n")).collect():
+            reasons[r["reason"]] = reasons.get(r["reason"], 0) + int(r["n"])
+            bad_files.add(r["file"])
         quarantined: list[QuarantineCommit] = []
-        if quarantine_after is not False and reasons:
-            quarantined = write_quarantine(invalid, store_config, source, run_id, quarantine_after or None)
+        todo: list[str] = []
+        if quarantine_after is not False and bad_files:
+            todo = sorted(bad_files - quarantined_files(open_store(store_config), source,
+                                                        [f for f in files if f[0] in bad_files]))
+        if todo:
+            quarantined = write_quarantine(invalid.filter(F.col("file").isin(todo)), store_config, source, run_id,
+                                           quarantine_after or None, once=True)
+        conflicts = report_conflicts(transform.version_conflicts(parsed), store_config, source,
+                                     write=quarantine_after is not False)
         full_state = read_version_state(spark, store_config, full_manifest) if full_manifest else None
         rows = transform.index_rows(transform.latest_per_ad(valid), full_state)
         commits = write_index_shards(rows, store_config, index, version, num_shards)
     finally:
         parsed.unpersist()  # classic mode: drop the checkpoint's blocks now, not at garbage collection
-    return BuildResult(commits, reasons, quarantined, round(time.monotonic() - t0, 3))
+    return BuildResult(commits, reasons, quarantined, round(time.monotonic() - t0, 3), conflicts)

@@ -16,6 +16,7 @@ versions. The ledger explains every step (``ledger/<asset>/<date>/<hour-id>[.suf
 ``H``            terminal: processed (version, run)              ``H.notready``  first time seen not ready
 ``H.cK.aN``      correction K (late data) attempt N; ``H.cK.done`` when published
 ``H.backfill-R`` a UI backfill / manual run R rebuilt the hour
+``H.out_of_range``  late data for an hour before ``FRESHIDX_PARTITIONS_START`` (never bucketed)
 
 A small CAS'd ``catchup/<asset>/STATE`` keeps the frontier (oldest hour not yet processed or parked)
 so a tick examines at most ``hourly_lookahead_hours`` hours after it: cost does not grow with history.
@@ -23,7 +24,6 @@ so a tick examines at most ``hourly_lookahead_hours`` hours after it: cost does 
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 from collections.abc import Iterable
@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from freshidx import layout, ledger
 from freshidx.listing import newest_partition
-from freshidx.publish import iso, parse_iso, read_manifest, read_pointer
+from freshidx.publish import iso, parse_iso, read_pointer
 from freshidx.readiness import check_ready, list_hour
 from freshidx.settings import Settings
 from freshidx.store import NotFound, ObjectStore, PreconditionFailed
@@ -317,10 +317,7 @@ def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.da
         allowed = settings.hourly_max_attempts + sum(1 for k in entries if k.startswith("grant-"))
         if not att.busy and att.failures >= allowed:
             if hid not in parked:
-                record(store, asset, hour, f".parked-{att.next_attempt - 1}", ledger.PARKED,
-                       f"{att.failures} attempts did not publish; "
-                       f"`freshidx ledger retry --pipeline {asset} --hour {hid}` grants another")
-                plan.actions.append((hid, ledger.PARKED, f"{att.failures} attempts did not publish"))
+                _park(store, asset, hour, att, plan)
             parked.add(hid)
             if advancing and in_window:
                 new_frontier = hour + HOUR
@@ -372,7 +369,9 @@ def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.da
                             f"{in_flight} {lane} in flight (overlap policy {settings.hourly_overlap})")
 
     if may_request and not plan.requests:
-        corr = _late_data_sweep(store, settings, asset, runs, now, state, last_closed, busy_hours, plan)
+        from freshidx.catchup_late import late_data_sweep  # here: that module builds on this one
+
+        corr = late_data_sweep(store, settings, asset, runs, now, state, last_closed, busy_hours, plan)
         if corr is not None:
             plan.requests.append(corr)
 
@@ -382,6 +381,14 @@ def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.da
         waiting = "; ".join(f"{h}: {r}" for h, r in list(plan.waiting.items())[:3])
         plan.skip_reason = f"nothing to do (frontier {state.frontier})" + (f"; waiting: {waiting}" if waiting else "")
     return plan
+
+
+def _park(store: ObjectStore, asset: str, hour: dt.datetime, att: _Attempts, plan: TickPlan) -> None:
+    hid = layout.hour_id(hour)
+    record(store, asset, hour, f".parked-{att.next_attempt - 1}", ledger.PARKED,
+           f"{att.failures} attempts did not publish; "
+           f"`freshidx ledger retry --pipeline {asset} --hour {hid}` grants another")
+    plan.actions.append((hid, ledger.PARKED, f"{att.failures} attempts did not publish"))
 
 
 def _claim(store: ObjectStore, asset: str, kind: str, claims: list[Claim], reason: str) -> Request | None:
@@ -406,73 +413,3 @@ def _heal_terminal(store: ObjectStore, asset: str, hour: dt.datetime) -> None:
     record(store, asset, hour, "", "processed",
            f"version {pointer.version} published (recorded from CURRENT)", run_id=pointer.run_id,
            extra={"version": pointer.version})
-
-
-def input_fingerprint(files: Iterable[Any]) -> dict[str, str]:
-    return {f.key: f.etag for f in files}
-
-
-def _late_data_sweep(store: ObjectStore, settings: Settings, asset: str, runs: RunIndex, now: dt.datetime,
-                     state: CatchupState, last_closed: dt.datetime, busy_hours: dict[str, str],
-                     plan: TickPlan) -> Request | None:
-    """Re-list a few processed hours per tick (round robin over the lookback) for late data.
-
-    Cost per tick is ``hourly_late_checks_per_tick`` listings, whatever the history; each of the
-    ``hourly_late_lookback_hours`` hours behind the frontier is re-checked every ``lookback / checks`` ticks.
-    """
-    if settings.hourly_late_checks_per_tick == 0 or settings.hourly_late_lookback_hours == 0 or state.frontier is None:
-        return None
-    # The lookback ends at the frontier, not the clock: in steady state that is the last closed
-    # hour; while draining a backlog it is where the consumer is, which is where late data matters.
-    frontier = parse_hour_id(state.frontier)
-    newest = min(last_closed, frontier - HOUR)
-    oldest = newest - (settings.hourly_late_lookback_hours - 1) * HOUR
-    if newest < oldest:
-        return None
-    span = int((newest - oldest) / HOUR) + 1
-    cursor = parse_hour_id(state.late_cursor) if state.late_cursor else newest
-    timeout = dt.timedelta(seconds=settings.hourly_timeout_seconds)
-    for _ in range(min(settings.hourly_late_checks_per_tick, span)):
-        hour = cursor + HOUR
-        if hour > newest or hour < oldest:
-            hour = oldest
-        cursor = hour
-        hid = layout.hour_id(hour)
-        if hid in busy_hours or not processed(store, asset, hour):
-            continue
-        pointer, _ = read_pointer(store, layout.bucket_name(asset, hour))
-        if pointer is None:
-            continue
-        try:
-            manifest = read_manifest(store, layout.bucket_name(asset, hour), pointer.version)
-        except NotFound:
-            continue
-        published = {f["key"]: f["etag"] for f in manifest.get("inputs", {}).get("files", [])}
-        listing = list_hour(store, settings.source, hour)
-        current = input_fingerprint(listing.files)
-        if current == published:
-            continue
-        new = sorted(set(current) - set(published))
-        changed = sorted(k for k in set(current) & set(published) if current[k] != published[k])
-        seq = pointer.seq + 1
-        prefix = f"c{seq}."
-        entries = hour_entries(store, asset, hour)
-        att = _attempt_state(store, asset, hour, entries, prefix, runs, now, timeout, plan)
-        if att.busy:
-            plan.waiting[hid] = f"correction {seq}: {att.why_busy}"
-            continue
-        if att.failures >= settings.hourly_max_attempts:
-            with contextlib.suppress(PreconditionFailed):
-                record(store, asset, hour, f".c{seq}.parked", ledger.PARKED,
-                       f"correction {seq}: {att.failures} attempts did not publish")
-            continue
-        reason = (f"late data for closed hour {hid}: {len(new)} new, {len(changed)} changed object(s) "
-                  f"since version {pointer.version}")
-        req = _claim(store, asset, "correction", [Claim(hour, f"c{seq}.a{att.next_attempt}")], reason)
-        if req is not None:
-            record(store, asset, hour, f".c{seq}", "late_data", reason,
-                   extra={"new": new[:50], "changed": changed[:50], "replaces": pointer.version})
-            state.late_cursor = layout.hour_id(cursor)
-            return req
-    state.late_cursor = layout.hour_id(cursor)
-    return None

@@ -25,7 +25,7 @@ READ_TASKS = 4
 @dataclass(frozen=True)
 class DeltaPlan:
     partition: PartitionId
-    watermark: PartitionId | None  # partitions after this one are new to this run (quarantine)
+    watermark: PartitionId | None  # the serving delta's partition when the run started
     run_id: str
     run_info: dict[str, Any]
 
@@ -55,7 +55,9 @@ def build_delta(
     result = build_version(
         spark, store_config, index=INDEX, version=version, files=file_list,
         num_shards=settings.delta_shards, source=settings.source, run_id=plan.run_id,
-        quarantine_after=plan.watermark.path if plan.watermark else None,
+        # Every file of the window not quarantined yet, late partitions behind the watermark included
+        # (files an earlier build quarantined have a done marker: freshidx.spark.quarantine_once).
+        quarantine_after=None,
         full_manifest=full_manifest,
         # A few files per task: one Python task per 5-minute file costs more in task start-up than
         # in reading (60 files in a 5 h window).

@@ -81,7 +81,9 @@ def build_full(
     result = build_version(
         spark, store_config, index=INDEX, version=version, files=file_list,
         num_shards=settings.full_shards, source=settings.source, run_id=run_id,
-        quarantine_after=False,  # the delta runs already quarantined these records; count only
+        # Whatever no earlier build quarantined (late partitions, history before the first delta);
+        # files already quarantined are skipped (freshidx.spark.quarantine_once).
+        quarantine_after=None,
         max_read_tasks=max(4, settings.full_shards * 4),
         max_future_skew_seconds=settings.max_future_skew_seconds,
     )

@@ -34,9 +34,10 @@ from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import DraftManifest, iso, new_version
 from freshidx.records import DEFAULT_MAX_FUTURE_SKEW_SECONDS
 from freshidx.spark.bucket_writer import write_buckets_parts
+from freshidx.spark.quarantine_once import ConflictReport, quarantined_files, report_conflicts
 from freshidx.spark.raw_source import read_raw_lines
 from freshidx.spark.shards import QuarantineCommit, ShardCommit, write_quarantine
-from freshidx.store import ObjectInfo, StoreConfig
+from freshidx.store import ObjectInfo, StoreConfig, open_store
 
 __all__ = ["BucketBuild", "HourInput", "build_bucket", "build_buckets", "compare_rows", "dedupe_versions",
            "hour_file_list"]
@@ -161,6 +162,7 @@ class _Hour:
     version: str
     rows_by_file: dict[str, int] = field(default_factory=dict)
     reasons: dict[str, int] = field(default_factory=dict)
+    bad_files: dict[str, int] = field(default_factory=dict)  # file → invalid records read
     valid_rows: int = 0
 
 
@@ -236,6 +238,7 @@ def build_buckets(
     quarantine: bool = True,
     kind: str = "initial",
     max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS,
+    quarantine_once: bool = False,
 ) -> list[BucketBuild]:
     """Build and stage one version of the bucket of every hour of ``hours`` in one Spark pass.
 
@@ -247,6 +250,14 @@ def build_buckets(
     ``groupBy(file, reason)`` count, at most one quarantine write and one write job of
     ``len(hours) * parts`` tasks (:func:`~freshidx.spark.bucket_writer.write_buckets_parts`). Hours
     without files give empty buckets. The hours must be distinct.
+
+    ``quarantine_once`` (what the ``ads_hourly`` asset uses): files an earlier build (a delta, the
+    full index, another bucket build) quarantined are not written again, so each bad record is
+    quarantined by the first build that reads it (:mod:`freshidx.spark.quarantine_once`); without it
+    every invalid record read is written (and marked only then). Version conflicts (the same
+    ``(ad_id, version)`` with different contents in one hour) are reported per copy, once, with
+    ``quarantine``, and counted in each hour's ``invalid.conflicts``; the winner is the row
+    :func:`dedupe_versions` keeps.
     """
     t0 = time.monotonic()
     if parts < 1:
@@ -275,15 +286,26 @@ def build_buckets(
                 h.valid_rows += n
             else:
                 h.reasons[row["reason"]] = h.reasons.get(row["reason"], 0) + n
+                h.bad_files[row["file"]] = h.bad_files.get(row["file"], 0) + n
         valid, invalid = transform.split_valid(parsed)
         quarantined: list[QuarantineCommit] = []
         if quarantine and any(h.reasons for h in todo):
-            quarantined = write_quarantine(invalid, store_config, source, run_id, None)
+            if quarantine_once:
+                bad = {h_file for h in todo for h_file, _ in h.file_list if h.bad_files.get(h_file)}
+                done = quarantined_files(open_store(store_config), source, [p for p in file_list if p[0] in bad])
+                left = sorted(bad - done)
+                if left:
+                    quarantined = write_quarantine(invalid.filter(F.col("file").isin(left)), store_config, source,
+                                                   run_id, None, once=True)
+            else:
+                quarantined = write_quarantine(invalid, store_config, source, run_id, None)
         # The bucket of a row, from its partition path (validated to lie in one of the hours).
         index_of_hour = F.create_map(
             *[x for i, h in enumerate(todo) for x in (F.lit(PartitionId(h.hour).hour_path), F.lit(i))]
         )
         bucket = index_of_hour[F.substring_index(F.col("partition"), "/minute=", 1)]
+        conflicts = report_conflicts(transform.version_conflicts(parsed.withColumn(_BUCKET, bucket), (_BUCKET,)),
+                                     store_config, source, write=quarantine, group_col=_BUCKET)
         rows = _dedupe(valid.withColumn(_BUCKET, bucket), (_BUCKET,))
         commits = write_buckets_parts(rows, store_config, asset, [(h.hour, h.version) for h in todo], parts,
                                       bucket_col=_BUCKET)
@@ -294,14 +316,16 @@ def build_buckets(
     hour_of_quarantine = [(PartitionId.parse(q.partition).hour_start, q) for q in quarantined]
     return [
         _result(h, c, [q for qh, q in hour_of_quarantine if qh == h.hour], asset=asset, source=source,
-                run_id=run_id, parts=parts, run_info=run_info, kind=kind, build_seconds=build_seconds)
-        for h, c in zip(todo, commits, strict=True)
+                run_id=run_id, parts=parts, run_info=run_info, kind=kind, build_seconds=build_seconds,
+                conflicts=conflicts, group=str(i))
+        for i, (h, c) in enumerate(zip(todo, commits, strict=True))
     ]
 
 
 def _result(
     h: _Hour, commits: list[ShardCommit], quarantined: list[QuarantineCommit], *, asset: str, source: str,
     run_id: str, parts: int, run_info: dict[str, Any] | None, kind: str, build_seconds: float,
+    conflicts: ConflictReport, group: str,
 ) -> BucketBuild:
     doc_count = sum(c.doc_count for c in commits)
     rows_by_file = dict(sorted(h.rows_by_file.items()))
@@ -330,6 +354,9 @@ def _result(
                 {"partition": q.partition, "key": q.key, "records": q.records, "reasons": q.reasons}
                 for q in quarantined
             ],
+            # Valid records, so not in count/reasons: (ad_id, version) read with different contents;
+            # "reported" = copies this build wrote to the quarantine per partition (earlier ones are there).
+            "conflicts": conflicts.summary(group),
         },
         stats={
             "read_rows": sum(rows_by_file.values()),

@@ -12,16 +12,26 @@ Trigger ids used by the delta pipeline, for partition ``P`` (compact form ``2026
 * ``P.invalid-R``   run ``R`` built a version that failed the validation gate (not final: retried)
 * ``P.parked``      attempts exhausted; waiting for a newer partition or an explicit retry
 * ``P.grant-K``     an operator granted one more attempt (``freshidx ledger retry``)
+* ``P.gap``         partitions after the watermark and before ``P`` were not listed (too far behind)
+
+**Every visible partition is explained** (issue 18.5): it has a final decision ``P``, is parked, or
+lies in a gap. Whoever moves the delta's pointer settles what the sensor did not see
+(:func:`settle_publication`: partitions a manual or queued run jumped over, late partitions inside
+its window); the full index settles late partitions no delta window can read any more
+(:func:`settle_full`). :func:`unexplained` is the check (the end-to-end tests use it on the output
+of ``freshidx ledger --json``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from freshidx import layout
+from freshidx.listing import partitions_after
 from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import iso, utcnow
 from freshidx.store import NotFound, ObjectStore, PreconditionFailed
@@ -33,6 +43,8 @@ REFUSED = "refused"
 INVALID = "validation_failed"
 PARKED = "parked"
 UNLISTED = "not_listed"
+#: Final decisions that say a partition was dealt with (``parked`` is not final but explains it too).
+FINAL = (SUPERSEDED, PUBLISHED, REFUSED, INVALID)
 
 
 @dataclass
@@ -208,3 +220,168 @@ def parse_partition(text: str) -> PartitionSelector:
             except PartitionError:
                 pass
     raise PartitionError(f"cannot read partition {text!r}; accepted forms: " + "; ".join(PARTITION_FORMS))
+
+
+# ------------------------------------------------------------------ every partition explained
+
+
+_GAP_SCOPE = re.compile(r"^before (?P<before>\S+), after (?P<after>\S+)$")
+
+
+@dataclass
+class Explained:
+    """What the ledger of one pipeline explains: final decisions, parked partitions, unlisted gaps."""
+
+    final: set[str] = field(default_factory=set)  # compact ids with a final decision
+    parked: set[str] = field(default_factory=set)
+    gaps: list[tuple[str | None, str]] = field(default_factory=list)  # (after path or None, before path)
+
+    def covers(self, p: PartitionId) -> bool:
+        if p.compact in self.final or p.compact in self.parked:
+            return True
+        return any((after is None or p.path > after) and p.path < before for after, before in self.gaps)
+
+    def add(self, trigger_id: str, body: dict[str, Any] | None = None) -> None:
+        compact, _, suffix = trigger_id.partition(".")
+        if not suffix:
+            self.final.add(compact)
+        elif suffix.startswith("parked"):
+            self.parked.add(compact)
+        elif suffix == "gap" and body is not None:
+            gap = gap_range(body)
+            if gap is not None:
+                self.gaps.append(gap)
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[dict[str, Any]]) -> Explained:
+        """From ledger entries as ``freshidx ledger --json`` prints them."""
+        out = cls()
+        for r in rows:
+            out.add(str(r.get("trigger_id", "")), r)
+        return out
+
+
+def gap_range(entry: dict[str, Any]) -> tuple[str | None, str] | None:
+    """``(after, before)`` partition paths of a ``.gap`` entry (older entries only have the scope text)."""
+    extra = entry.get("extra") or {}
+    if extra.get("before"):
+        return extra.get("after"), str(extra["before"])
+    m = _GAP_SCOPE.match(str(entry.get("scope") or ""))
+    if m is None:
+        return None
+    return (None if m["after"] == "-" else m["after"]), m["before"]
+
+
+def explained(store: ObjectStore, pipeline: str, since: dt.date | None, until: dt.date | None) -> Explained:
+    """The :class:`Explained` of ``pipeline`` for dates in [since, until]: one paginated LIST, and a
+    read only of the few ``.gap`` entries (decisions are told from their keys)."""
+    root = f"ledger/{pipeline}/"
+    start_after = f"{root}{(since - dt.timedelta(days=1)).isoformat()}~" if since else None
+    out = Explained()
+    for obj in store.iter_objects(root, start_after=start_after):
+        date, _, name = obj.key[len(root):].partition("/")
+        if until is not None and date > until.isoformat():
+            break
+        trigger_id = name.removesuffix(".json")
+        body = None
+        if trigger_id.endswith(".gap"):
+            try:
+                body = dict(store.get_json(obj.key)[0])
+            except NotFound:
+                continue
+        out.add(trigger_id, body)
+    return out
+
+
+def unexplained(ex: Explained, partitions: Iterable[PartitionId]) -> list[PartitionId]:
+    return sorted(p for p in partitions if not ex.covers(p))
+
+
+def record_gap(store: ObjectStore, pipeline: str, before: PartitionId, after: PartitionId | None, why: str) -> bool:
+    """Partitions in (after, before) were never listed: one entry for the range (``P.gap``)."""
+    scope = f"before {before.path}, after {after.path if after else '-'}"
+    return record(store, partition_key(pipeline, before, ".gap"), Entry(
+        pipeline, f"{before.compact}.gap", UNLISTED, why, scope=scope,
+        extra={"before": before.path, "after": after.path if after else None}))
+
+
+def settle_publication(store: ObjectStore, pipeline: str, source: str, published: PartitionId,
+                       previous: PartitionId | None, window_start: dt.datetime | None, *, scan_hours: int,
+                       version: str, run_id: str) -> list[str]:
+    """After ``published`` became the watermark, give every visible partition the sensor can no longer
+    list a final decision (create-once: what the sensor or another run already decided stays):
+
+    * partitions in (``previous``, ``published``): the run jumped over them (a UI/CLI materialize, a
+      run requested while they arrived under overlap ``queue``, a parked partition): ``superseded``;
+    * partitions in the window (``window_start``, ``previous``] without a decision: they became
+      visible after the watermark had passed them and this delta read them: ``superseded`` (late);
+    * without a previous watermark (first publication), only the last ``scan_hours`` are listed and
+      the rest is one ``.gap`` entry, as the sensor does.
+
+    Cost: one listing of the raw keys after the lower bound and one of the ledger keys of those
+    dates. Returns the compact ids recorded.
+    """
+    lower = previous
+    if previous is not None and window_start is not None:
+        lower = min(previous, PartitionId(window_start))
+    found = partitions_after(store, source, lower, max_scan_hours=scan_hours, newest=published)
+    first = found.unlisted_before or lower
+    ex = explained(store, pipeline, first.at.date() if first else None, published.at.date())
+    done: list[str] = []
+    for p in found.partitions:
+        if p >= published or p.compact in ex.final:
+            continue
+        if previous is None or p > previous:
+            why = (f"superseded by {published.path}: published by run {run_id[:8]} (version {version}), which "
+                   "jumped over it (a manual materialize, or a run requested before it arrived)")
+            extra: dict[str, Any] = {"superseded_by": published.path, "version": version}
+        else:
+            why = (f"late: visible only after the delta had passed it; read by the delta of {published.path} "
+                   f"(version {version}, run {run_id[:8]})")
+            extra = {"superseded_by": published.path, "version": version, "late": True}
+        if record_partition(store, pipeline, p, SUPERSEDED, why, run_id=run_id, extra=extra):
+            done.append(p.compact)
+    if found.unlisted_before is not None:
+        record_gap(store, pipeline, found.unlisted_before, previous,
+                   f"no watermark before {published.path}: older partitions were not listed "
+                   "(the full rebuild covers them)" if previous is None else
+                   f"more than {scan_hours} h between {previous.path} and {published.path}; older "
+                   "partitions were not listed (the full rebuild covers them)")
+    return done
+
+
+def settle_full(store: ObjectStore, source: str, *, cutoff: PartitionId, delta_watermark: PartitionId | None,
+                window: dt.timedelta, listed_at: dt.datetime, version: str, run_id: str,
+                pipeline: str = "delta") -> list[str]:
+    """After a full version published: late partitions that no delta window can read any more (at or
+    before ``delta_watermark - window``, and before ``cutoff``) and that the delta ledger does not
+    explain were read by this full version only: recorded ``superseded`` (late, read by the full
+    index). Only partitions whose objects were all visible at ``listed_at`` (the build's listing) are
+    attributed. O(history) like the full build itself (one pass over raw keys and delta ledger keys);
+    in steady state it writes nothing."""
+    if delta_watermark is None:
+        return []  # the sensor's first listing (or its gap entry) will explain them
+    bound = min(cutoff, PartitionId(delta_watermark.at - window))
+    seen: dict[PartitionId, bool] = {}
+    root = layout.raw_root(source)
+    for obj in store.iter_objects(root):
+        part_path, _, name = obj.key[len(root):].rpartition("/")
+        try:
+            pid = PartitionId.parse(part_path)
+        except PartitionError:
+            continue
+        if pid > bound:
+            break  # keys are in chronological order
+        if not name.startswith((".", "_")):
+            seen[pid] = seen.get(pid, True) and obj.last_modified <= listed_at
+    ex = explained(store, pipeline, None, bound.at.date())
+    done: list[str] = []
+    for p, visible in sorted(seen.items()):
+        if not visible or ex.covers(p):
+            continue
+        why = (f"late: visible only after every delta window had passed it; read by the full index "
+               f"(version {version}, cutoff {cutoff.path}, run {run_id[:8]})")
+        if record_partition(store, pipeline, p, SUPERSEDED, why, run_id=run_id,
+                            extra={"late": True, "read_by": f"full:{version}"}):
+            done.append(p.compact)
+    return done

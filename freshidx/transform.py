@@ -217,6 +217,66 @@ def _tie_break_order(columns: list[str]) -> list[str]:
     return first + rest + extra
 
 
+#: Reason of a (reported, not rejected) copy of an ``(ad_id, version)`` read with more than one content.
+REASON_VERSION_CONFLICT = "version_conflict"
+#: The rule that settles a version conflict, as the quarantine's ``detail`` and the docs state it.
+CONFLICT_RULE = ("winner: greatest updated_at, then status (paused > deleted > active), then campaign_id, "
+                 "product_id, title, keywords, bid")
+#: Columns of :func:`version_conflicts` (quarantine columns first, then the conflicting key).
+CONFLICT_COLUMNS = (*INVALID_COLUMNS, *QUARANTINE_EXTRA_COLUMNS, "ad_id", "version")
+
+
+def content_hash() -> Column:
+    """sha256 of a valid record's typed content (not its text): identical duplicates, however they are
+    spelled (key order, spaces, ``Z`` vs ``+00:00``), hash alike. ``updated_at`` enters as microseconds,
+    so the session time zone cannot change the hash."""
+    fields = [(F.unix_micros(F.col(c)) if c == "updated_at" else F.col(c)).alias(c) for c in TYPED_FIELDS]
+    return F.sha2(F.to_json(F.struct(*fields)), 256)
+
+
+def version_conflicts(parsed: DataFrame, group_keys: tuple[str, ...] = ()) -> DataFrame:
+    """Every copy of an ``(ad_id, version)`` that was read with more than one content (within each
+    group of ``group_keys``, e.g. an hourly bucket): the copies to report, both winner and losers.
+
+    ``parsed`` is :func:`parse_records` output (plus ``group_keys``); only valid rows take part.
+    Identical duplicates are not conflicts. The winner is the row :func:`latest_per_ad` and
+    ``hourly_build.dedupe_versions`` keep (:data:`CONFLICT_RULE`: a ``max`` over the same struct,
+    so it depends on the set of copies only, never on input order or partitioning); ``detail`` says
+    for each copy whether it won, how many contents there were, and both content hashes. Columns:
+    :data:`CONFLICT_COLUMNS` plus ``group_keys``. Runs on executors (one aggregation, one join);
+    usually empty.
+    """
+    order = [c for c in _tie_break_order(list(TYPED_FIELDS)) if c not in ("ad_id", "version")]
+    keys = [*group_keys, "ad_id", "version"]
+    valid = (
+        parsed.filter(F.col("reason").isNull())
+        .select(*group_keys, *LINE_COLUMNS, "original", *TYPED_FIELDS)
+        .withColumn("_h", content_hash())
+    )
+    stats = (
+        valid.groupBy(*keys)
+        .agg(F.min("_h").alias("_lo"), F.max("_h").alias("_hi"), F.size(F.collect_set("_h")).alias("_n"),
+             F.max(F.struct(*[F.col(c) for c in order], F.col("_h"))).alias("_w"))
+        .filter(F.col("_lo") != F.col("_hi"))
+        .select(*keys, "_n", F.col("_w")["_h"].alias("_win"))
+    )
+    copies = valid.join(stats, keys, "inner")
+    won = F.col("_h") == F.col("_win")
+    detail = F.concat(
+        F.lit(f"{REASON_VERSION_CONFLICT}: ad_id "), F.col("ad_id"),
+        F.lit(" version "), F.col("version").cast("string"),
+        F.lit(" was read with "), F.col("_n").cast("string"), F.lit(" different contents; this copy "),
+        # "kept" = this build used this content for the (ad_id, version); a higher version may still win.
+        F.when(won, F.lit("won (kept)")).otherwise(F.lit("lost (dropped)")),
+        F.lit(f"; {CONFLICT_RULE}; content sha256 "), F.substring("_h", 1, 16),
+        F.lit(", winner sha256 "), F.substring("_win", 1, 16),
+    )
+    return copies.select(
+        *LINE_COLUMNS, F.lit(REASON_VERSION_CONFLICT).alias("reason"), "original", detail.alias("detail"),
+        "ad_id", "version", *group_keys,
+    )
+
+
 def latest_per_ad(valid: DataFrame) -> DataFrame:
     """One row per ``ad_id``: the newest record (see :func:`_tie_break_order`). No global sort."""
     order = _tie_break_order(valid.columns)

@@ -136,6 +136,11 @@ def _object_rows(path: Any, key: str = "k") -> list[dict[str, Any]]:
     return [r for b in read_object_lines(pafs.LocalFileSystem(), str(path), key, P1) for r in b.to_pylist()]
 
 
+def _store_rows(config: StoreConfig, key: str) -> list[dict[str, Any]]:
+    """The rows an executor reads for ``key``, through the store's own filesystem (local dir or S3)."""
+    return [r for b in read_object_lines(config.arrow_fs(), config.arrow_path(key), key, P1) for r in b.to_pylist()]
+
+
 def test_non_utf8_line_keeps_its_exact_bytes(tmp_path) -> None:  # type: ignore[no-untyped-def]
     bad = b'{"title": "caf\xe9 \xff"}'
     path = tmp_path / "f.jsonl"
@@ -145,39 +150,65 @@ def test_non_utf8_line_keeps_its_exact_bytes(tmp_path) -> None:  # type: ignore[
     assert "\ufffd" in rows[1]["raw"] and rows[1]["object_error"] is None
 
 
-def test_encoding_is_told_from_the_content_not_the_name(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_encoding_is_told_from_the_content_not_the_name(store_config: StoreConfig, store: ObjectStore) -> None:
     import gzip
 
     body = b'{"a": 1}\n{"a": 2}\n'
-    (tmp_path / "plain.jsonl.gz").write_bytes(body)  # a plain file with a .gz name
-    (tmp_path / "zipped.jsonl").write_bytes(gzip.compress(body))  # gzip without the name
-    (tmp_path / "two-members.jsonl.gz").write_bytes(gzip.compress(body) + gzip.compress(b'{"a": 3}\n'))
+    objects = {
+        "plain.jsonl.gz": body,  # a plain file with a .gz name
+        "zipped.jsonl": gzip.compress(body),  # gzip without the name
+        "two-members.jsonl.gz": gzip.compress(body) + gzip.compress(b'{"a": 3}\n'),
+    }
+    for name, data in objects.items():
+        store.put(f"raw/ads/{P1}/{name}", data)
     for name, n in (("plain.jsonl.gz", 2), ("zipped.jsonl", 2), ("two-members.jsonl.gz", 3)):
-        rows = _object_rows(tmp_path / name)
+        rows = _store_rows(store_config, f"raw/ads/{P1}/{name}")
         assert [r["raw"] for r in rows] == [f'{{"a": {i}}}' for i in range(1, n + 1)], name
         assert {r["object_error"] for r in rows} == {None}
 
 
-def test_unreadable_and_foreign_objects_are_one_row_each(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def _unreadable_objects(tmp_path: Any) -> dict[str, tuple[bytes, str]]:
+    """name → (bytes, expected object-level reason): what upstream must not write, one of each kind."""
     import gzip
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     whole = gzip.compress(b"".join(b'{"a": %d}\n' % i for i in range(5000)))
-    (tmp_path / "truncated.jsonl.gz").write_bytes(whole[: len(whole) // 2])
-    (tmp_path / "corrupt.jsonl.gz").write_bytes(whole[:20] + b"\x00" * 200 + whole[220:])
     pq.write_table(pa.table({"ad_id": ["a"]}), tmp_path / "dropped.parquet")
-    (tmp_path / "zipped-parquet.gz").write_bytes(gzip.compress((tmp_path / "dropped.parquet").read_bytes()))
-    expected = {
-        "truncated.jsonl.gz": raw_source.UNREADABLE_OBJECT,
-        "corrupt.jsonl.gz": raw_source.UNREADABLE_OBJECT,
-        "dropped.parquet": raw_source.UNSUPPORTED_FORMAT,
-        "zipped-parquet.gz": raw_source.UNSUPPORTED_FORMAT,
+    parquet = (tmp_path / "dropped.parquet").read_bytes()
+    zstd = pa.compress(b'{"a": 1}\n', codec="zstd", asbytes=True)
+    assert zstd[:4] == b"\x28\xb5\x2f\xfd"  # a real zstd frame (its magic), not a hand-made prefix
+    return {
+        "truncated.jsonl.gz": (whole[: len(whole) // 2], raw_source.UNREADABLE_OBJECT),
+        "corrupt.jsonl.gz": (whole[:20] + b"\x00" * 200 + whole[220:], raw_source.UNREADABLE_OBJECT),
+        "dropped.parquet": (parquet, raw_source.UNSUPPORTED_FORMAT),
+        "zipped-parquet.gz": (gzip.compress(parquet), raw_source.UNSUPPORTED_FORMAT),
+        "compressed.jsonl.zst": (zstd, raw_source.UNSUPPORTED_FORMAT),
     }
-    for name, reason in expected.items():
-        rows = _object_rows(tmp_path / name, key=f"raw/ads/{name}")
+
+
+def test_unreadable_and_foreign_objects_are_one_row_each(
+    tmp_path: Any, spark: SparkSession, store_config: StoreConfig, store: ObjectStore
+) -> None:
+    """On the local store and on moto S3: each object that is not readable JSON lines is ONE row (line 0,
+    no text, the reason and the contract), read by the executor-side reader and by Spark alike."""
+    expected = _unreadable_objects(tmp_path)
+    for name, (data, _) in expected.items():
+        store.put(f"raw/ads/{P1}/{name}", data)
+    for name, (_, reason) in expected.items():
+        key = f"raw/ads/{P1}/{name}"
+        rows = _store_rows(store_config, key)
         assert len(rows) == 1, f"{name}: nothing of an unreadable object is read, it is one row"
         (row,) = rows
-        assert (row["line"], row["raw"], row["file"]) == (0, None, f"raw/ads/{name}")
+        assert (row["line"], row["raw"], row["file"]) == (0, None, key)
         assert row["object_error"].startswith(reason + ": ") and raw_source.CONTRACT in row["object_error"]
+    # The same through Spark tasks (one task per object), next to a good object that must still be read.
+    good = f"raw/ads/{P1}/good.jsonl"
+    store.put(good, b'{"a": 1}\n')
+    files = [(f"raw/ads/{P1}/{name}", P1) for name in expected] + [(good, P1)]
+    got = {(r["file"], r["line"]): r for r in read_raw_lines(spark, store_config, files).collect()}
+    assert set(got) == {(k, 0) for k, _ in files[:-1]} | {(good, 1)}
+    for name, (_, reason) in expected.items():
+        assert got[(f"raw/ads/{P1}/{name}", 0)]["object_error"].startswith(reason + ": "), name
+    assert got[(good, 1)]["raw"] == '{"a": 1}' and got[(good, 1)]["object_error"] is None

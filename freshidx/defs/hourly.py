@@ -107,7 +107,8 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
                 built = build_buckets(session, store.store_config(), asset=catchup.ASSET, source=cfg.source,
                                       hours=todo, run_id=context.run_id,
                                       parts=cfg.hourly_parts, run_info=run_info, kind=kind,
-                                      max_future_skew_seconds=cfg.max_future_skew_seconds)
+                                      max_future_skew_seconds=cfg.max_future_skew_seconds,
+                                      quarantine_once=True)  # a bad record is quarantined by its first reader
             for hid, b in zip(hids, built, strict=True):
                 out.append(HourBucket(hid, kind, claims.get(hid), b.draft,
                                       [f"manifest rows: {m}" for m in b.row_mismatches]))

@@ -6,6 +6,8 @@ after ``handle_output``, so the gate must be here, before the swap.
 """
 
 
+import datetime as dt
+import logging
 from typing import Any, ClassVar
 
 import dagster as dg
@@ -15,6 +17,7 @@ from freshidx.defs.resources import ObjectStoreResource
 from freshidx.partitions import PartitionId
 from freshidx.publish import (
     DraftManifest,
+    Pointer,
     PublishResult,
     parse_iso,
     publish,
@@ -22,8 +25,9 @@ from freshidx.publish import (
     read_pointer,
     utcnow,
 )
-from freshidx.store import ObjectStore
+from freshidx.store import NotFound, ObjectStore
 
+log = logging.getLogger(__name__)
 TAG_OUTCOME = "freshidx/outcome"
 TAG_SKIPPED = "freshidx/skipped_count"
 
@@ -89,6 +93,8 @@ def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResu
         "shards": dg.MetadataValue.int(len(obj.shards)),
         "invalid_records": dg.MetadataValue.int(int(obj.invalid.get("count", 0))),
         "invalid_reasons": dg.MetadataValue.json(obj.invalid.get("reasons", {})),
+        # (ad_id, version) read with different contents: valid records, reported in the quarantine.
+        "version_conflicts": dg.MetadataValue.int(int((obj.invalid.get("conflicts") or {}).get("ads", 0))),
         "input_partitions": dg.MetadataValue.int(_count(obj.inputs.get("partitions"))),
         "input_files": dg.MetadataValue.int(_count(obj.inputs.get("files"))),
         "ignored_keys": dg.MetadataValue.int(len(obj.inputs.get("ignored", []))),
@@ -132,7 +138,8 @@ def outcome_tags(obj: DraftManifest, result: PublishResult) -> dict[str, str]:
 
 def record_outcome(store: ObjectStore, obj: DraftManifest, result: PublishResult, run_id: str) -> None:
     """The ledger entries of one publication (create-once; a lost response to our own write counts
-    as written, see ``ObjectStore.create_or_same``)."""
+    as written, see ``ObjectStore.create_or_same``), then, when this run moved the pointer, the
+    decisions of the partitions it settled (:func:`settle_after_publication`)."""
     partition = PartitionId.parse(obj.source_partition) if obj.source_partition else None
     pipeline = obj.index
     if partition is not None:
@@ -141,9 +148,18 @@ def record_outcome(store: ObjectStore, obj: DraftManifest, result: PublishResult
                           ledger.Entry(pipeline, f"{partition.compact}.invalid-{run_id[:8]}",
                                        ledger.INVALID, result.reason, partition=partition.path,
                                        run_id=run_id, extra={"version": obj.version}))
-        else:
-            ledger.record_partition(store, pipeline, partition, DECISIONS[result.outcome], result.reason,
-                                    run_id=run_id, extra={"version": obj.version})
+        elif not ledger.record_partition(store, pipeline, partition, DECISIONS[result.outcome], result.reason,
+                                         run_id=run_id, extra={"version": obj.version}) \
+                and result.outcome == "published":
+            # A decision was taken before this run published the partition (e.g. the sensor skipped it
+            # while this UI run was in flight): the final entry cannot change, so say what happened.
+            earlier = ledger.decision(store, pipeline, partition) or {}
+            if earlier.get("decision") != ledger.PUBLISHED:
+                suffix = f".published-{run_id[:8]}"
+                ledger.record(store, ledger.partition_key(pipeline, partition, suffix), ledger.Entry(
+                    pipeline, f"{partition.compact}{suffix}", ledger.PUBLISHED,
+                    f"{result.reason} (after the decision {earlier.get('decision')!r} was recorded)",
+                    partition=partition.path, run_id=run_id, extra={"version": obj.version}))
     if obj.cutoff:
         cut = parse_iso(obj.cutoff)
         trigger_id = f"{cut:%Y%m%dT%H%M}-{obj.version}"
@@ -153,6 +169,47 @@ def record_outcome(store: ObjectStore, obj: DraftManifest, result: PublishResult
                          scope=f"cutoff {obj.cutoff}", run_id=run_id,
                          extra={"version": obj.version, "outcome": result.outcome}),
         )
+    if result.outcome == "published" and result.pointer is not None and result.pointer.version == obj.version:
+        try:
+            settle_after_publication(store, obj, result.pointer, run_id)
+        except Exception as exc:  # the version is published; a later publication settles the rest
+            log.warning("%s %s published, but settling the ledger failed: %s", obj.index, obj.version, exc)
+
+
+def _scan_hours(obj: DraftManifest) -> int:
+    # The sensor's default (FRESHIDX_MAX_SCAN_HOURS unset): the window plus one hour.
+    window = int((obj.run.get("settings") or {}).get("window_minutes") or 300)
+    return (window + 59) // 60 + 1
+
+
+def settle_after_publication(store: ObjectStore, obj: DraftManifest, pointer: Pointer, run_id: str) -> list[str]:
+    """Partitions the sensor can no longer see get their decision from the run that hid them
+    (issue 18.5: whatever triggered the run, every visible partition is explained)."""
+    source = str(obj.inputs.get("source") or "")
+    if not source:
+        return []
+    if obj.index == "delta" and obj.source_partition:
+        published = PartitionId.parse(obj.source_partition)
+        window_start = parse_iso(obj.window_start) if obj.window_start else None
+        previous: PartitionId | None = None
+        if pointer.seq > 1:
+            try:
+                before, _ = store.get_json(layout.history_key(obj.index, pointer.seq - 1))
+                previous = PartitionId.parse(before["source_partition"]) if before.get("source_partition") else None
+            except (NotFound, KeyError):
+                # No history entry (a crash lost it): settle the window only, never claim a first start.
+                previous = PartitionId(window_start) if window_start else published
+        return ledger.settle_publication(store, "delta", source, published, previous, window_start,
+                                         scan_hours=_scan_hours(obj), version=obj.version, run_id=run_id)
+    if obj.index == "full" and obj.cutoff and obj.inputs.get("listed_at"):
+        delta, _ = read_pointer(store, "delta")
+        watermark = PartitionId.parse(delta.source_partition) if delta and delta.source_partition else None
+        window = dt.timedelta(minutes=int((obj.run.get("settings") or {}).get("window_minutes") or 300))
+        cutoff = PartitionId(parse_iso(obj.cutoff))
+        return ledger.settle_full(store, source, cutoff=cutoff, delta_watermark=watermark, window=window,
+                                  listed_at=parse_iso(str(obj.inputs["listed_at"])), version=obj.version,
+                                  run_id=run_id)
+    return []
 
 
 def _count(value: Any) -> int:

@@ -29,7 +29,7 @@ from freshidx.defs.assets import (
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.defs.run_health import failure_reason
 from freshidx.listing import partitions_after
-from freshidx.partitions import PartitionId
+from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import parse_iso, read_pointer, utcnow
 
 PIPELINE = "delta"
@@ -64,6 +64,22 @@ def _ended_run(instance: dg.DagsterInstance, run_key: str | None) -> tuple[str, 
     run = runs[0]
     how = f"its run {run.run_id[:8]} ({run_key}) ended {run.status.value}: {failure_reason(instance, run.run_id, 200)}"
     return run_key.split(":")[1], how
+
+
+def _run_target(run: dg.DagsterRun) -> str | None:
+    """The partition path an in-flight delta run builds: its tag (sensor runs), else a minute chosen in
+    its launchpad config; None when it will pick the newest visible partition when it starts."""
+    if run.tags.get(TAG_PARTITION):
+        return run.tags[TAG_PARTITION]
+    config = (((run.run_config or {}).get("ops") or {}).get("delta_index") or {}).get("config") or {}
+    value = config.get("source_partition")
+    if not value:
+        return None
+    try:
+        selected = ledger.parse_partition(str(value))
+    except PartitionError:
+        return None  # the run refuses it; nothing of ours to protect
+    return None if selected.hour else selected.path
 
 
 def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefinition) -> dg.SensorDefinition:
@@ -117,27 +133,32 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
         # Overlap policy: serialize (wait, then jump to the newest), skip (drop triggers that arrive
         # while a run is in flight, with a durable reason), queue (request now; dagster.yaml's
         # freshidx/pipeline=delta limit runs them one at a time).
+        targets = {_run_target(r) for r in in_flight}
         if in_flight and settings.delta_overlap != "queue":
             r = in_flight[0]
-            busy_with = r.tags.get(TAG_PARTITION)
-            if settings.delta_overlap == "skip" and busy_with != newest.path:
+            busy_with = _run_target(r)
+            unknown = None in targets  # a UI/CLI run that picks the newest partition itself when it starts
+            if settings.delta_overlap == "skip" and busy_with != newest.path and not unknown:
                 for p in found.partitions:
-                    if p.path != busy_with and ledger.record_partition(
+                    if p.path not in targets and ledger.record_partition(
                         st, PIPELINE, p, ledger.SUPERSEDED,
                         f"skipped: run {r.run_id[:8]} for {busy_with} was in flight (overlap policy skip)",
                         run_id=r.run_id,
                     ):
                         events.append(_observation(partitions_def, p, {"decision": "skipped_overlap"}))
+            what = ("will jump to the newest when it ends" if settings.delta_overlap != "skip"
+                    else "skipped (overlap policy skip)" if not unknown
+                    else "not skipped yet: that run builds the newest partition it sees; decided when it ends")
             return dg.SensorResult(
-                skip_reason=f"run {r.run_id[:8]} for {busy_with} is {r.status.value}; "
-                f"newest visible is {newest.path}, "
-                + ("skipped (overlap policy skip)" if settings.delta_overlap == "skip"
-                   else "will jump to the newest when it ends"),
+                skip_reason=f"run {r.run_id[:8]} for {busy_with or 'the newest partition'} is {r.status.value}; "
+                f"newest visible is {newest.path}, {what}",
                 asset_events=events, cursor=json.dumps(cursor),
             )
 
-        # Durable reasons for everything we skip on purpose (create-once: recorded exactly once).
-        skipped = found.partitions[:-1]
+        # Durable reasons for everything we skip on purpose (create-once: recorded exactly once). Under
+        # overlap "queue" a partition whose run is still in flight is not ours to decide: its run
+        # publishes it, or the publication that passes it records why not (ledger.settle_publication).
+        skipped = [p for p in found.partitions[:-1] if p.path not in targets]
         why = f"superseded by {newest.path}" if watermark else \
             f"superseded by {newest.path} (no watermark: first start or reset, jumped to the newest)"
         # The partition our last run was for, if that run ended without publishing: say how it ended.
@@ -151,15 +172,10 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
                 events.append(_observation(partitions_def, p, {"decision": "superseded",
                                                                "superseded_by": newest.path}))
         if found.unlisted_before is not None:
-            scope = f"before {found.unlisted_before.path}, after {watermark.path if watermark else '-'}"
-            ledger.record(
-                st, ledger.partition_key(PIPELINE, found.unlisted_before, ".gap"),
-                ledger.Entry(PIPELINE, f"{found.unlisted_before.compact}.gap", ledger.UNLISTED,
-                             (f"more than {settings.scan_hours} h behind the newest partition {newest.path}"
-                              if watermark else "no watermark (first start or reset)")
-                             + "; older partitions were not listed (the full rebuild covers them)",
-                             scope=scope),
-            )
+            ledger.record_gap(st, PIPELINE, found.unlisted_before, watermark,
+                              (f"more than {settings.scan_hours} h behind the newest partition {newest.path}"
+                               if watermark else "no watermark (first start or reset)")
+                              + "; older partitions were not listed (the full rebuild covers them)")
 
         # Which attempt is this? Explicit attempt numbers make retries visible and idempotent.
         entries = ledger.partition_entries(st, PIPELINE, newest)

@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 from freshidx import layout
 from freshidx.partitions import PartitionId
 from freshidx.records import ACTIVE
+from freshidx.spark import quarantine_once as once_mod
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.store import StoreConfig
 from freshidx.store.base import check_key
@@ -382,19 +383,29 @@ def _copy_object(fs: Any, config: StoreConfig, key: str, to_prefix: str) -> None
 
 
 def _quarantine_task(
-    store_json: str, source: str, run_id: str
+    store_json: str, source: str, run_id: str, once: bool = False
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         task, attempt = _task_ids()
         config = store_from_json(store_json)
         fs = config.arrow_fs()
         open_files: dict[str, _QuarantineFile] = {}
+        done: dict[str, bool] = {}  # once: raw file → already quarantined by an earlier build
+        written: dict[str, set[str]] = {}  # once: partition → raw files written here
         try:
             for batch in batches:
                 names = [*INVALID_COLUMNS, *(c for c in QUARANTINE_EXTRA_COLUMNS if c in batch.schema.names)]
                 cols = {name: batch.column(name).to_pylist() for name in names}
                 for i in range(batch.num_rows):
                     partition = cols["partition"][i]
+                    if once:
+                        file_key = cols["file"][i]
+                        if file_key not in done:  # checked again here: another build may have won meanwhile
+                            done[file_key] = once_mod.exists(
+                                fs, config, once_mod.done_marker_key(source, partition, file_key))
+                        if done[file_key]:
+                            continue
+                        written.setdefault(partition, set()).add(file_key)
                     out = open_files.get(partition)
                     if out is None:
                         out = _QuarantineFile(fs, config, quarantine_key(source, partition, run_id, task, attempt))
@@ -406,6 +417,8 @@ def _quarantine_task(
         finally:
             for out in open_files.values():
                 out.stream.close()
+        for partition, files in written.items():  # only after the files are closed: a marker means complete
+            once_mod.write_done_markers(fs, config, source, partition, files, run_id, open_files[partition].key)
         commits = [
             QuarantineCommit(partition=p, key=f.key, records=f.records, reasons=dict(f.reasons))
             for p, f in sorted(open_files.items())
@@ -425,6 +438,8 @@ def write_quarantine(
     source: str,
     run_id: str,
     after_partition: str | None,
+    *,
+    once: bool = False,
 ) -> list[QuarantineCommit]:
     """Write invalid records of partitions strictly after ``after_partition`` (None: all) as JSON lines.
 
@@ -434,7 +449,8 @@ def write_quarantine(
     where ``invalid`` has them (:data:`~freshidx.transform.QUARANTINE_EXTRA_COLUMNS`). A row for a
     whole unreadable object (``line`` 0) also copies the object to ``…/<run_id>/objects/<name>``.
     Written by Spark tasks; returns their commits sorted by partition and key (empty list when
-    nothing was written).
+    nothing was written). ``once``: skip raw files whose done marker exists and write the marker of
+    every file written (:mod:`freshidx.spark.quarantine_once`: each bad record quarantined once).
     """
     _check_name("source", source)
     _check_name("run_id", run_id)
@@ -445,7 +461,7 @@ def write_quarantine(
         df = df.filter(F.col("partition") > F.lit(after_partition))
     df = df.repartition("partition").sortWithinPartitions("partition", "file", "line")
     rows = df.mapInArrow(
-        _quarantine_task(store_to_json(store_config), source, run_id), _QUARANTINE_RESULT_DDL
+        _quarantine_task(store_to_json(store_config), source, run_id, once), _QUARANTINE_RESULT_DDL
     ).collect()
     commits = [QuarantineCommit.from_dict(json.loads(r["commit"])) for r in rows]
     return sorted(commits, key=lambda c: (c.partition, c.key))
