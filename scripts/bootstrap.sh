@@ -42,6 +42,19 @@ if ! have_initdb; then
   fi
 fi
 
+# Debian's Chromium for the browser test of the Dagster UI (freshidx_tests/test_browser_ui.py drives
+# /usr/bin/chromium with Playwright, which cannot download browsers of its own here).
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing chromium for the browser test of the Dagster UI …" >&2
+    { apt-get update -qq \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+      || echo "could not install chromium; the browser test will be skipped" >&2
+  else
+    echo "no /usr/bin/chromium; the browser test will be skipped (apt-get install chromium chromium-driver)" >&2
+  fi
+fi
+
 STAMP=.venv/.freshidx-installed
 WANT=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ]; then
