@@ -3,7 +3,7 @@
 ``freshidx bench freshness [--partitions N] [--window-docs D] [--modes connect,local] [--json]``
     A real end-to-end measurement through ``dagster dev`` (webserver + daemon, the repository's
     ``dagster.yaml``) on a temporary local store, once with a supervised Spark Connect server
-    (:class:`~freshidx.spark.server.SparkConnectSupervisor`, runs take leases from it) and once with
+    (:class:`~freshidx.spark.supervisor.SparkConnectSupervisor`, runs take leases from it) and once with
     local-mode Spark (a ``SparkSession`` per run), in one invocation.
 
     Per mode: seed a 5 h window of history (~D documents), start ``dagster dev``, wait until the
@@ -384,7 +384,8 @@ class _ConnectServer:
                  cds_dir: Path | None = DEFAULT_CDS_DIR, health_timeout_s: float = 15.0,
                  health_failures: int = 3) -> None:
         from freshidx.devserver import free_port
-        from freshidx.spark.server import ServerConfig, SparkConnectSupervisor
+        from freshidx.spark.server_config import ServerConfig
+        from freshidx.spark.supervisor import SparkConnectSupervisor
 
         self.config = ServerConfig(
             port=free_port(), state_dir=state_dir, restart_every_s=restart_every_s, driver_memory=driver_memory,
@@ -433,7 +434,7 @@ class _ConnectServer:
             raise RuntimeError(f"Spark Connect server failed to start: {self._start_error}") from self._start_error
 
     def state(self) -> dict[str, Any]:
-        from freshidx.spark.server import read_state
+        from freshidx.spark.server_state import read_state
 
         return read_state(self.state_dir) or {}
 
@@ -889,7 +890,7 @@ def bench_freshness(
 def _session_usage(sid: int) -> tuple[int | None, int]:
     """(summed RSS, process count) of the live processes in session ``sid``: the JVM and its Python
     worker daemons (which Spark Connect starts per client session and does not reap, SPARK-54055)."""
-    from freshidx.spark.server import rss_bytes, session_members
+    from freshidx.procs import rss_bytes, session_members
 
     rss = [r for r in (rss_bytes(p) for p in session_members(sid)) if r is not None]
     return (sum(rss) if rss else None), len(rss)
@@ -914,9 +915,10 @@ def bench_soak(
     many batches ran).
     """
     from freshidx.delta import DeltaPlan, build_delta
+    from freshidx.procs import rss_bytes
     from freshidx.publish import publish
     from freshidx.settings import Settings
-    from freshidx.spark.server import acquire_lease, rss_bytes
+    from freshidx.spark.lease import acquire_lease
     from freshidx.spark.session import build_connect_session
     from freshidx.store import StoreConfig, open_store
 

@@ -251,7 +251,7 @@ def shutdown(dev: DagsterDev, generator: subprocess.Popen[bytes] | None, server:
              state_dir: Path, instance: dg.DagsterInstance, demo_id: str) -> dict[str, int]:
     """Stop everything the demo started; never raises. Returns counts for the closing line."""
     from freshidx.defs.run_health import interrupt_runs
-    from freshidx.run_health import kill_all, processes_with_env
+    from freshidx.procs import kill_all, processes_with_env
 
     summary = {"runs_terminated": 0, "runs_marked_interrupted": 0, "processes_killed": 0}
     if generator is not None:
@@ -301,7 +301,7 @@ def _terminate_runs(dev: DagsterDev, instance: dg.DagsterInstance) -> int:
 def _stop_supervisor(server: subprocess.Popen[bytes], state_dir: Path) -> None:
     """SIGTERM the supervisor (it stops its JVM); after its grace kill its group, then the JVM's
     session through the pid in state.json (the JVM runs in its own session)."""
-    from freshidx.run_health import kill_all
+    from freshidx.procs import kill_all
 
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(server.pid, signal.SIGTERM)
@@ -312,7 +312,8 @@ def _stop_supervisor(server: subprocess.Popen[bytes], state_dir: Path) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         server.wait(10)
     try:
-        from freshidx.spark.server import read_state, session_members
+        from freshidx.procs import session_members
+        from freshidx.spark.server_state import read_state
 
         state = read_state(state_dir) or {}
         pid = state.get("pid")

@@ -103,7 +103,7 @@ def spark_server(state_dir: str | None) -> dict[str, Any] | None:
     with what it last said: its ``status`` (e.g. ``restarting``) was frozen when the process died."""
     if not state_dir:
         return None
-    from freshidx.spark.server import read_state
+    from freshidx.spark.server_state import read_state
 
     state = read_state(state_dir)
     if state is None:

@@ -25,7 +25,8 @@ SLOW_FIXTURES = frozenset({"spark", "shared_spark_connect", "make_harness"})
 #: Modules whose tests start JVMs or Dagster runs as subprocesses (or through in-process Dagster runs)
 #: without asking for one of those fixtures.
 SLOW_MODULES = frozenset({
-    "test_bench", "test_bench_freshness", "test_catchup", "test_checks_hourly_metadata", "test_cluster",
+    "test_bench", "test_bench_freshness", "test_catchup", "test_checks_graphql", "test_checks_hourly_metadata",
+    "test_cluster",
     "test_connect_retry", "test_delta_versions", "test_demo_stop", "test_full_late_inputs", "test_hourly_build",
     "test_index_shards", "test_launchpad_validation", "test_no_green_noop", "test_overlap", "test_product_features",
     "test_quarantine_replay", "test_retention", "test_run_health", "test_search_e2e", "test_sensor_e2e",
@@ -210,7 +211,7 @@ def shared_spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
     test_spark_server.py)."""
     import signal
 
-    from freshidx.spark.server import read_state
+    from freshidx.spark.server_state import read_state
     from freshidx_tests.polling import poll_until
 
     root = tmp_path_factory.mktemp("shared-spark-connect")

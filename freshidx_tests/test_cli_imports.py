@@ -120,7 +120,7 @@ def test_cli_defaults_mirror_the_library() -> None:
     from freshidx.cli import generate as cli_generate
     from freshidx.cli import retention as cli_retention
     from freshidx.cli import spark_server as cli_spark_server
-    from freshidx.spark import server, shards
+    from freshidx.spark import server_config, shards
 
     assert cli_retention.INDEX_NAMES == layout.INDEX_NAMES
     assert cli_retention.DEFAULT_GRACE_MINUTES == retention.DEFAULT_GRACE_MINUTES
@@ -128,8 +128,8 @@ def test_cli_defaults_mirror_the_library() -> None:
     assert (cli_bench.BUILD_ROUNDS, cli_bench.BUILD_WARMUP) == (bench.BUILD_ROUNDS, bench.BUILD_WARMUP)
     assert cli_bench.MODES == bench_freshness.MODES
     assert cli_bench.WINDOW_MINUTES == bench_freshness.WINDOW_MINUTES
-    assert cli_spark_server.DEFAULT_PORT == server.DEFAULT_PORT
-    assert cli_spark_server.DEFAULT_STATE_DIR == server.DEFAULT_STATE_DIR
+    assert cli_spark_server.DEFAULT_PORT == server_config.DEFAULT_PORT
+    assert cli_spark_server.DEFAULT_STATE_DIR == server_config.DEFAULT_STATE_DIR
     assert cli_demo.DEFAULT_HOME == settings.DEFAULT_HOME
     assert generate.GeneratorConfig.changes_per_partition == cli_generate.CHANGES_PER_PARTITION
     assert serving.COVERED_FILE == shards.COVERED_FILE

@@ -32,7 +32,8 @@ from dagster._core.instance.ref import InstanceRef
 from freshidx.devserver import prepare_home
 from freshidx.generate import GeneratorConfig, write_partition
 from freshidx.publish import read_pointer
-from freshidx.spark.server import acquire_lease, read_state
+from freshidx.spark.lease import acquire_lease
+from freshidx.spark.server_state import read_state
 from freshidx.store import StoreConfig, open_store
 from freshidx_tests.conftest import CONNECT_ENV, free_port
 from freshidx_tests.harness import at

@@ -20,7 +20,7 @@ import dagster as dg
 import pytest
 from dagster._core.instance.ref import InstanceRef
 
-from freshidx import catchup, run_health
+from freshidx import catchup, procs, run_health
 from freshidx.defs.run_health import NOT_FINISHED, RUNNING
 from freshidx.devserver import free_port
 from freshidx.store import StoreConfig, open_store
@@ -45,7 +45,7 @@ def _tree(root: int) -> dict[int, float]:
     todo = [root]
     while todo:
         pid = todo.pop()
-        started = run_health.process_start_time(pid)
+        started = procs.process_start_time(pid)
         if started is not None:
             out[pid] = started
         todo += children.get(pid, [])
@@ -55,7 +55,7 @@ def _tree(root: int) -> dict[int, float]:
 def _survivors(snapshot: dict[int, float]) -> list[str]:
     left = []
     for pid, started in snapshot.items():
-        if run_health.process_start_time(pid) == started:
+        if procs.process_start_time(pid) == started:
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
             except OSError:
@@ -104,7 +104,7 @@ def test_sigterm_leaves_no_process_no_started_run_and_nothing_parked(tmp_path: P
 
             # (a) nothing left: neither the snapshot of the tree nor anything carrying the demo id
             assert _survivors(snapshot) == []
-            assert run_health.processes_with_env("FRESHIDX_DEMO_ID", demo_id) == []
+            assert procs.processes_with_env("FRESHIDX_DEMO_ID", demo_id) == []
 
             # (b) no run left unfinished; the ones in flight were interrupted, not failed on their own
             assert list(instance.get_runs(dg.RunsFilter(statuses=NOT_FINISHED))) == []
@@ -124,4 +124,4 @@ def test_sigterm_leaves_no_process_no_started_run_and_nothing_parked(tmp_path: P
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        run_health.kill_all(run_health.processes_with_env("FRESHIDX_DEMO_ID", demo_id))
+        procs.kill_all(procs.processes_with_env("FRESHIDX_DEMO_ID", demo_id))

@@ -25,17 +25,13 @@ from typing import Any
 import pytest
 from pyspark.errors import PySparkException
 
-from freshidx import status
-from freshidx.spark import server as srv
-from freshidx.spark.server import (
-    ServerConfig,
-    ServerUnavailable,
-    SparkConnectSupervisor,
-    StateDirBusy,
-    acquire_lease,
-    active_leases,
-    read_state,
-)
+from freshidx import procs, status
+from freshidx.spark.jvm import jcmd, sample_memory
+from freshidx.spark.lease import ServerUnavailable, acquire_lease, active_leases
+from freshidx.spark.server_config import SERVER_CLASS, ServerConfig, parse_memory
+from freshidx.spark.server_process import StateDirBusy
+from freshidx.spark.server_state import HOSTNAME, read_state
+from freshidx.spark.supervisor import SparkConnectSupervisor
 from freshidx_tests.conftest import free_port
 from freshidx_tests.polling import poll_until
 
@@ -89,8 +85,8 @@ def _jvm_processes(marker: str) -> list[int]:
     pids = []
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) != os.getpid():
-            cmd = srv._cmdline(int(name))
-            if srv.SERVER_CLASS in cmd and marker in cmd:
+            cmd = procs.cmdline(int(name))
+            if SERVER_CLASS in cmd and marker in cmd:
                 pids.append(int(name))
     return pids
 
@@ -154,11 +150,11 @@ def supervised(tmp_path_factory: pytest.TempPathFactory, cds_dir: Path) -> Itera
 
 
 def test_memory_strings_and_defaults(tmp_path: Path) -> None:
-    assert srv.parse_memory("2g") == 2 * 1024**3
-    assert srv.parse_memory("512m") == 512 * 1024**2
-    assert srv.parse_memory("1024") == 1024
+    assert parse_memory("2g") == 2 * 1024**3
+    assert parse_memory("512m") == 512 * 1024**2
+    assert parse_memory("1024") == 1024
     with pytest.raises(ValueError):
-        srv.parse_memory("lots")
+        parse_memory("lots")
     cfg = ServerConfig(state_dir=tmp_path, conf={"spark.sql.shuffle.partitions": "3", "spark.ui.enabled": "true"})
     conf = cfg.spark_conf()
     assert cfg.url == "sc://127.0.0.1:15002" and cfg.master == "local[2,4]"
@@ -185,9 +181,9 @@ def test_stale_leases_are_reaped(tmp_path: Path) -> None:
     leases = tmp_path / "leases"
     leases.mkdir()
     (leases / "gone--1-x.json").write_text(json.dumps(
-        {"run_id": "gone", "pid": int(dead.stdout), "hostname": srv._HOSTNAME}))
+        {"run_id": "gone", "pid": int(dead.stdout), "hostname": HOSTNAME}))
     (leases / "alive--2-y.json").write_text(json.dumps(
-        {"run_id": "alive", "pid": os.getpid(), "hostname": srv._HOSTNAME}))
+        {"run_id": "alive", "pid": os.getpid(), "hostname": HOSTNAME}))
     assert [d["run_id"] for d in active_leases(tmp_path)] == ["alive"]
     assert sorted(p.name for p in leases.iterdir()) == ["alive--2-y.json"]
 
@@ -196,17 +192,17 @@ def test_jvm_left_by_a_killed_supervisor_is_killed_on_next_start(tmp_path: Path)
     sup = SparkConnectSupervisor(ServerConfig(state_dir=tmp_path, port=free_port()))
     # stands in for the orphaned JVM: same markers on its command line, its own session
     orphan = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)", srv.SERVER_CLASS, str(sup.properties_path)],
+        [sys.executable, "-c", "import time; time.sleep(120)", SERVER_CLASS, str(sup.properties_path)],
         start_new_session=True,
     )
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     try:
         (tmp_path / "state.json").write_text(json.dumps(
-            {"status": "up", "pid": orphan.pid, "hostname": srv._HOSTNAME, "supervisor_pid": bystander.pid}))
+            {"status": "up", "pid": orphan.pid, "hostname": HOSTNAME, "supervisor_pid": bystander.pid}))
         # not ours (no markers): left alone
         (tmp_path / "other").mkdir()
         (tmp_path / "other" / "state.json").write_text(json.dumps(
-            {"status": "up", "pid": bystander.pid, "hostname": srv._HOSTNAME}))
+            {"status": "up", "pid": bystander.pid, "hostname": HOSTNAME}))
         SparkConnectSupervisor(ServerConfig(state_dir=tmp_path / "other"))._kill_leftover()
         assert bystander.poll() is None
         sup._kill_leftover()
@@ -229,13 +225,13 @@ def test_start_query_and_python_worker_imports_freshidx(supervised: Supervised) 
     st = _state(supervised.state_dir)
     assert st["status"] == "up" and st["supervisor_alive"] is True
     assert st["url"] == f"sc://127.0.0.1:{supervised.sup.config.port}"
-    assert st["pid"] == supervised.sup.pid and srv._pid_alive(st["pid"])
+    assert st["pid"] == supervised.sup.pid and procs.pid_alive(st["pid"])
     assert st["restarts"] == 0 and st["last_restart_reason"] is None
     for key in ("started_at", "updated_at", "last_start_timings"):
         assert st[key], key
     assert (supervised.state_dir / "server.log").stat().st_size > 0
     assert supervised.sup.health_check() is True
-    cmd = srv._cmdline(st["pid"])
+    cmd = procs.cmdline(st["pid"])
     assert "-Xmx1g" in cmd and str(supervised.sup.properties_path) in cmd
     # a fresh cds dir: this JVM recorded its classes and dumped them once warmed up
     assert "-XX:+RecordDynamicDumpInfo" in cmd, cmd
@@ -289,9 +285,9 @@ def test_planned_restart_waits_for_the_lease(supervised: Supervised) -> None:
         print(f"\nlease released → new lease granted: {took:.1f}s (supervisor restart: "
               f"{st['last_restart_duration_s']}s, {st['last_start_timings']})")
         assert _query_and_python_job(lease2.url)["python"] == sys.executable
-    assert not srv._pid_alive(before["pid"])
+    assert not procs.pid_alive(before["pid"])
     # later starts map the class archive the first one dumped
-    assert "-XX:SharedArchiveFile=" in srv._cmdline(st["pid"])
+    assert "-XX:SharedArchiveFile=" in procs.cmdline(st["pid"])
 
 
 @pytest.mark.daemon
@@ -315,8 +311,8 @@ def test_kill_9_is_restarted(supervised: Supervised) -> None:
     timings = st["last_start_timings"]
     took = time.monotonic() - t0
     assert st["last_restart_reason"] == "crash"
-    assert st["pid"] != old_pid and not srv._pid_alive(old_pid)
-    assert srv.session_members(old_pid) == []  # its Python workers went too
+    assert st["pid"] != old_pid and not procs.pid_alive(old_pid)
+    assert procs.session_members(old_pid) == []  # its Python workers went too
     print(f"\nkill -9 → up again: {took:.1f}s (supervisor: {st['last_restart_duration_s']}s, {timings})")
     assert _query_and_python_job(st["url"])["python"] == sys.executable
     try:
@@ -329,7 +325,7 @@ def test_kill_9_is_restarted(supervised: Supervised) -> None:
             assert fresh.sql("SELECT 3 AS three").collect()[0]["three"] == 3
     finally:
         resource.discard()
-    assert srv.active_leases(supervised.state_dir) == []
+    assert active_leases(supervised.state_dir) == []
 
 
 @pytest.mark.daemon
@@ -377,8 +373,8 @@ def test_failed_probes_count_only_when_the_server_is_not_busy_with_leased_runs(s
 def test_heap_is_sampled_with_jcmd_and_threshold_triggers(supervised: Supervised, tmp_path: Path) -> None:
     sup = supervised.sup
     assert sup.pid is not None
-    sample = srv.sample_memory(sup.pid, srv.parse_memory("1g"))
-    if srv._jcmd() is None:
+    sample = sample_memory(sup.pid, parse_memory("1g"))
+    if jcmd() is None:
         pytest.skip("no jcmd here")
     assert sample.source == "jcmd"
     assert sample.heap_max_bytes is not None and 0.9 * 1024**3 < sample.heap_max_bytes <= 1024**3
@@ -417,7 +413,7 @@ def test_stop_leaves_no_process_behind(supervised: Supervised) -> None:
     sup = supervised.sup
     pid = sup.pid
     assert pid is not None
-    members = srv.session_members(pid)  # the kill -9 test ran a Python job on this JVM
+    members = procs.session_members(pid)  # the kill -9 test ran a Python job on this JVM
     assert len(members) > 1, members  # the JVM and its Python worker daemon(s)
     supervised.stop.set()
     supervised.thread.join(60)
@@ -425,8 +421,8 @@ def test_stop_leaves_no_process_behind(supervised: Supervised) -> None:
     t0 = time.monotonic()
     sup.stop()
     print(f"\nstop: {time.monotonic() - t0:.1f}s")
-    assert not any(srv._pid_alive(p) for p in members)
-    assert srv.session_members(pid) == []
+    assert not any(procs.pid_alive(p) for p in members)
+    assert procs.session_members(pid) == []
     assert _jvm_processes(str(sup.properties_path)) == []
     st = _state(supervised.state_dir)
     assert st["status"] == "down" and st["pid"] is None
@@ -464,7 +460,7 @@ def test_cli_runs_in_foreground_and_cleans_up_on_sigterm(tmp_path: Path, cds_dir
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
-    assert not srv._pid_alive(jvm) and srv.session_members(jvm) == []
+    assert not procs.pid_alive(jvm) and procs.session_members(jvm) == []
     assert _jvm_processes(str(state_dir)) == []
     assert _state(state_dir)["status"] == "down"
     events = [json.loads(line)["status"] for line in log.read_text().splitlines() if line.startswith("{")]

@@ -23,8 +23,11 @@ from typing import Any
 
 import pytest
 
-from freshidx.spark import server as srv
-from freshidx.spark.server import ServerConfig, SparkConnectSupervisor, acquire_lease, read_state
+from freshidx import procs
+from freshidx.spark.lease import acquire_lease
+from freshidx.spark.server_config import ServerConfig
+from freshidx.spark.server_state import read_state
+from freshidx.spark.supervisor import SparkConnectSupervisor
 from freshidx_tests.conftest import free_port
 from freshidx_tests.polling import poll_until
 
@@ -210,7 +213,7 @@ def test_leased_job_without_progress_is_restarted_as_hung_after_draining(supervi
             t_up = time.monotonic()
             assert st["last_restart_reason"] == "hung" and st["pid"] != before["pid"], st
             assert st["drain_timed_out_leases"] == ["hung-run"], st  # it waited for our lease, then gave up
-            assert not srv._pid_alive(before["pid"]) and srv.session_members(before["pid"]) == []
+            assert not procs.pid_alive(before["pid"]) and procs.session_members(before["pid"]) == []
             th.join(START_DEADLINE)
             t_err = box.get("at")
             print(f"\nblocked job → draining {t_drain - t0:.1f}s, → up again {t_up - t0:.1f}s; client error after "

@@ -24,8 +24,10 @@ from typing import Any
 
 import pytest
 
-from freshidx.spark import server as srv
-from freshidx.spark.server import acquire_lease, read_state
+from freshidx import procs
+from freshidx.spark.lease import acquire_lease
+from freshidx.spark.server_launch import port_accepts
+from freshidx.spark.server_state import read_state
 from freshidx_tests.conftest import free_port
 from freshidx_tests.polling import poll_until
 
@@ -38,14 +40,14 @@ def _marked(marker: str) -> list[int]:
     out = []
     for name in os.listdir("/proc"):
         if name.isdigit() and int(name) != os.getpid():
-            cmd = srv._cmdline(int(name))
+            cmd = procs.cmdline(int(name))
             if marker in cmd and "pytest" not in cmd:
                 out.append(int(name))
     return out
 
 
 def _jcmd_dumping(jvm: int) -> bool:
-    return any("dynamic_dump" in srv._cmdline(p) and str(jvm) in srv._cmdline(p) for p in _marked("VM.cds"))
+    return any("dynamic_dump" in procs.cmdline(p) and str(jvm) in procs.cmdline(p) for p in _marked("VM.cds"))
 
 
 class Cli:
@@ -90,7 +92,7 @@ class Cli:
 def _assert_nothing_left(cli: Cli) -> None:
     def gone() -> bool:
         return not _marked(str(cli.state_dir)) and all(
-            not srv._pid_alive(p) and not srv.session_members(p) for p in cli.jvms)
+            not procs.pid_alive(p) and not procs.session_members(p) for p in cli.jvms)
 
     # the processes may need a moment to be reaped by init after the supervisor's SIGKILL
     poll_until(gone, timeout=30, interval=0.1, what=f"no process of {cli.jvms} left")
@@ -117,7 +119,7 @@ def test_stop_at_any_moment_leaves_no_process(tmp_path: Path, moment: str) -> No
             cli.wait(lambda s: s.get("status") == "starting" and s.get("pid"), "JVM spawned")
         elif moment == "warming-up":
             cli.wait(lambda s: s.get("status") == "starting" and s.get("pid")
-                     and srv._port_accepts("127.0.0.1", cli.port), "port open, warm-up running")
+                     and port_accepts("127.0.0.1", cli.port), "port open, warm-up running")
         elif moment == "dumping-cds":
             cli.wait(lambda s: s.get("status") == "starting" and s.get("pid") and _jcmd_dumping(s["pid"]),
                      "class archive being dumped")

@@ -1,6 +1,6 @@
 """``freshidx spark-server``: run a supervised Spark Connect server in the foreground.
 
-The supervisor is :class:`freshidx.spark.server.SparkConnectSupervisor` (its docstring says what it
+The supervisor is :class:`freshidx.spark.supervisor.SparkConnectSupervisor` (its docstring says what it
 watches and when it restarts); ``python -m freshidx.spark.server`` runs this same command.
 """
 
@@ -19,10 +19,10 @@ import click
 from freshidx.cli.base import LazyCommand, json_option, run
 
 if TYPE_CHECKING:
-    from freshidx.spark.server import ServerConfig
+    from freshidx.spark.server_config import ServerConfig
 
-DEFAULT_PORT = 15002  # freshidx.spark.server.DEFAULT_PORT
-DEFAULT_STATE_DIR = Path(".freshidx") / "spark-server"  # freshidx.spark.server.DEFAULT_STATE_DIR
+DEFAULT_PORT = 15002  # freshidx.spark.server_config.DEFAULT_PORT
+DEFAULT_STATE_DIR = Path(".freshidx") / "spark-server"  # freshidx.spark.server_config.DEFAULT_STATE_DIR
 
 
 def server_config(*, host: str, port: int, master: str, state_dir: Path, restart_every: float,
@@ -30,7 +30,7 @@ def server_config(*, host: str, port: int, master: str, state_dir: Path, restart
                   health_interval: float, hang_timeout: float, cds_dir: Path | None, no_class_data_sharing: bool,
                   conf: Sequence[str], no_warm_up: bool) -> ServerConfig:
     """The supervisor's configuration from the command's options."""
-    from freshidx.spark.server import ServerConfig
+    from freshidx.spark.server_config import ServerConfig
 
     spark_conf: dict[str, str] = {}
     for item in conf:
@@ -58,7 +58,9 @@ def _render(state: dict[str, Any]) -> str:
 
 def cmd_spark_server(*, status: bool, as_json: bool, **options: Any) -> int:
     """Run the supervisor in the foreground until SIGINT/SIGTERM; then stop the JVM cleanly."""
-    from freshidx.spark.server import ServerStartError, SparkConnectSupervisor, read_state
+    from freshidx.spark.server_process import ServerStartError
+    from freshidx.spark.server_state import read_state
+    from freshidx.spark.supervisor import SparkConnectSupervisor
 
     if status:
         state_dir = options["state_dir"]

@@ -101,7 +101,7 @@ class SparkResource(dg.ConfigurableResource):
             if self.remote:
                 remote = self.remote
                 if self.server_state_dir:
-                    from freshidx.spark.server import acquire_lease
+                    from freshidx.spark.lease import acquire_lease
 
                     self._leases = contextlib.ExitStack()
                     lease = self._leases.enter_context(

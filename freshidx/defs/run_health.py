@@ -18,7 +18,7 @@ import contextlib
 
 import dagster as dg
 
-from freshidx import ledger, run_health
+from freshidx import ledger, procs, run_health
 from freshidx.defs.assets import TAG_ATTEMPT, TAG_PARTITION, TAG_PIPELINE
 from freshidx.defs.resources import ObjectStoreResource
 from freshidx.partitions import PartitionError, PartitionId
@@ -102,7 +102,7 @@ def interrupt_runs(instance: dg.DagsterInstance, reason: str = run_health.SHUTDO
         if kill_workers and r.status in RUNNING:
             f = _facts(instance, r)
             if f.pid is not None and f.pid_recorded_at is not None and run_health.pid_alive(f.pid, f.pid_recorded_at):
-                run_health.kill_all([f.pid])
+                procs.kill_all([f.pid])
         run = instance.get_run_by_id(r.run_id)
         if run is None or run.is_finished:
             continue

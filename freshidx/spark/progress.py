@@ -27,13 +27,13 @@ probe always counts, so a job blocked in a Python UDF is then not detected.
 from __future__ import annotations
 
 import json
-import os
 import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from freshidx import procs
 
 #: Python worker CPU seconds (summed over the session) that count as progress.
 PYTHON_CPU_EPSILON_S = 0.2
@@ -44,31 +44,22 @@ _STAGE_FIELDS = (
     "outputBytes", "outputRecords", "shuffleReadBytes", "shuffleReadRecords", "shuffleWriteBytes",
     "shuffleWriteRecords", "memoryBytesSpilled", "diskBytesSpilled",
 )
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
-    except OSError:
-        return None
 
 
 def python_worker_cpu_s(jvm_pid: int, members: list[int]) -> float | None:
     """CPU seconds of the JVM session's processes other than the JVM (workers and the children they
     reaped) plus the children the JVM reaped (worker daemons that exited); None if the JVM is gone."""
-    jvm = _stat_fields(jvm_pid)
+    jvm = procs.cpu_times(jvm_pid)
     if jvm is None:
         return None
-    # after the comm: state(0) ... utime(11) stime(12) cutime(13) cstime(14)
-    total = int(jvm[13]) + int(jvm[14])
+    total = float(jvm.children_user + jvm.children_system)  # the JVM's own CPU is no progress signal
     for pid in members:
         if pid == jvm_pid:
             continue
-        f = _stat_fields(pid)
-        if f is not None:
-            total += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
-    return total / _CLK_TCK
+        t = procs.cpu_times(pid)
+        if t is not None:
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
 
 
 def _get_json(url: str, timeout_s: float) -> Any:

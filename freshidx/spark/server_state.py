@@ -1,0 +1,69 @@
+"""The supervisor's state file, ``state_dir/state.json``: written atomically by the supervisor (one per
+state dir), read by clients (:mod:`freshidx.spark.lease`), ``freshidx status`` and the demo.
+
+Fields are the supervisor's (``status`` from :data:`~freshidx.spark.server_config.STATUSES`, ``pid``
+of the JVM, ``url``, restart counters, heap and progress samples …) plus ``hostname`` and
+``supervisor_pid``, which let a reader on the same host tell a live supervisor from a stale file.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+from freshidx import procs
+
+#: This host's name: pids in a state or lease file are only meaningful on the host that wrote them.
+HOSTNAME = socket.gethostname()
+STATE_FILE = "state.json"
+
+
+def now_iso() -> str:
+    """The timestamps of state and lease files: UTC, milliseconds."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def atomic_write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` so that a reader sees the old or the new file, never a partial one."""
+    # pid + thread in the temp name: the supervisor's threads and clients never share a temp file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=True, default=str)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_state(state_dir: Path | str) -> dict[str, Any] | None:
+    """The supervisor's ``state.json``, or None if there is none (never started here).
+
+    Adds ``supervisor_alive`` (bool, or None when the state was written on another host): a state
+    whose supervisor died is stale, whatever its ``status`` says.
+    """
+    path = Path(state_dir) / STATE_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    if data.get("hostname") == HOSTNAME:
+        data["supervisor_alive"] = procs.pid_alive(data.get("supervisor_pid"))
+    else:
+        data["supervisor_alive"] = None
+    return data
+
+
+def state_is_usable(state: dict[str, Any] | None) -> bool:
+    """A client may use the server: ``up``, and (on this host) its supervisor and JVM are alive."""
+    if not state or state.get("status") != "up":
+        return False
+    if state.get("hostname") == HOSTNAME:
+        return bool(state.get("supervisor_alive")) and procs.pid_alive(state.get("pid"))
+    return True

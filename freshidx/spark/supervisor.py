@@ -1,0 +1,260 @@
+"""A supervised Spark Connect server: health checks, crash restarts, planned restarts with draining.
+
+``freshidx spark-server`` (or ``python -m freshidx.spark.server``) runs :class:`SparkConnectSupervisor`
+in the foreground: one Spark Connect server JVM (:mod:`freshidx.spark.server_process` starts and stops
+it) and the watchdog the design asks for:
+
+* **liveness** – the process is polled every ``poll_interval_s``; if it died (OOM killer,
+  ``kill -9``) it is restarted at once (reason ``crash``);
+* **health and progress** – every ``health_interval_s`` a Spark Connect client session runs
+  ``SELECT 1`` under a short timeout, and the progress of the server's jobs is sampled
+  (:mod:`freshidx.spark.progress`: task/stage counters and live I/O metrics from the driver's UI REST
+  API on a random loopback port, plus the CPU time of the server's Python workers; *not* the JVM's
+  CPU, which a starved JVM cannot get and an idle one spends on heartbeats and probes). While runs
+  hold leases (:mod:`freshidx.spark.lease`), probes do not decide anything (a failed one is recorded
+  as ``health_busy_since`` / ``health_busy_failures``): the server is restarted (reason ``hung``) only
+  once its jobs made no progress for ``hang_timeout_s``. A server nobody leases is restarted (reason
+  ``health``) after ``health_failures`` failed probes in a row;
+* **planned restarts** – when the JVM is older than ``restart_every_s`` (reason ``planned-age``) or
+  its heap stays over ``max_heap_fraction`` of ``-Xmx`` even after a full GC (``planned-heap``,
+  measured as :mod:`freshidx.spark.jvm` says), the supervisor *drains* first (so do ``hung`` and
+  ``health``; only a dead JVM is restarted at once): it marks the state ``draining`` and waits (up to
+  ``drain_timeout_s``) until no client holds a lease, then restarts. ``SIGHUP`` (CLI) requests one
+  (``planned-manual``). More than ``max_session_processes`` processes in the JVM's session (Python
+  worker daemons that Spark Connect leaks per client session) is a planned restart too
+  (``planned-processes``).
+
+``SIGTERM``/``SIGINT`` to ``freshidx spark-server`` call :meth:`~ServerProcess.request_stop` from the
+handler (what a stop guarantees: :mod:`freshidx.spark.server_process`).
+
+**Clients cut off by a restart** see a ``pyspark.errors.PySparkException`` (e.g.
+``SparkConnectGrpcException`` or ``Cannot call methods on a stopped SparkContext``), an ordinary
+exception: the assets' Dagster ``RetryPolicy`` retries it, and the retry leases again (waiting while
+the server restarts).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from freshidx import procs
+from freshidx.spark.jvm import run_jcmd
+from freshidx.spark.lease import active_leases
+from freshidx.spark.progress import ProgressTracker, python_worker_cpu_s
+from freshidx.spark.server_config import ServerConfig
+from freshidx.spark.server_process import ServerProcess, ServerStartError, StateDirBusy
+from freshidx.spark.server_state import now_iso
+
+
+class SparkConnectSupervisor(ServerProcess):
+    """Starts, watches and restarts one Spark Connect server. Thread-safe; see the module docstring."""
+
+    def __init__(
+        self, config: ServerConfig, *, on_state: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
+        super().__init__(config, on_state=on_state)
+        self._health_failures = 0
+        self._busy_since: str | None = None
+        self._busy_failures = 0
+        self._restart_requested: str | None = None
+        self._pending_reason: str | None = None  # a restart that failed and must be retried
+
+    def request_restart(self, reason: str = "planned-manual") -> None:
+        """Ask :meth:`run_forever` for a drained restart at its next tick."""
+        self._restart_requested = reason
+
+    def planned_restart_reason(self, *, check_heap: bool = True) -> str | None:
+        """``planned-age`` / ``-heap`` / ``-processes`` / a requested reason, or None if none is due."""
+        if self._restart_requested:
+            return self._restart_requested
+        if self._started_mono is not None and time.monotonic() - self._started_mono > self.config.restart_every_s:
+            return "planned-age"
+        if check_heap:
+            sample = self._sample_memory()
+            frac = sample.fraction if sample else None
+            if frac is not None and frac > self.config.max_heap_fraction:
+                if sample is not None and sample.source == "jcmd" and self.pid is not None:
+                    run_jcmd(self.pid, "GC.run", timeout=60)  # only a live set over the line counts
+                    sample = self._sample_memory()
+                    frac = sample.fraction if sample else None
+                if frac is not None and frac > self.config.max_heap_fraction:
+                    return "planned-heap"
+            pid = self.pid
+            if pid is not None:
+                count = len(procs.session_members(pid))  # the JVM was started with setsid: sid == pid
+                self._update_state(session_processes=count)
+                if self.config.max_session_processes and count > self.config.max_session_processes:
+                    return "planned-processes"
+        return None
+
+    # ---- restarts ----------------------------------------------------------------------------
+
+    def _drain(self, reason: str) -> bool:
+        """Mark draining, wait until no lease is held (or the timeout). False if asked to stop."""
+        self._update_state(status="draining", drain_started_at=now_iso(), draining_reason=reason)
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while True:
+            leases = active_leases(self.state_dir)
+            if not leases:
+                self._update_state(drain_timed_out_leases=[])
+                return True
+            if self._proc is None or self._proc.poll() is not None:
+                return True  # it died meanwhile: nothing left to drain
+            if time.monotonic() >= deadline:
+                self._update_state(drain_timed_out_leases=[d.get("run_id") for d in leases])
+                return True
+            held = [d.get("run_id") for d in leases]
+            if held != self._state.get("leases"):
+                self._update_state(leases=held)
+            if self._stop.wait(0.2) or self._stopping():
+                return False
+
+    def _restart(self, reason: str) -> dict[str, Any]:
+        """Stop the JVM (if any) and start a new one; counted once it is up."""
+        t0 = time.monotonic()
+        self._restart_requested = None  # one asked for while this runs is honoured afterwards
+        with self._proc_lock:
+            old_pid = self.pid or self._state.get("last_pid")
+            self._update_state(status="restarting", restarting_reason=reason, leases=[])
+            self._terminate()
+
+            def restarted() -> dict[str, Any]:
+                return {
+                    "restarts": int(self._state.get("restarts") or 0) + 1, "last_restart_at": now_iso(),
+                    "last_restart_reason": reason, "last_restart_duration_s": round(time.monotonic() - t0, 3),
+                    "last_restart_old_pid": old_pid, "restarting_reason": None,
+                }
+
+            timings = self._spawn_and_wait(restarted)
+        self._pending_reason = None
+        return {**timings, "restart_s": self._state["last_restart_duration_s"]}
+
+    def run_forever(self, stop_event: threading.Event | None = None) -> None:
+        """Supervise until ``stop_event`` is set (or :meth:`request_stop` / :meth:`stop`). Starts the
+        server if needed.
+
+        Does not stop the server on return; call :meth:`stop` for that. Raises
+        :class:`StateDirBusy` if another supervisor owns the state dir; every other failure to
+        start is retried with exponential backoff (status ``down``, ``last_error``).
+        """
+        stop = stop_event or threading.Event()
+        self._run_stop = stop
+        cfg = self.config
+        failed_starts = 0
+        tracker = ProgressTracker(cfg.hang_timeout_s)
+        next_health = time.monotonic() + cfg.health_interval_s
+        next_heap = time.monotonic() + min(cfg.heap_check_interval_s, cfg.health_interval_s)
+
+        def fresh_jvm() -> None:
+            nonlocal next_health
+            self._health_failures, self._busy_since = 0, None
+            tracker.reset(time.monotonic())
+            next_health = time.monotonic() + cfg.health_interval_s
+
+        try:
+            while not self._stopping():
+                try:
+                    proc = self._proc
+                    if proc is None:  # first start, or a restart that failed: retry with backoff
+                        try:
+                            if self._pending_reason:
+                                self._restart(self._pending_reason)
+                            else:
+                                self._start()
+                            failed_starts = 0
+                        except StateDirBusy:
+                            raise
+                        except ServerStartError as exc:
+                            if self._stopping():
+                                break
+                            failed_starts += 1
+                            self._update_state(status="down", last_error=str(exc)[:4000])
+                            stop.wait(min(60.0, 2.0**failed_starts))
+                        fresh_jvm()
+                        continue
+                    if proc.poll() is not None:  # dead: restarted at once, nothing to drain
+                        self._update_state(last_exit_code=proc.returncode)
+                        self._restart_or_mark_down("crash")
+                        fresh_jvm()
+                        continue
+                    now = time.monotonic()
+                    reason: str | None = None
+                    if now >= next_health:
+                        reason = self._health_tick(tracker)
+                        next_health = time.monotonic() + cfg.health_interval_s
+                    if reason is None:
+                        check_heap = now >= next_heap
+                        if check_heap:
+                            next_heap = now + cfg.heap_check_interval_s
+                        reason = self.planned_restart_reason(check_heap=check_heap)
+                    if reason is not None:  # every restart of a live JVM drains first
+                        if not self._drain(reason):
+                            break
+                        dead = self._proc is None or self._proc.poll() is not None
+                        self._restart_or_mark_down("crash" if dead else reason)
+                        fresh_jvm()
+                        continue
+                except StateDirBusy:
+                    raise
+                except Exception as exc:  # keep supervising whatever goes wrong in one tick
+                    self._update_state(last_error=f"supervisor: {type(exc).__name__}: {exc}"[:4000])
+                stop.wait(cfg.poll_interval_s)
+        finally:
+            self._run_stop = None
+
+    def _health_tick(self, tracker: ProgressTracker) -> str | None:
+        """Probe, sample progress, record both; ``hung`` / ``health`` if a (drained) restart is due.
+
+        With leases held only progress counts (a failed probe is recorded as ``health_busy_*``); the
+        probe failure count applies to a server nobody is using."""
+        proc = self._proc
+        if proc is None:
+            return None
+        t0 = time.monotonic()
+        ok = self.health_check()
+        t1 = time.monotonic()
+        leased = bool(active_leases(self.state_dir))
+        client = self._status_client
+        status = client.sample() if client is not None else None
+        t2 = time.monotonic()
+        cpu = python_worker_cpu_s(proc.pid, procs.session_members(proc.pid))
+        tracker.hang_timeout_s = self.config.hang_timeout_s  # (the config may be changed while running)
+        verdict = tracker.observe(time.monotonic(), leased=leased, probe_ok=ok, status=status, python_cpu_s=cpu)
+        changes: dict[str, Any] = {
+            "progress": verdict.why, "progress_stalled_s": round(verdict.stalled_s, 1),
+            "active_tasks": status.active_tasks if status else None,
+            "status_api_error": status.error if status else "no UI",
+            "probe_s": round(t1 - t0, 2), "status_api_s": round(t2 - t1, 2),
+        }
+        if verdict.progressed:
+            changes["progress_at"] = now_iso()
+        if ok:
+            self._health_failures, self._busy_since = 0, None
+            changes.update(last_health_at=now_iso(), consecutive_health_failures=0, health_busy_since=None)
+        elif leased:
+            if self._busy_since is None:
+                self._busy_since, self._busy_failures = now_iso(), 0
+            self._busy_failures += 1
+            changes.update(health_busy_since=self._busy_since, health_busy_failures=self._busy_failures)
+        else:
+            self._health_failures += 1
+            changes.update(consecutive_health_failures=self._health_failures)
+        self._update_state(**changes)
+        if verdict.hung:
+            return "hung"
+        if not leased and self._health_failures >= self.config.health_failures and proc.poll() is None:
+            self._health_failures = 0
+            return "health"
+        return None
+
+    def _restart_or_mark_down(self, reason: str) -> None:
+        try:
+            self._restart(reason)
+        except ServerStartError as exc:
+            # run_forever sees no process and retries this restart with backoff
+            self._pending_reason = reason
+            self._update_state(status="down", last_error=str(exc)[:4000])
+
