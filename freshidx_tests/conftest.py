@@ -201,6 +201,20 @@ def cpu_load() -> Iterator[list[subprocess.Popen[bytes]]]:
             h.wait(30)
 
 
+def stop_spark_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a ``freshidx spark-server`` started in its own session (it drains and stops its JVM);
+    SIGKILL its whole session if it is not gone within 90 s."""
+    import signal
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
 @pytest.fixture(scope="session")
 def shared_spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """One supervised Spark Connect server (``freshidx spark-server``) per test worker, shared by the
@@ -209,8 +223,6 @@ def shared_spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
     only for the tests that ask for it; stopped (SIGTERM, then SIGKILL) at the end of the session.
     Tests that restart, drain or kill a server start their own (test_connect_retry.py,
     test_spark_server.py)."""
-    import signal
-
     from freshidx.spark.server_state import read_state
     from freshidx_tests.polling import poll_until
 
@@ -235,13 +247,7 @@ def shared_spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
         poll_until(up, timeout=600, interval=0.5, what=f"shared Spark Connect server on port {port} up")
         yield {"FRESHIDX_SPARK_REMOTE": f"sc://127.0.0.1:{port}", "FRESHIDX_SPARK_SERVER_STATE": str(state_dir)}
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_spark_server(proc)
 
 
 @pytest.fixture

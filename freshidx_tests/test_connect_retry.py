@@ -35,7 +35,7 @@ from freshidx.publish import read_pointer
 from freshidx.spark.lease import acquire_lease
 from freshidx.spark.server_state import read_state
 from freshidx.store import StoreConfig, open_store
-from freshidx_tests.conftest import CONNECT_ENV, free_port
+from freshidx_tests.conftest import CONNECT_ENV, free_port, stop_spark_server
 from freshidx_tests.harness import at
 from freshidx_tests.polling import poll_until
 
@@ -61,13 +61,7 @@ def spark_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path
     try:
         yield proc, state_dir, log
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_spark_server(proc)
 
 
 def _error_text(err: Any) -> str:
