@@ -139,7 +139,15 @@ def test_stop_at_any_moment_leaves_no_process(tmp_path: Path, moment: str) -> No
         st = cli.state()
         t0 = time.monotonic()
         cli.proc.send_signal(sig)
-        rc = cli.proc.wait(60)
+        try:
+            rc = cli.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            cli.proc.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack into cli.out
+            with contextlib.suppress(Exception):  # the dump is only for the message below
+                poll_until(lambda: "most recent call first" in cli.out.read_text(), timeout=20, interval=0.1,
+                           what="stack dump")
+            raise AssertionError(f"supervisor still running 60 s after {sig.name} at {moment}:\n"
+                                 f"{cli.out.read_text()[-12000:]}") from None
         took = time.monotonic() - t0
         lease.close()
         print(f"\n{moment}: status {st.get('status')} pid {st.get('pid')} → supervisor exited {rc} in {took:.1f}s; "

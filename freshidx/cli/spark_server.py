@@ -6,7 +6,9 @@ watches and when it restarts); ``python -m freshidx.spark.server`` runs this sam
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import signal
 import sys
 import threading
@@ -91,16 +93,35 @@ def cmd_spark_server(*, status: bool, as_json: bool, **options: Any) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous[sig] = signal.signal(sig, on_signal)
     previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
+    # `kill -USR1 <supervisor>` prints every thread's stack to stderr: a stop that hangs is diagnosable
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    rc = 0
     try:
         sup.run_forever(stop)
-        return 0
     except ServerStartError as exc:
         print(f"freshidx spark-server: {exc}", file=sys.stderr)
-        return 1
+        rc = 1
     finally:
         sup.stop()
+        faulthandler.unregister(signal.SIGUSR1)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    _exit_now_if_client_threads_linger(rc)
+    return rc
+
+
+def _exit_now_if_client_threads_linger(rc: int) -> None:
+    """Once the JVM is stopped and ``down`` is written, exit without joining pyspark's client threads.
+
+    A warm-up or probe stopped mid-query leaves a ``ReleaseExecute`` RPC in pyspark's (non-daemon)
+    thread pool, retrying against the dead server for minutes; the interpreter's exit would join it,
+    and a supervisor told to stop must exit within seconds (the demo SIGKILLs it after 30 s)."""
+    lingering = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+    if lingering:
+        print(f"freshidx spark-server: exiting without waiting for client threads {lingering}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
 
 
 def _opt(*decls: str, **kw: Any) -> click.Option:
