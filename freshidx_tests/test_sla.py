@@ -106,6 +106,32 @@ def test_coverage_gap_launches_exactly_one_full_rebuild(harness: Harness, spark:
     assert silence[0].severity == dg.AssetCheckSeverity.ERROR
 
 
+def _reported(data: Any, asset: str) -> set[str]:
+    return {e.check_name for e in data.asset_events
+            if isinstance(e, dg.AssetCheckEvaluation) and e.asset_key == dg.AssetKey(asset)}
+
+
+def test_checks_skipped_by_a_run_with_nothing_new_are_reported_again_at_once(harness: Harness, spark: Any) -> None:
+    """A UI Materialize of delta_index with nothing new skips the asset's check steps (no output), and
+    the UI then shows "Skipped" as the checks' latest execution; the SLA sensor's next tick re-reports
+    them, instead of leaving "Skipped" until the heartbeat (issue 20)."""
+    h = harness
+    h.write(0)
+    assert h.run(h.tick().run_requests[0]).success
+    h.tick("freshidx_sla_sensor")
+    assert _reported(h.tick("freshidx_sla_sensor"), "delta_index") == set()  # nothing changed: quiet
+
+    nothing_new = h.run(dg.RunRequest(run_config={"ops": {"delta_index": {"config": {"source_partition": at(0).path}}}},
+                                      asset_selection=[dg.AssetKey("delta_index")]))
+    assert nothing_new.success
+    skipped = [e for e in nothing_new.all_events if e.event_type_value == "STEP_SKIPPED"]
+    assert skipped, "the checks' steps are skipped when delta_index yields no output"
+    again = h.tick("freshidx_sla_sensor")
+    assert _reported(again, "delta_index") == set(sla.CHECK_NAMES["delta_index"])
+    assert _reported(again, "full_index") == set()  # its checks were not in that run
+    assert _reported(h.tick("freshidx_sla_sensor"), "delta_index") == set()
+
+
 def test_every_partition_is_in_the_ledger_exactly_once(harness: Harness, spark: Any, tmp_path: Any) -> None:
     h = harness
     minute = 0

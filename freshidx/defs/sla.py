@@ -4,7 +4,8 @@ The checks are real ``@asset_check`` definitions (so the UI lists them and can e
 demand); the sensor evaluates the same functions every tick and stores the results as runless
 check evaluations when a state changes, after each new materialization of the checked asset (the
 UI matches runless evaluations to the latest materialization by time, and would show "Not
-Evaluated" until the next one), plus a periodic heartbeat, so there is no run per tick. Every tick
+Evaluated" until the next one) or after a run that skipped the checks (nothing new: the UI would
+show "Skipped"), plus a periodic heartbeat, so there is no run per tick. Every tick
 that launches nothing says why in its skip reason.
 A coverage gap or a too-old full index launches one ``full_index`` run (idempotent via the
 ledger and a run key; never while another ``full_index`` run is in flight).
@@ -76,6 +77,29 @@ def _latest_materialization(instance: dg.DagsterInstance, asset: str) -> int | N
     return records.records[0].storage_id if records.records else None
 
 
+ENDED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
+
+
+def latest_check_runs(instance: dg.DagsterInstance, assets: list[str], limit: int = 25) -> dict[str, str | None]:
+    """Per asset, the newest ended run that executed (or skipped) the asset's checks.
+
+    A run of the asset includes its checks; when it materializes nothing ("nothing new"), their steps
+    are skipped and the UI shows "Skipped" as the latest execution, hiding the runless evaluation. The
+    sensor re-reports after such a run. Bounded: the newest ``limit`` ended runs, one query a tick."""
+    out: dict[str, str | None] = dict.fromkeys(assets)
+    keys = {dg.AssetKey(a): a for a in assets}
+    for r in instance.get_runs(RunsFilter(statuses=ENDED), limit=limit):
+        checks = r.asset_check_selection
+        touched = ({keys[k] for k in (r.asset_selection or ()) if k in keys} if checks is None
+                   else {keys[c.asset_key] for c in checks if c.asset_key in keys})
+        for a in touched:
+            if out[a] is None:
+                out[a] = r.run_id
+        if all(out.values()):
+            break
+    return out
+
+
 def tick_summary(outcomes: list[sla.CheckOutcome], reported: int, changes: list[str],
                  remediation: str | None) -> str:
     """The skip reason of a tick that launches nothing: always says why, never Dagster's generic one."""
@@ -111,6 +135,7 @@ def make_sla_sensor(interval_seconds: int) -> dg.SensorDefinition:
         cursor = json.loads(context.cursor) if context.cursor else {}
         states: dict = cursor.get("states", {})
         latest = {a: _latest_materialization(context.instance, a) for a in sla.CHECK_NAMES}
+        check_runs = latest_check_runs(context.instance, list(sla.CHECK_NAMES))
         events: list[dg.AssetCheckEvaluation] = []
         changes: list[str] = []
         for o in outcomes:
@@ -118,8 +143,10 @@ def make_sla_sensor(interval_seconds: int) -> dg.SensorDefinition:
             prev = states.get(key)
             changed = prev is not None and prev["state"] != o.state
             # The UI shows a check's evaluation only while it is newer than the asset's latest
-            # materialization (runless evaluations are matched by time), so re-report after each one.
+            # materialization (runless evaluations are matched by time) and than the check's latest
+            # execution in a run (skipped when the run materialized nothing): re-report after either.
             due = (prev is None or changed or prev.get("mat") != latest[o.asset]
+                   or prev.get("run") != check_runs[o.asset]
                    or now - dt.datetime.fromisoformat(prev["at"]) >= HEARTBEAT)
             if due:
                 events.append(_evaluation(o))
@@ -130,7 +157,8 @@ def make_sla_sensor(interval_seconds: int) -> dg.SensorDefinition:
                                   ledger.Entry("sla", f"{o.check}-{o.state}", "check_state_changed",
                                                f"{o.asset}.{o.check}: {prev['state']} → {o.state}: {o.description}",
                                                scope=o.asset))
-                states[key] = {"state": o.state, "at": now.isoformat(), "mat": latest[o.asset]}
+                states[key] = {"state": o.state, "at": now.isoformat(), "mat": latest[o.asset],
+                               "run": check_runs[o.asset]}
         cursor["states"] = states
 
         requests: list[dg.RunRequest] = []
