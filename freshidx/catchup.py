@@ -7,15 +7,19 @@ the same parts (ledger, create-once, compare-and-swap). No Dagster here: the sen
 What proves that an hour was processed is its bucket's ``CURRENT`` pointer, created **once**
 (``publish(only_if_absent=True)``): a stuck run that comes back to life after its hour was handed to
 another run loses that create and is recorded as superseded, so an hour never gets two first
-versions. The ledger explains every step (``ledger/<asset>/<date>/<hour-id>[.suffix].json``):
+versions. The ledger explains every step (``ledger/<asset>/<date>/<hour-id>[.suffix].json``; the id
+grammar and decisions are :mod:`freshidx.lifecycle`):
 
 ``H.aN``         attempt N claimed for a run (run key, batch)    ``H.aN.run``  the run executing it
 ``H.aN.failed``  that run failed / succeeded without publishing  ``H.aN.expired``  stuck past the timeout or lost
 ``H.aN.interrupted``  its run was ended by a shutdown (run tag ``freshidx/interrupted``): not counted
-``H.parked-N``   attempts exhausted (``freshidx ledger retry --pipeline ads_hourly --hour H`` grants more)
+``H.parked-N``   attempts exhausted (``freshidx ledger retry --pipeline ads_hourly --hour H`` writes
+                 ``H.grant-K``: one more attempt)
 ``H``            terminal: processed (version, run)              ``H.notready``  first time seen not ready
-``H.cK.aN``      correction K (late data) attempt N; ``H.cK.done`` when published
-``H.backfill-R`` a UI backfill / manual run R rebuilt the hour
+``H.cK``         late data: correction K opened    ``H.cK.aN``  its attempt N; ``H.cK.aN.done`` when it ends
+``H.cK.parked``  the correction's attempts are exhausted   ``H.aN.done``  a claim that did not publish
+``H.backfill-R`` a UI backfill / manual run R rebuilt the hour (``H.manual-R``; ``H.invalid-R`` /
+                 ``H.refused-R`` a run whose bucket failed validation / was not ready)
 ``H.out_of_range``  late data for an hour before ``FRESHIDX_PARTITIONS_START`` (never bucketed)
 
 A small CAS'd ``catchup/<asset>/STATE`` keeps the frontier (oldest hour not yet processed or parked)
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from freshidx import layout, ledger
+from freshidx.lifecycle import LOST_REQUEST_GRACE, Decision, Mark, TriggerId, attempt_state
 from freshidx.listing import newest_partition
 from freshidx.publish import iso, parse_iso, read_pointer
 from freshidx.readiness import check_ready, list_hour
@@ -39,7 +44,7 @@ from freshidx.store import NotFound, ObjectStore, PreconditionFailed
 
 ASSET = "ads_hourly"
 HOUR = dt.timedelta(hours=1)
-LOST_REQUEST_GRACE = dt.timedelta(seconds=90)
+__all__ = ["LOST_REQUEST_GRACE"]  # part of this module's API (defined with the lifecycle)
 
 IN_FLIGHT = "in_flight"
 SUCCESS = "success"
@@ -75,19 +80,24 @@ def hour_path(hour: dt.datetime) -> str:
 # ------------------------------------------------------------------------------------- ledger
 
 
-def entry_key(asset: str, hour: dt.datetime, suffix: str = "") -> str:
-    return layout.ledger_key(asset, hour.strftime("%Y-%m-%d"), layout.hour_id(hour) + suffix)
+def trigger(hour: dt.datetime) -> TriggerId:
+    """The hour's trigger id (its final decision ``H``; the other entries derive from it)."""
+    return TriggerId(layout.hour_id(hour))
+
+
+def entry_key(asset: str, hour: dt.datetime, tid: TriggerId | None = None) -> str:
+    return layout.ledger_key(asset, hour.strftime("%Y-%m-%d"), str(tid or trigger(hour)))
 
 
 def hour_entries(store: ObjectStore, asset: str, hour: dt.datetime) -> dict[str, dict[str, Any]]:
     return ledger.trigger_entries(store, asset, hour.strftime("%Y-%m-%d"), layout.hour_id(hour))
 
 
-def record(store: ObjectStore, asset: str, hour: dt.datetime, suffix: str, decision: str, reason: str,
+def record(store: ObjectStore, asset: str, hour: dt.datetime, tid: TriggerId, decision: str, reason: str,
            **kw: Any) -> bool:
-    """Create-once ledger entry ``<hour-id><suffix>`` (suffix "" = the terminal decision)."""
-    return ledger.record(store, entry_key(asset, hour, suffix), ledger.Entry(
-        asset, layout.hour_id(hour) + suffix, decision, reason, partition=hour_path(hour), **kw))
+    """Create-once ledger entry ``tid`` of the hour (``trigger(hour)`` = the terminal decision)."""
+    return ledger.record(store, entry_key(asset, hour, tid), ledger.Entry(
+        asset, str(tid), decision, reason, partition=hour_path(hour), **kw))
 
 
 def processed(store: ObjectStore, asset: str, hour: dt.datetime) -> bool:
@@ -182,7 +192,11 @@ def oldest_hour(store: ObjectStore, source: str) -> dt.datetime | None:
 @dataclass(frozen=True)
 class Claim:
     hour: dt.datetime
-    suffix: str  # "a2" (catch-up attempt) or "c3.a1" (correction 3, attempt 1)
+    suffix: str  # "a2" (catch-up attempt) or "c3.a1" (correction 3, attempt 1): TriggerId.suffix
+
+    @property
+    def tid(self) -> TriggerId:
+        return TriggerId.from_suffix(layout.hour_id(self.hour), self.suffix)
 
 
 @dataclass
@@ -203,7 +217,9 @@ class Request:
 class TickPlan:
     requests: list[Request] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)  # hour id → why it is not ready yet
-    actions: list[tuple[str, str, str]] = field(default_factory=list)  # (hour id, decision, reason) recorded
+    # (hour id, decision, reason) recorded; plain strings: they become Dagster metadata, whose
+    # serializer refuses enums it does not know.
+    actions: list[tuple[str, str, str]] = field(default_factory=list)
     frontier: str | None = None
     skip_reason: str = ""
 
@@ -217,26 +233,25 @@ class _Attempts:
 
 
 def _attempt_state(store: ObjectStore, asset: str, hour: dt.datetime, entries: dict[str, dict[str, Any]],
-                   prefix: str, runs: RunIndex, now: dt.datetime, timeout: dt.timedelta,
+                   correction: int | None, runs: RunIndex, now: dt.datetime, timeout: dt.timedelta,
                    plan: TickPlan) -> _Attempts:
-    """Attempts under ``prefix`` ("" or "cK."): settle the last one (failed / stuck / lost) if it ended."""
-    numbers = sorted(int(k[len(prefix) + 1:]) for k in entries
-                     if k.startswith(prefix + "a") and k[len(prefix) + 1:].isdigit())
-    interrupted = {n for n in numbers if f"{prefix}a{n}.interrupted" in entries}
-    ended = interrupted | {n for n in numbers
-                           if f"{prefix}a{n}.failed" in entries or f"{prefix}a{n}.expired" in entries}
-    if numbers and numbers[-1] not in ended:
-        n = numbers[-1]
-        claim = entries[f"{prefix}a{n}"]
+    """Attempts of the hour (or of its correction): settle the last one (failed / stuck / lost) if it ended."""
+    hid = layout.hour_id(hour)
+    state = attempt_state(entries, hid, correction)
+    interrupted, ended = set(state.interrupted), set(state.ended)
+    n = state.open
+    if n is not None:
+        tid = TriggerId(hid, correction, n)
+        label = tid.suffix
+        claim = state.claims[n]
         run = runs.by_run_key(claim["run_key"])
-        hid = layout.hour_id(hour)
         if run is None:
             if now - parse_iso(claim["at"]) < LOST_REQUEST_GRACE:
                 return _Attempts(True, n + 1, len(ended - interrupted), f"attempt {n} requested, waiting for its run")
-            record(store, asset, hour, f".{prefix}a{n}.expired", "expired",
+            record(store, asset, hour, tid.then(Mark.EXPIRED), Decision.EXPIRED,
                    f"no run was created for {claim['run_key']} within {LOST_REQUEST_GRACE.seconds} s",
                    run_key=claim["run_key"], attempt=n)
-            plan.actions.append((hid, "expired", f"{prefix}a{n}: request lost"))
+            plan.actions.append((hid, Decision.EXPIRED.value, f"{label}: request lost"))
         elif run.status == IN_FLIGHT:
             since = run.started_at or run.created_at
             age = now.timestamp() - since
@@ -244,25 +259,25 @@ def _attempt_state(store: ObjectStore, asset: str, hour: dt.datetime, entries: d
                 return _Attempts(True, n + 1, len(ended - interrupted), f"attempt {n} running in {run.run_id[:8]}")
             reason = (f"stuck: run {run.run_id} in flight for {age:.0f} s (timeout "
                       f"{timeout.total_seconds():.0f} s); its hours are handed to a new attempt")
-            record(store, asset, hour, f".{prefix}a{n}.expired", "expired", reason, run_id=run.run_id,
+            record(store, asset, hour, tid.then(Mark.EXPIRED), Decision.EXPIRED, reason, run_id=run.run_id,
                    run_key=claim["run_key"], attempt=n)
             runs.cancel(run.run_id, reason)
-            plan.actions.append((hid, "expired", f"{prefix}a{n}: {reason}"))
+            plan.actions.append((hid, Decision.EXPIRED.value, f"{label}: {reason}"))
         elif run.interrupted and run.status != SUCCESS:
             # The operator stopped the system: not the hour's fault, so it never leads to parking.
             why = f"run {run.status}: interrupted by shutdown; not counted as a failed attempt"
-            record(store, asset, hour, f".{prefix}a{n}.interrupted", "interrupted", why, run_id=run.run_id,
+            record(store, asset, hour, tid.then(Mark.INTERRUPTED), Decision.INTERRUPTED, why, run_id=run.run_id,
                    run_key=claim["run_key"], attempt=n)
-            plan.actions.append((hid, "interrupted", f"{prefix}a{n}: {why}"))
+            plan.actions.append((hid, Decision.INTERRUPTED.value, f"{label}: {why}"))
             interrupted.add(n)
         else:
             why = ("run succeeded without publishing the hour" if run.status == SUCCESS
                    else f"run {run.status}")
-            record(store, asset, hour, f".{prefix}a{n}.failed", "failed", why, run_id=run.run_id,
+            record(store, asset, hour, tid.then(Mark.FAILED), Decision.FAILED, why, run_id=run.run_id,
                    run_key=claim["run_key"], attempt=n)
-            plan.actions.append((hid, "failed", f"{prefix}a{n}: {why}"))
+            plan.actions.append((hid, Decision.FAILED.value, f"{label}: {why}"))
         ended.add(n)
-    return _Attempts(False, (numbers[-1] + 1) if numbers else 1, len(ended - interrupted))
+    return _Attempts(False, state.next_attempt, len(ended - interrupted))
 
 
 def _run_key(kind: str, claims: Iterable[Claim]) -> str:
@@ -313,8 +328,8 @@ def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.da
                 new_frontier = hour + HOUR
             continue
         entries = hour_entries(store, asset, hour)
-        att = _attempt_state(store, asset, hour, entries, "", runs, now, timeout, plan)
-        allowed = settings.hourly_max_attempts + sum(1 for k in entries if k.startswith("grant-"))
+        att = _attempt_state(store, asset, hour, entries, None, runs, now, timeout, plan)
+        allowed = attempt_state(entries, hid).allowed(settings.hourly_max_attempts)
         if not att.busy and att.failures >= allowed:
             if hid not in parked:
                 _park(store, asset, hour, att, plan)
@@ -337,10 +352,10 @@ def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.da
                             newer_data_visible=newest is not None and newest.at >= hour + HOUR)
         if not ready.ready:
             plan.waiting[hid] = f"not ready ({policy}): {ready.reason}"
-            record(store, asset, hour, ".notready", "not_ready", f"{policy}: {ready.reason}",
-                   extra={"first_seen": iso(now)})
+            record(store, asset, hour, trigger(hour).then(Mark.NOT_READY), Decision.NOT_READY,
+                   f"{policy}: {ready.reason}", extra={"first_seen": iso(now)})
             continue
-        available.append(Claim(hour, f"a{att.next_attempt}"))
+        available.append(Claim(hour, trigger(hour).claim(att.next_attempt).suffix))
 
     state.frontier = layout.hour_id(new_frontier)
     state.parked = sorted(parked)
@@ -385,19 +400,18 @@ def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.da
 
 def _park(store: ObjectStore, asset: str, hour: dt.datetime, att: _Attempts, plan: TickPlan) -> None:
     hid = layout.hour_id(hour)
-    record(store, asset, hour, f".parked-{att.next_attempt - 1}", ledger.PARKED,
+    record(store, asset, hour, trigger(hour).then(Mark.PARKED, att.next_attempt - 1), Decision.PARKED,
            f"{att.failures} attempts did not publish; "
            f"`freshidx ledger retry --pipeline {asset} --hour {hid}` grants another")
-    plan.actions.append((hid, ledger.PARKED, f"{att.failures} attempts did not publish"))
+    plan.actions.append((hid, Decision.PARKED.value, f"{att.failures} attempts did not publish"))
 
 
 def _claim(store: ObjectStore, asset: str, kind: str, claims: list[Claim], reason: str) -> Request | None:
     """Create-once claims for every hour of the batch; a lost race abandons the request."""
     run_key = _run_key(kind, claims)
     for c in claims:
-        attempt = int(c.suffix.rsplit("a", 1)[1])
-        if not record(store, asset, c.hour, f".{c.suffix}", ledger.ACCEPTED, reason, run_key=run_key,
-                      attempt=attempt, extra={"kind": kind, "batch": [layout.hour_id(x.hour) for x in claims]}):
+        if not record(store, asset, c.hour, c.tid, Decision.ACCEPTED, reason, run_key=run_key,
+                      attempt=c.tid.attempt, extra={"kind": kind, "batch": [layout.hour_id(x.hour) for x in claims]}):
             return None  # another evaluation claimed it; its run (or the lost-request grace) settles it
     return Request(kind, claims, run_key, reason)
 
@@ -410,6 +424,6 @@ def _heal_terminal(store: ObjectStore, asset: str, hour: dt.datetime) -> None:
     pointer, _ = read_pointer(store, layout.bucket_name(asset, hour))
     if pointer is None:
         return
-    record(store, asset, hour, "", "processed",
+    record(store, asset, hour, trigger(hour), Decision.PROCESSED,
            f"version {pointer.version} published (recorded from CURRENT)", run_id=pointer.run_id,
            extra={"version": pointer.version})

@@ -14,7 +14,7 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
-from freshidx import layout, ledger
+from freshidx import layout
 from freshidx.catchup import (
     HOUR,
     CatchupState,
@@ -29,7 +29,9 @@ from freshidx.catchup import (
     parse_hour_id,
     processed,
     record,
+    trigger,
 )
+from freshidx.lifecycle import Decision, Mark, attempt_state
 from freshidx.listing import newest_partition
 from freshidx.publish import iso, read_manifest, read_pointer
 from freshidx.readiness import check_ready, list_hour
@@ -90,22 +92,22 @@ def late_data_sweep(store: ObjectStore, settings: Settings, asset: str, runs: Ru
         new = sorted(set(current) - set(published))
         changed = sorted(k for k in set(current) & set(published) if current[k] != published[k])
         seq = pointer.seq + 1
-        prefix = f"c{seq}."
+        correction = trigger(hour).in_correction(seq)
         entries = hour_entries(store, asset, hour)
-        att = _attempt_state(store, asset, hour, entries, prefix, runs, now, timeout, plan)
+        att = _attempt_state(store, asset, hour, entries, seq, runs, now, timeout, plan)
         if att.busy:
             plan.waiting[hid] = f"correction {seq}: {att.why_busy}"
             continue
         if att.failures >= settings.hourly_max_attempts:
             with contextlib.suppress(PreconditionFailed):
-                record(store, asset, hour, f".c{seq}.parked", ledger.PARKED,
+                record(store, asset, hour, correction.then(Mark.PARKED), Decision.PARKED,
                        f"correction {seq}: {att.failures} attempts did not publish")
             continue
         reason = (f"late data for closed hour {hid}: {len(new)} new, {len(changed)} changed object(s) "
                   f"since version {pointer.version}")
-        req = _claim(store, asset, "correction", [Claim(hour, f"c{seq}.a{att.next_attempt}")], reason)
+        req = _claim(store, asset, "correction", [Claim(hour, correction.claim(att.next_attempt).suffix)], reason)
         if req is not None:
-            record(store, asset, hour, f".c{seq}", "late_data", reason,
+            record(store, asset, hour, correction, Decision.LATE_DATA, reason,
                    extra={"new": new[:50], "changed": changed[:50], "replaces": pointer.version})
             state.late_cursor = layout.hour_id(cursor)
             return req
@@ -130,17 +132,17 @@ def _late_unprocessed_hour(store: ObjectStore, settings: Settings, asset: str, r
     if hour < start:
         why = (f"late data ({len(listing.files)} object(s)) for closed hour {hid}, before FRESHIDX_PARTITIONS_START "
                f"{settings.partitions_start}: not an {asset} partition, never bucketed; the full index reads it")
-        if record(store, asset, hour, ".out_of_range", "out_of_range", why,
+        if record(store, asset, hour, trigger(hour).then(Mark.OUT_OF_RANGE), Decision.OUT_OF_RANGE, why,
                   extra={"objects": [f.key for f in listing.files][:50]}):
-            plan.actions.append((hid, "out_of_range", why))
+            plan.actions.append((hid, Decision.OUT_OF_RANGE.value, why))
         return None
     entries = hour_entries(store, asset, hour)
     timeout = dt.timedelta(seconds=settings.hourly_timeout_seconds)
-    att = _attempt_state(store, asset, hour, entries, "", runs, now, timeout, plan)
+    att = _attempt_state(store, asset, hour, entries, None, runs, now, timeout, plan)
     if att.busy:
         plan.waiting[hid] = att.why_busy
         return None
-    allowed = settings.hourly_max_attempts + sum(1 for k in entries if k.startswith("grant-"))
+    allowed = attempt_state(entries, hid).allowed(settings.hourly_max_attempts)
     if att.failures >= allowed:
         _park(store, asset, hour, att, plan)
         state.parked = sorted({*state.parked, hid})
@@ -151,8 +153,9 @@ def _late_unprocessed_hour(store: ObjectStore, settings: Settings, asset: str, r
                         newer_data_visible=newest is not None and newest.at >= hour + HOUR)
     if not ready.ready:
         plan.waiting[hid] = f"late data, not ready: {ready.reason}"
-        record(store, asset, hour, ".notready", "not_ready", ready.reason, extra={"first_seen": iso(now)})
+        record(store, asset, hour, trigger(hour).then(Mark.NOT_READY), Decision.NOT_READY, ready.reason,
+               extra={"first_seen": iso(now)})
         return None
     reason = (f"late data for closed hour {hid} behind the frontier {state.frontier} "
               f"({len(listing.files)} object(s), never processed)")
-    return _claim(store, asset, "catchup", [Claim(hour, f"a{att.next_attempt}")], reason)
+    return _claim(store, asset, "catchup", [Claim(hour, trigger(hour).claim(att.next_attempt).suffix)], reason)

@@ -7,9 +7,12 @@ load with a message naming the field (shown in the UI as a location error).
 from __future__ import annotations
 
 import datetime as dt
+import os
 import warnings
+from typing import Any
 
 import dagster as dg
+from dagster_aws.s3 import S3Resource
 
 from freshidx.defs.assets import (
     delta_index,
@@ -21,7 +24,7 @@ from freshidx.defs.assets import (
 from freshidx.defs.bucket_io_manager import BucketIOManager
 from freshidx.defs.hourly import HEAVY, make_ads_hourly, make_hourly_sensor
 from freshidx.defs.io_manager import IndexIOManager
-from freshidx.defs.resources import build_resources
+from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.defs.run_health import make_run_health_sensor
 from freshidx.defs.sensors import make_delta_sensor
 from freshidx.defs.sla import make_sla_sensor, sla_checks
@@ -53,11 +56,37 @@ def heavy_schedule(schedule: dg.ScheduleDefinition) -> dg.ScheduleDefinition:
     )
 
 
+def _secret(name: str) -> Any:
+    # EnvVar keeps the secret out of the UI's config view; only reference variables that exist,
+    # since an unset EnvVar fails resource initialisation.
+    return dg.EnvVar(name) if os.environ.get(name) else None
+
+
+def build_resources(settings: Settings) -> dict[str, Any]:
+    """Every resource, from the one :class:`Settings` the definitions are built from.
+
+    The factories in :func:`build_definitions` read that same object, so sensors, schedules and runs
+    start from one value (a run can still override the ``freshidx`` resource in the launchpad).
+    """
+    cfg = settings.store_config()
+    s3 = S3Resource(
+        endpoint_url=cfg.endpoint_url, region_name=cfg.region, aws_access_key_id=_secret("AWS_ACCESS_KEY_ID"),
+        aws_secret_access_key=_secret("AWS_SECRET_ACCESS_KEY"), aws_session_token=_secret("AWS_SESSION_TOKEN"),
+    )
+    store = ObjectStoreResource(uri=settings.store, s3=s3)
+    return {
+        "store": store,
+        "spark": SparkResource(remote=settings.spark_remote, master=settings.spark_master,
+                               server_state_dir=settings.spark_server_state),
+        "freshidx": FreshidxSettings.from_settings(settings),
+        "index_io_manager": IndexIOManager(store=store),
+        "bucket_io_manager": BucketIOManager(store=store),
+    }
+
+
 def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     settings = settings or Settings.from_env()
     resources = build_resources(settings)
-    resources["index_io_manager"] = IndexIOManager(store=resources["store"])
-    resources["bucket_io_manager"] = BucketIOManager(store=resources["store"])
     ads_hourly = make_ads_hourly(settings)
     defs = dg.Definitions(
         assets=[raw_ad_updates_spec(settings), delta_index, full_index, ads_hourly],

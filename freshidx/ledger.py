@@ -4,15 +4,22 @@ It lives next to the data (``ledger/<pipeline>/<date>/<trigger-id>.json``, DESIG
 survives a wiped Dagster instance, and create-once writes make run creation idempotent: two
 sensors (or a sensor and a retry) racing on the same trigger cannot both win.
 
-Trigger ids used by the delta pipeline, for partition ``P`` (compact form ``20261121T1405``):
+Trigger ids the delta pipeline writes, for partition ``P`` (compact form ``20261121T1405``; the
+grammar, the decisions and the attempt state are :mod:`freshidx.lifecycle`):
 
-* ``P``             the partition's final decision: ``superseded`` / ``published`` / ``refused``
-* ``P.aN``          attempt ``N`` accepted: a run was requested for it (run key ``delta:<P>:aN``)
-* ``P.aN.run``      the run that executes attempt ``N`` (its run id)
-* ``P.invalid-R``   run ``R`` built a version that failed the validation gate (not final: retried)
-* ``P.parked``      attempts exhausted; waiting for a newer partition or an explicit retry
-* ``P.grant-K``     an operator granted one more attempt (``freshidx ledger retry``)
-* ``P.gap``         partitions after the watermark and before ``P`` were not listed (too far behind)
+* ``P``               the partition's final decision: ``superseded`` / ``published`` / ``refused``
+* ``P.aN``            attempt ``N`` accepted: a run was requested for it (run key ``delta:<P>:aN``)
+* ``P.aN.run``        the run that executes attempt ``N`` (its run id)
+* ``P.aN.lost``       that run's worker died (run health): ``failed``
+* ``P.invalid-R``     run ``R`` built a version that failed the validation gate (not final: retried)
+* ``P.refused-R``     run ``R`` was for a partition not newer than the serving one (not built)
+* ``P.published-R``   run ``R`` published ``P`` after another final decision had been recorded
+* ``P.parked-N``      ``N`` attempts exhausted; waiting for a newer partition or an explicit retry
+* ``P.grant-K``       an operator granted one more attempt (``freshidx ledger retry``)
+* ``P.gap``           partitions after the watermark and before ``P`` were not listed (too far behind)
+
+The full index writes one ``<cutoff minute>-<version>`` per built version; the catch-up's hour
+entries are listed in :mod:`freshidx.catchup`.
 
 **Every visible partition is explained** (issue 18.5): it has a final decision ``P``, is parked, or
 lies in a gap. Whoever moves the delta's pointer settles what the sensor did not see
@@ -31,20 +38,22 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from freshidx import layout
+from freshidx.lifecycle import FINAL, Decision, Mark, TriggerId, attempt_state, parse_suffix
 from freshidx.listing import partitions_after
 from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import iso, utcnow
 from freshidx.store import NotFound, ObjectStore, PreconditionFailed
 
-SUPERSEDED = "superseded"
-ACCEPTED = "accepted"
-PUBLISHED = "published"
-REFUSED = "refused"
-INVALID = "validation_failed"
-PARKED = "parked"
-UNLISTED = "not_listed"
-#: Final decisions that say a partition was dealt with (``parked`` is not final but explains it too).
-FINAL = (SUPERSEDED, PUBLISHED, REFUSED, INVALID)
+# Short names for the decisions this module's callers (and tests) use most; the values are
+# :class:`~freshidx.lifecycle.Decision`'s.
+SUPERSEDED = Decision.SUPERSEDED
+ACCEPTED = Decision.ACCEPTED
+PUBLISHED = Decision.PUBLISHED
+REFUSED = Decision.REFUSED
+INVALID = Decision.VALIDATION_FAILED
+PARKED = Decision.PARKED
+UNLISTED = Decision.NOT_LISTED
+__all__ = ["FINAL", "Decision", "TriggerId"]  # re-exported for callers of the ledger API
 
 
 @dataclass
@@ -62,11 +71,13 @@ class Entry:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "decision": str(self.decision)}  # a Decision is stored as its plain value
 
 
-def partition_key(pipeline: str, partition: PartitionId, suffix: str = "") -> str:
-    return layout.ledger_key(pipeline, partition.at.strftime("%Y-%m-%d"), partition.compact + suffix)
+def partition_key(pipeline: str, partition: PartitionId, suffix: str | TriggerId = "") -> str:
+    """Key of ``partition``'s entry: a :class:`TriggerId` of it, or a raw ``.suffix`` string."""
+    tid = suffix if isinstance(suffix, TriggerId) else partition.compact + suffix
+    return layout.ledger_key(pipeline, partition.at.strftime("%Y-%m-%d"), str(tid))
 
 
 def record(store: ObjectStore, key: str, entry: Entry) -> bool:
@@ -79,9 +90,11 @@ def record(store: ObjectStore, key: str, entry: Entry) -> bool:
 
 
 def record_partition(store: ObjectStore, pipeline: str, partition: PartitionId, decision: str,
-                     reason: str, **kw: Any) -> bool:
-    return record(store, partition_key(pipeline, partition),
-                  Entry(pipeline, partition.compact, decision, reason, partition=partition.path, **kw))
+                     reason: str, *, tid: TriggerId | None = None, **kw: Any) -> bool:
+    """Create-once entry ``tid`` of ``partition`` (default: its final decision ``P``)."""
+    tid = tid or TriggerId(partition.compact)
+    return record(store, partition_key(pipeline, partition, tid),
+                  Entry(pipeline, str(tid), decision, reason, partition=partition.path, **kw))
 
 
 def partition_entries(store: ObjectStore, pipeline: str, partition: PartitionId) -> dict[str, dict[str, Any]]:
@@ -104,25 +117,17 @@ def trigger_entries(store: ObjectStore, pipeline: str, date: str, trigger_id: st
     return out
 
 
-def attempts(store: ObjectStore, pipeline: str, partition: PartitionId) -> list[dict[str, Any]]:
-    """Accepted attempts for a partition, oldest first."""
-    found = partition_entries(store, pipeline, partition)
-    return sorted((e for k, e in found.items() if k[:1] == "a" and k[1:].isdigit()),
-                  key=lambda e: int(e.get("attempt") or 0))
-
-
 def grants(store: ObjectStore, pipeline: str, partition: PartitionId) -> int:
-    return sum(1 for k in partition_entries(store, pipeline, partition) if k.startswith("grant-"))
+    return attempt_state(partition_entries(store, pipeline, partition)).grants
 
 
 def grant_retry(store: ObjectStore, pipeline: str, partition: PartitionId, reason: str) -> str:
     """Explicitly allow one more attempt for a partition (a new attempt number, a new run key)."""
     n = grants(store, pipeline, partition) + 1
-    while not record(store, partition_key(pipeline, partition, f".grant-{n}"),
-                     Entry(pipeline, f"{partition.compact}.grant-{n}", "retry_granted", reason,
-                           partition=partition.path)):
+    while not record_partition(store, pipeline, partition, Decision.RETRY_GRANTED, reason,
+                               tid=TriggerId(partition.compact).then(Mark.GRANT, n)):
         n += 1
-    return f"{partition.compact}.grant-{n}"
+    return str(TriggerId(partition.compact).then(Mark.GRANT, n))
 
 
 def decision(store: ObjectStore, pipeline: str, partition: PartitionId) -> dict[str, Any] | None:
@@ -243,11 +248,14 @@ class Explained:
 
     def add(self, trigger_id: str, body: dict[str, Any] | None = None) -> None:
         compact, _, suffix = trigger_id.partition(".")
+        tid = parse_suffix(compact, suffix)
         if not suffix:
             self.final.add(compact)
-        elif suffix.startswith("parked"):
+        elif tid is None:
+            return  # a form this version does not write
+        elif tid.mark == Mark.PARKED and tid.attempt is None and tid.correction is None:
             self.parked.add(compact)
-        elif suffix == "gap" and body is not None:
+        elif tid.mark == Mark.GAP and tid.attempt is None and body is not None:
             gap = gap_range(body)
             if gap is not None:
                 self.gaps.append(gap)
@@ -284,7 +292,7 @@ def explained(store: ObjectStore, pipeline: str, since: dt.date | None, until: d
             break
         trigger_id = name.removesuffix(".json")
         body = None
-        if trigger_id.endswith(".gap"):
+        if trigger_id.endswith(f".{Mark.GAP}"):
             try:
                 body = dict(store.get_json(obj.key)[0])
             except NotFound:
@@ -300,8 +308,9 @@ def unexplained(ex: Explained, partitions: Iterable[PartitionId]) -> list[Partit
 def record_gap(store: ObjectStore, pipeline: str, before: PartitionId, after: PartitionId | None, why: str) -> bool:
     """Partitions in (after, before) were never listed: one entry for the range (``P.gap``)."""
     scope = f"before {before.path}, after {after.path if after else '-'}"
-    return record(store, partition_key(pipeline, before, ".gap"), Entry(
-        pipeline, f"{before.compact}.gap", UNLISTED, why, scope=scope,
+    tid = TriggerId(before.compact).then(Mark.GAP)
+    return record(store, partition_key(pipeline, before, tid), Entry(
+        pipeline, str(tid), UNLISTED, why, scope=scope,
         extra={"before": before.path, "after": after.path if after else None}))
 
 

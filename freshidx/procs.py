@@ -60,6 +60,37 @@ def session_members(sid: int) -> list[int]:
     return out
 
 
+def group_members(pgid: int) -> list[int]:
+    """Pids of live (non-zombie) processes in process group ``pgid``, sorted (``dagster dev`` and the
+    children it started, which stay in its group unless they make a session of their own)."""
+    out: list[int] = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) != pgid:
+                continue
+        except OSError:  # gone meanwhile
+            continue
+        if pid_alive(pid):
+            out.append(pid)
+    return sorted(out)
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system) of ``pid`` and all its live descendants; None if ``pid`` is gone.
+    A descendant that exits between the listing and the read is skipped (its seconds are lost)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            t = proc.cpu_times()
+            total += t.user + t.system
+    return total
+
+
 def signal_session(sid: int, sig: signal.Signals) -> None:
     """Signal every process of session ``sid``: its process group at once, then each member (Spark's
     Python worker daemons put themselves in process groups of their own inside the session)."""

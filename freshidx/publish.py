@@ -31,9 +31,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from freshidx import layout
+from freshidx.lifecycle import PublishOutcome
 from freshidx.store import NotFound, ObjectStore, PreconditionFailed, WriteOutcomeUnknown
 
-Outcome = Literal["published", "superseded", "unchanged", "invalid"]
+# What publish() answers; the ledger decision of each is freshidx.lifecycle.PUBLISH_DECISION.
+Outcome = PublishOutcome
 Verdict = Literal["newer", "superseded", "unchanged"]
 
 CAS_MAX_ATTEMPTS = 8

@@ -1,7 +1,10 @@
-"""One typed settings object for every entry point (CLI, ``dagster dev``, ``dagster asset materialize``).
+"""One typed settings model for every entry point (CLI, ``dagster dev``, ``dagster asset materialize``).
 
-Values come from ``FRESHIDX_*`` environment variables with defaults for the embedded setup. A bad
-value fails at load with a message naming both the field and the variable, e.g.::
+:class:`Settings` is a pydantic-settings model: field ``x`` is read from ``FRESHIDX_X``, with defaults
+for the embedded setup. Each field is declared once, here. The fields a run reads (window, thresholds,
+policies) are :class:`PipelineSettings`, which the Dagster ``freshidx`` resource inherits, so its config
+schema and validation are these; the fields that say *where* (store, Spark) become the store and Spark
+resources. A bad value fails at load with a message naming both the field and the variable, e.g.::
 
     SettingsError: FRESHIDX_WINDOW_MINUTES (window_minutes): Input should be greater than 0 [got '-5']
 """
@@ -11,9 +14,13 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from typing import Any
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 from freshidx.store import StoreConfig, normalize_uri
 
@@ -51,13 +58,13 @@ def default_store_uri() -> str:
     return normalize_uri(os.path.join(os.getcwd(), DEFAULT_HOME, "store"))
 
 
-class Settings(BaseModel):
-    """freshidx configuration. Field ``x`` is read from ``FRESHIDX_X``."""
+class PipelineSettings(BaseModel):
+    """What runs and sensors read: window, trigger intervals, thresholds, policies.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    The Dagster ``freshidx`` resource inherits these fields (config schema, defaults, validators),
+    so they are declared once and checked the same way in ``FRESHIDX_*`` and in launchpad config.
+    """
 
-    store: str = Field(default_factory=default_store_uri, description="file:///abs/path or s3://bucket/prefix")
-    s3_endpoint_url: str | None = Field(None, description="custom S3 endpoint (moto, MinIO, …)")
     source: str = Field("ad_updates", pattern=r"^[a-z][a-z0-9_]{0,62}$", description="raw source name")
     window_minutes: int = Field(300, gt=0, le=7 * 24 * 60, description="delta window length")
     sensor_interval_seconds: int = Field(5, ge=1, le=3600, description="delta sensor tick interval")
@@ -79,10 +86,6 @@ class Settings(BaseModel):
     stuck_seconds: int = Field(900, gt=0, description="newest visible partition this far ahead of the pointer")
     full_max_age_seconds: int = Field(6 * 3600, gt=0, description="full cutoff older than this is remediated")
     sla_interval_seconds: int = Field(30, ge=1, le=3600, description="SLA sensor tick interval")
-    spark_remote: str | None = Field(None, description="Spark Connect URL sc://host:port; unset = local")
-    spark_master: str = Field("local[2]", description="master for local mode")
-    spark_server_state: str | None = Field(
-        None, description="state dir of a supervised `freshidx spark-server` (runs take leases from it)")
     partitions_start: str = Field("2026-01-01", description="first hourly Dagster partition (YYYY-MM-DD)")
     keep_versions: int = Field(5, ge=1, le=1000, description="published versions never garbage-collected")
     # Catch-up consumer (ads_hourly): every closed hour exactly once (DESIGN §7).
@@ -113,6 +116,75 @@ class Settings(BaseModel):
                                 "request while any ads_hourly run, backfills included, is in flight) | queue "
                                 "(request now; dagster.yaml runs them one at a time)")
 
+    @field_validator("partitions_start")
+    @classmethod
+    def _start(cls, v: str) -> str:
+        dt.date.fromisoformat(v)
+        return v
+
+    @field_validator("readiness")
+    @classmethod
+    def _readiness(cls, v: str) -> str:
+        parse_readiness(v)
+        return v
+
+    @field_validator("delta_overlap", "hourly_overlap")
+    @classmethod
+    def _overlap(cls, v: str) -> str:
+        if v not in OVERLAP_POLICIES:
+            raise ValueError(f"must be one of {', '.join(OVERLAP_POLICIES)}, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.lag_warn_seconds >= self.lag_fail_seconds:
+            raise ValueError("lag_warn_seconds must be below lag_fail_seconds")
+        if self.silence_warn_seconds >= self.silence_fail_seconds:
+            raise ValueError("silence_warn_seconds must be below silence_fail_seconds")
+        if self.max_scan_hours and self.max_scan_hours * 60 < self.window_minutes:
+            raise ValueError("max_scan_hours must cover window_minutes (or be 0 for automatic)")
+        return self
+
+    # ---- derived ----
+    @property
+    def window(self) -> dt.timedelta:
+        return dt.timedelta(minutes=self.window_minutes)
+
+    @property
+    def scan_hours(self) -> int:
+        return self.max_scan_hours or (self.window_minutes + 59) // 60 + 1
+
+    def readiness_for(self, source: str) -> str:
+        """The readiness policy of ``source`` (a per-source entry wins over the default)."""
+        default, per_source = parse_readiness(self.readiness)
+        return per_source.get(source, default)
+
+
+class Settings(PipelineSettings, BaseSettings):
+    """freshidx configuration: :class:`PipelineSettings` plus where the store and Spark are.
+
+    Field ``x`` is read from ``FRESHIDX_X`` (only from the environment: no .env file, no secrets dir).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FRESHIDX_", case_sensitive=False, env_ignore_empty=True,
+                                      frozen=True, extra="forbid")
+
+    store: str = Field(default_factory=default_store_uri, description="file:///abs/path or s3://bucket/prefix")
+    s3_endpoint_url: str | None = Field(None, description="custom S3 endpoint (moto, MinIO, …)")
+    spark_remote: str | None = Field(None, description="Spark Connect URL sc://host:port; unset = local")
+    spark_master: str = Field("local[2]", description="master for local mode")
+    spark_server_state: str | None = Field(
+        None, description="state dir of a supervised `freshidx spark-server` (runs take leases from it)")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        environ = _ENVIRON.get()
+        return init_settings, env_settings if environ is None else _MappingEnvSource(settings_cls, environ)
+
     @field_validator("store")
     @classmethod
     def _store(cls, v: str) -> str:
@@ -136,25 +208,6 @@ class Settings(BaseModel):
             raise ValueError(f"not a Spark master URL: {v!r}")
         return v
 
-    @field_validator("partitions_start")
-    @classmethod
-    def _start(cls, v: str) -> str:
-        dt.date.fromisoformat(v)
-        return v
-
-    @field_validator("readiness")
-    @classmethod
-    def _readiness(cls, v: str) -> str:
-        parse_readiness(v)
-        return v
-
-    @field_validator("delta_overlap", "hourly_overlap")
-    @classmethod
-    def _overlap(cls, v: str) -> str:
-        if v not in OVERLAP_POLICIES:
-            raise ValueError(f"must be one of {', '.join(OVERLAP_POLICIES)}, got {v!r}")
-        return v
-
     @field_validator("s3_endpoint_url")
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
@@ -163,30 +216,6 @@ class Settings(BaseModel):
         if not re.match(r"^https?://[^/]+/?$", v):
             raise ValueError(f"must look like http(s)://host:port, got {v!r}")
         return v
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Settings:
-        if self.lag_warn_seconds >= self.lag_fail_seconds:
-            raise ValueError("lag_warn_seconds must be below lag_fail_seconds")
-        if self.silence_warn_seconds >= self.silence_fail_seconds:
-            raise ValueError("silence_warn_seconds must be below silence_fail_seconds")
-        if self.max_scan_hours and self.max_scan_hours * 60 < self.window_minutes:
-            raise ValueError("max_scan_hours must cover window_minutes (or be 0 for automatic)")
-        return self
-
-    # ---- derived ----
-    @property
-    def window(self) -> dt.timedelta:
-        return dt.timedelta(minutes=self.window_minutes)
-
-    @property
-    def scan_hours(self) -> int:
-        return self.max_scan_hours or (self.window_minutes + 59) // 60 + 1
-
-    def readiness_for(self, source: str) -> str:
-        """The readiness policy of ``source`` (a per-source entry wins over the default)."""
-        default, per_source = parse_readiness(self.readiness)
-        return per_source.get(source, default)
 
     def store_config(self) -> StoreConfig:
         env = dict(os.environ)
@@ -199,28 +228,51 @@ class Settings(BaseModel):
         return f"FRESHIDX_{field.upper()}"
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
-        """Load from ``FRESHIDX_*`` variables; ``overrides`` win. Raises :class:`SettingsError`."""
-        e = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for name in cls.model_fields:
-            raw = e.get(cls.env_name(name))
-            if raw is not None and raw != "":
-                values[name] = raw
-        values.update({k: v for k, v in overrides.items() if v is not None})
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Load from ``FRESHIDX_*`` variables (``os.environ``, or ``env`` if given; ``{}`` = defaults
+        only); ``overrides`` that are not None win. Raises :class:`SettingsError`."""
+        values = {k: v for k, v in overrides.items() if v is not None}
         try:
-            return cls(**values)
+            with _environ(env):
+                return cls(**values)
         except ValidationError as exc:
-            raise SettingsError(_describe(exc, values)) from None
+            raise SettingsError(_describe(exc)) from None
+
+    def pipeline(self) -> dict[str, Any]:
+        """The :class:`PipelineSettings` values (what the Dagster ``freshidx`` resource carries)."""
+        return {name: getattr(self, name) for name in PipelineSettings.model_fields}
 
 
-def _describe(exc: ValidationError, values: dict[str, Any]) -> str:
+# ``Settings.from_env(env)`` reads ``env`` instead of ``os.environ``; a context variable carries it
+# to ``settings_customise_sources`` (a classmethod without per-call arguments), safely across threads.
+_ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("freshidx_settings_environ", default=None)
+
+
+@contextmanager
+def _environ(env: Mapping[str, str] | None) -> Iterator[None]:
+    token = _ENVIRON.set(env)
+    try:
+        yield
+    finally:
+        _ENVIRON.reset(token)
+
+
+class _MappingEnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping instead of ``os.environ``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        # Normalised as the source normalises os.environ (case-insensitive names, empty = unset).
+        self.env_vars = {k.lower(): v for k, v in environ.items() if v != ""}
+
+
+def _describe(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "settings"
-        field = loc.split(".")[0]
-        where = f"{Settings.env_name(field)} ({field})" if field in Settings.model_fields else loc
-        got = f" [got {values[field]!r}]" if field in values else ""
+        field = str(err["loc"][0]) if err["loc"] else ""
+        known = field in Settings.model_fields
+        where = f"{Settings.env_name(field)} ({field})" if known else ".".join(map(str, err["loc"])) or "settings"
+        got = f" [got {err['input']!r}]" if known else ""
         msg = err["msg"].removeprefix("Value error, ")
         lines.append(f"{where}: {msg}{got}")
     return "invalid freshidx settings: " + "; ".join(lines)

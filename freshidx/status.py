@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from freshidx import layout
+from freshidx.lifecycle import Decision, Mark
 from freshidx.listing import newest_partition
 from freshidx.partitions import PartitionId
 from freshidx.publish import iso, parse_iso, read_pointer, utcnow
@@ -38,7 +39,7 @@ def recent_decisions(store: ObjectStore, pipeline: str, now: dt.datetime,
         keys = sorted((o.key for o in store.list(f"ledger/{pipeline}/{day}/").objects), reverse=True)
         for key in keys:
             name = key.rsplit("/", 1)[1].removesuffix(".json")
-            if "." in name and not name.endswith(".gap"):  # attempts (P.aN…) are not partition decisions
+            if "." in name and not name.endswith(f".{Mark.GAP}"):  # attempts (P.aN…) are not partition decisions
                 continue
             try:
                 entry = store.get_json(key)[0]
@@ -146,8 +147,8 @@ def collect(store: ObjectStore, source: str, now: dt.datetime | None = None,
         "seconds_behind_newest": behind,
         "delta": delta,
         "full": index_status(store, "full", now),
-        "recent_skipped": recent_decisions(store, "delta", now, {"superseded", "not_listed"}),
-        "recent_refused": recent_decisions(store, "delta", now, {"refused"}),
+        "recent_skipped": recent_decisions(store, "delta", now, {Decision.SUPERSEDED, Decision.NOT_LISTED}),
+        "recent_refused": recent_decisions(store, "delta", now, {Decision.REFUSED}),
         "spark_server": spark_server(spark_server_state),
         "spark_server_found_by": spark_server_found_by or ("given" if spark_server_state else "none"),
         "ads_hourly": catchup_status(store),

@@ -221,14 +221,14 @@ KILL_PARTITIONS = range(0, 60, 5)
 
 
 def kill_gen() -> Any:
-    from freshidx.generate import GeneratorConfig
+    from freshidx.tools.generate import GeneratorConfig
 
     return GeneratorConfig(seed=23, ads=4000, products=300, changes_per_partition=1500, malformed_rate=0.0)
 
 
 def write_kill_data(store_uri: dict[str, Any]) -> None:
-    from freshidx.generate import write_partition
     from freshidx.store import StoreConfig, open_store
+    from freshidx.tools.generate import write_partition
     from freshidx_tests.harness import at
 
     store = open_store(StoreConfig(**store_uri))

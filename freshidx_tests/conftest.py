@@ -35,13 +35,33 @@ SLOW_MODULES = frozenset({
 })
 
 
+#: Seconds per module in a full run (junit XML of a clean-clone run, 2 workers; relative sizes are what
+#: matter). ``scripts/test.sh`` runs with ``--dist loadfile --no-loadscope-reorder`` and the modules
+#: are handed out longest first, so the two workers end together instead of one running a 4-minute
+#: end-to-end test alone at the end (xdist's default order puts single-test modules last).
+MODULE_SECONDS = {
+    "test_backfill_e2e": 820, "test_daemon_e2e": 640, "test_run_health_e2e": 550, "test_connect_retry": 320,
+    "test_supervisor_progress": 270, "test_spark_server": 220, "test_bench_freshness": 170,
+    "test_ledger_explains": 160, "test_catchup": 150, "test_demo_stop": 120, "test_delta_versions": 110,
+    "test_sensor_e2e": 100, "test_supervisor_stop": 100, "test_launchpad_graphql": 90, "test_sla": 80,
+    "test_quarantine_replay": 70, "test_devserver": 70, "test_version_conflicts": 60, "test_hourly_build": 55,
+    "test_search_e2e": 55, "test_listing": 40, "test_no_green_noop": 40, "test_spark_source": 35,
+    "test_checks_graphql": 30, "test_bench": 25,
+}
+
+
+def _module(item: pytest.Item) -> str:
+    return item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks ``slow`` every test that starts a JVM or ``dagster dev`` (the fast lane, ``scripts/test.sh
     --fast``, deselects them). Tests marked ``heavy`` run only with ``FRESHIDX_TEST_HEAVY=1``: together
     they take longer than the whole rest of the suite on 2 cores, and the default suite must stay within
     its time budget."""
+    items.sort(key=lambda item: -MODULE_SECONDS.get(_module(item), 0))  # stable: a module stays in order
     for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
+        module = _module(item)
         if (SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or module in SLOW_MODULES
                 or "daemon" in item.keywords or "heavy" in item.keywords):
             item.add_marker(pytest.mark.slow)

@@ -9,10 +9,10 @@ from typing import Any
 import dagster as dg
 
 from freshidx.definitions import build_definitions
-from freshidx.generate import GeneratorConfig, PartitionWritten, write_partition
 from freshidx.partitions import PartitionId
 from freshidx.settings import Settings
 from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.tools.generate import GeneratorConfig, PartitionWritten, write_partition
 
 T0 = dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.UTC)
 GEN = GeneratorConfig(seed=7, ads=400, products=60, changes_per_partition=40, malformed_rate=0.05)

@@ -13,15 +13,13 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster._core.instance.ref import InstanceRef
-from dagster._core.storage.dagster_run import RunsFilter
 
 from freshidx import catchup, layout
-from freshidx.devserver import BACKFILL_TERMINAL_STATUSES, DagsterDev, prepare_home
-from freshidx.generate import GeneratorConfig, write_partition
 from freshidx.partitions import PartitionId
 from freshidx.publish import read_pointer
 from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.tools.devserver import BACKFILL_TERMINAL_STATUSES, DagsterDev, prepare_home
+from freshidx.tools.generate import GeneratorConfig, write_partition
 from freshidx_tests.polling import poll_until
 from freshidx_tests.test_daemon_e2e import REPO, env_for
 
@@ -108,13 +106,13 @@ def test_ui_backfill_rebuilds_hours_while_delta_only_moves_forward(
         rebuilt = [e for k, e in entries.items() if k.startswith("backfill-")]
         assert len(rebuilt) == 1 and rebuilt[0]["decision"] == "rebuilt", entries.keys()
         assert [k for k in entries if k[:1] == "a" and k[1:].isdigit()] == ["a1"], "processed once by catch-up"
-    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(d.home)))
+    instance = dg.DagsterInstance.from_config(str(d.home))
     try:
-        runs = instance.get_runs(RunsFilter(tags={"dagster/backfill": backfill_id}))
+        runs = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
         assert len(runs) == 3 and all(r.tags.get(catchup.TAG_KIND) is None for r in runs)  # not catch-up claims
         assert all(r.status.value == "SUCCESS" for r in runs)
         # Lower priority than live work: the run queue dequeues the live delta runs first.
-        live_runs = instance.get_runs(RunsFilter(tags={"freshidx/pipeline": "delta"}))
+        live_runs = instance.get_runs(dg.RunsFilter(tags={"freshidx/pipeline": "delta"}))
         assert live_runs and all(int(r.tags.get("dagster/priority", 0)) > 0 for r in live_runs)
         assert all(int(r.tags.get("dagster/priority", 0)) < min(int(x.tags["dagster/priority"]) for x in live_runs)
                    for r in runs)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from freshidx import bench
+from freshidx.tools import bench
 
 
 def test_bench_build_json(spark: SparkSession, capsys: pytest.CaptureFixture[str]) -> None:

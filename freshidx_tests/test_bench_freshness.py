@@ -1,10 +1,11 @@
 """``freshidx bench freshness`` / ``soak``: stats and report code (fast), and real runs (``daemon``).
 
-One real end-to-end run always comes with the ``daemon`` tests: ``freshidx bench freshness`` in
-Connect mode (a supervised Spark Connect server + ``dagster dev``) for one partition of a tiny
-window, as a subprocess (its supervisor talks to the server through an in-process Connect client,
-which would switch this worker's ``pyspark.sql.functions`` to Connect). The local-mode run and the
-soak are heavier (a SparkSession per run; another JVM) and only run with ``FRESHIDX_BENCH_E2E=1``.
+The real end-to-end runs need ``FRESHIDX_BENCH_E2E=1`` (each costs minutes of a 2-core box, which
+the default suite's 20-minute budget cannot pay): ``freshidx bench freshness`` in Connect mode (a
+supervised Spark Connect server + ``dagster dev``) for one partition of a tiny window, as a
+subprocess (its supervisor talks to the server through an in-process Connect client, which would
+switch this worker's ``pyspark.sql.functions`` to Connect); the local-mode run; the soak. The same
+sensor → Connect run → publication path is covered by test_daemon_e2e.py.
 Nothing asserts on timings: only on the shape of the result and on the order of the events.
 """
 
@@ -21,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from freshidx import bench_freshness as bf
-from freshidx.generate import history_partitions, partition_records
 from freshidx.partitions import PartitionId
+from freshidx.tools import bench_freshness as bf
+from freshidx.tools.generate import history_partitions, partition_records
 from freshidx_tests.conftest import CONNECT_ENV
 
 P = PartitionId(dt.datetime(2026, 11, 21, 14, 5, tzinfo=dt.UTC))
@@ -74,7 +75,7 @@ def _result() -> dict[str, Any]:
                         "delay_before_drop_s": 1.0, "load_avg_1m": 2.0})
     connect = {"mode": "connect", "partitions": 3, "samples": samples, "spark": "sc://127.0.0.1:1",
                "delta_docs": 100, "full_docs": 100, "searchable_method": "searcher", "load_avg_range": [1, 2]}
-    connect.update(bf._mode_summary(samples))
+    connect.update(bf.mode_summary(samples))
     connect["goal"] = bf.goal_verdict(connect)
     local = {"mode": "local", "partitions": 3, "phase": "warm-up", "error": "TimeoutError: warm-up not done"}
     return {"config": {"partitions": 3, "window_docs": 1000}, "connect": connect, "local": local}
@@ -148,7 +149,7 @@ def test_pick_probe_is_the_newest_active_record_of_its_ad() -> None:
         except ValueError:
             continue
     mine = [r for r in records if isinstance(r, dict) and r.get("ad_id") == probe.ad_id]
-    assert mine and all(bf._looks_valid(r) for r in mine)
+    assert mine and all(bf.looks_valid(r) for r in mine)
     newest = max(mine, key=lambda r: r["version"])
     assert newest["version"] == probe.version and newest["status"] == "active" and newest["title"] == probe.title
     assert bf.pick_probe(cfg, P, seed=3) == probe  # deterministic
@@ -174,7 +175,7 @@ def test_freshidx_bench_cli_has_all_four_subcommands() -> None:
     for argv, func in ((["bench", "freshness", "--partitions", "2"], bf.cmd_bench_freshness),
                        (["bench", "soak", "--batches", "3"], bf.cmd_bench_soak)):
         assert parse(argv).command.load() is func
-    from freshidx import bench
+    from freshidx.tools import bench
 
     assert parse(["bench", "build", "--docs", "10"]).command.load() is bench.cmd_bench_build
     assert parse(["bench", "query", "--docs", "10"]).command.load() is bench.cmd_bench_query
@@ -201,10 +202,10 @@ def _check_mode(r: dict[str, Any], mode: str, partitions: int) -> None:
 
 
 def _bench(tmp_path: Path, *argv: str) -> tuple[int, dict[str, Any], str]:
-    """``python -m freshidx.bench_freshness ... --json`` in a subprocess; (rc, JSON, stderr)."""
+    """``python -m freshidx.tools.bench_freshness ... --json`` in a subprocess; (rc, JSON, stderr)."""
     env = {k: v for k, v in os.environ.items() if k not in CONNECT_ENV}
     proc = subprocess.run(
-        [sys.executable, "-m", "freshidx.bench_freshness", *argv, "--json", "--workdir", str(tmp_path / "bench")],
+        [sys.executable, "-m", "freshidx.tools.bench_freshness", *argv, "--json", "--workdir", str(tmp_path / "bench")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=540,
     )
     try:
@@ -215,6 +216,7 @@ def _bench(tmp_path: Path, *argv: str) -> tuple[int, dict[str, Any], str]:
 
 
 @pytest.mark.daemon
+@E2E  # ~3 min (its own supervised JVM + dagster dev): outside the suite's 20-minute budget
 def test_freshness_connect_mode_end_to_end(tmp_path: Path) -> None:
     """The real path: generator → sensor → run on the supervised Connect server → pointer → Searcher."""
     rc, r, err = _bench(tmp_path, "freshness", "--partitions", "1", "--modes", "connect", "--window-docs", "300",

@@ -37,12 +37,12 @@ from typing import Any
 import pytest
 
 from freshidx import catchup, layout, sla
-from freshidx.devserver import BACKFILL_TERMINAL_STATUSES, RUN_TERMINAL_STATUSES, DagsterDev, prepare_home
-from freshidx.generate import GeneratorConfig, write_partition
 from freshidx.partitions import PartitionId
 from freshidx.publish import read_pointer
 from freshidx.settings import Settings
 from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.tools.devserver import BACKFILL_TERMINAL_STATUSES, RUN_TERMINAL_STATUSES, DagsterDev, prepare_home
+from freshidx.tools.generate import GeneratorConfig, write_partition
 from freshidx_tests.browser_fixture import (
     RUN_STATUS_LABELS,
     CheckView,
@@ -194,12 +194,11 @@ def expected_view(check: dict[str, Any]) -> CheckView:
 def computed_outcomes(s: Setup) -> dict[tuple[str, str], sla.CheckOutcome]:
     """What each check computes from the store now, with the settings ``dagster dev`` runs with."""
     import dagster as dg
-    from dagster._core.instance.ref import InstanceRef
 
     from freshidx.defs.sla import consecutive_delta_failures
 
     settings = Settings.from_env(env=s.env)
-    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(s.dev.home)))
+    instance = dg.DagsterInstance.from_config(str(s.dev.home))
     try:
         failures = consecutive_delta_failures(instance)
     finally:

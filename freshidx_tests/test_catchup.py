@@ -19,14 +19,13 @@ from typing import Any
 
 import dagster as dg
 import pyarrow.parquet as pq
-from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
 from dagster._serdes import serialize_value
 
 from freshidx import catchup, layout, readiness
-from freshidx.generate import GeneratorConfig, partition_base_version, partition_records, write_partition
 from freshidx.partitions import PartitionId
 from freshidx.publish import read_manifest, read_pointer
 from freshidx.store import ObjectStore, StoreConfig
+from freshidx.tools.generate import GeneratorConfig, partition_base_version, partition_records, write_partition
 from freshidx_tests.harness import Harness
 from freshidx_tests.polling import poll_until
 
@@ -139,10 +138,10 @@ def test_24_hours_with_outage_each_hour_exactly_once_in_capped_runs(make_harness
         terminal = catchup.hour_entries(h.store, "ads_hourly", hour(i))[""]
         assert terminal["decision"] == "processed" and terminal["run_id"]
     # Dagster agrees: every run targeted at most n hours, and every hour was materialized once.
-    runs = [r for inst in (h.instance, h2.instance) for r in inst.get_runs(RunsFilter())
+    runs = [r for inst in (h.instance, h2.instance) for r in inst.get_runs(dg.RunsFilter())
             if HOURLY_KEY in (r.asset_selection or ())]
     assert len(runs) == len(before) + len(after)
-    assert all(r.status == DagsterRunStatus.SUCCESS for r in runs)
+    assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
     # Idle afterwards: nothing more to do, and a tick lists only around the frontier.
     h2.store.stats.list_calls = 0
     data = tick(h2)
@@ -191,8 +190,8 @@ def test_run_killed_mid_hour_is_expired_and_processed_once_by_a_later_run(make_h
         env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 86, proc.stderr[-3000:]  # died at the crash point, like a kill -9
-    (killed,) = h.instance.get_runs(RunsFilter(tags={"dagster/run_key": req.run_key}))
-    assert killed.status == DagsterRunStatus.STARTED  # nobody told Dagster
+    (killed,) = h.instance.get_runs(dg.RunsFilter(tags={"dagster/run_key": req.run_key}))
+    assert killed.status == dg.DagsterRunStatus.STARTED  # nobody told Dagster
     assert read_pointer(h.store, f"buckets/ads_hourly/{hid}")[0] is None
 
     # Until the timeout the hour stays with its run; then a tick expires it and hands it on.
@@ -202,7 +201,7 @@ def test_run_killed_mid_hour_is_expired_and_processed_once_by_a_later_run(make_h
 
     retry = poll_until(next_request, timeout=60, what="the stuck run to be expired")
     assert json.loads(retry.tags[catchup.TAG_CLAIMS]) == {hid: "a2"}
-    assert h.instance.get_run_by_id(killed.run_id).status == DagsterRunStatus.CANCELED
+    assert h.instance.get_run_by_id(killed.run_id).status == dg.DagsterRunStatus.CANCELED
     assert h.run(retry).success
     entries = catchup.hour_entries(h.store, "ads_hourly", hour(0))
     assert {"a1", "a1.run", "a1.expired", "a2", "a2.run", ""} <= set(entries)

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from freshidx import sla
-from freshidx.devserver import DagsterDev, prepare_home
-from freshidx.generate import GeneratorConfig, write_partition
 from freshidx.partitions import PartitionId
 from freshidx.store import StoreConfig, open_store
+from freshidx.tools.devserver import DagsterDev, prepare_home
+from freshidx.tools.generate import GeneratorConfig, write_partition
 from freshidx_tests.polling import poll_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,8 +97,10 @@ def test_checks_have_descriptions_and_show_their_latest_evaluation(dev: DagsterD
         assert res["reportRunlessAssetEvents"]["__typename"] == "ReportRunlessAssetEventsSuccess", res
     # Without re-reporting, these would stay "Not Evaluated" until a state change or the heartbeat.
     poll_until(lambda: all_evaluated_after(d, t), timeout=120, interval=1, what="re-evaluation after materialization")
-    assert all(c["executionForLatestMaterialization"]["status"] in {"SUCCEEDED", "FAILED"}
-               for c in checks(d).values())
+    # IN_PROGRESS as above: on a slow box the queued delta run can be re-requested (lost-request
+    # grace) after t, and the new queued run plans the checks again.
+    after = {n: c["executionForLatestMaterialization"]["status"] for n, c in checks(d).items()}
+    assert set(after.values()) <= {"SUCCEEDED", "FAILED", "IN_PROGRESS"}, after
 
     sel = {"repositoryLocationName": d.location_name, "repositoryName": d.repository_name,
            "sensorName": "freshidx_sla_sensor"}

@@ -7,11 +7,11 @@ import datetime as dt
 from freshidx import sla
 from freshidx.defs.assets import store_kind
 from freshidx.defs.sla import tick_summary
-from freshidx.generate import write_partition
 from freshidx.partitions import PartitionId
 from freshidx.publish import Pointer, iso
 from freshidx.settings import Settings
 from freshidx.store import StoreConfig, open_store
+from freshidx.tools.generate import write_partition
 from freshidx_tests.harness import GEN
 
 P0 = PartitionId(dt.datetime(2026, 11, 24, 2, 0, tzinfo=dt.UTC))

@@ -114,13 +114,14 @@ def test_settings_error_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch, 
 def test_cli_defaults_mirror_the_library() -> None:
     """The CLI modules keep a few defaults as literals (importing their owners would import Spark,
     Dagster or pydantic on ``--help``): they must say what the library does."""
-    from freshidx import bench, bench_freshness, generate, layout, retention, serving, settings
+    from freshidx import layout, retention, serving, settings
     from freshidx.cli import bench as cli_bench
     from freshidx.cli import demo as cli_demo
     from freshidx.cli import generate as cli_generate
     from freshidx.cli import retention as cli_retention
     from freshidx.cli import spark_server as cli_spark_server
     from freshidx.spark import server_config, shards
+    from freshidx.tools import bench, bench_freshness, generate
 
     assert cli_retention.INDEX_NAMES == layout.INDEX_NAMES
     assert cli_retention.DEFAULT_GRACE_MINUTES == retention.DEFAULT_GRACE_MINUTES

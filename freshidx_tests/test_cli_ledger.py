@@ -33,12 +33,12 @@ def _no_ambient_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 def store(local_store_config: StoreConfig) -> ObjectStore:
     """A ledger as the sensors leave it: decisions, attempts and an ads_hourly hour around 01:48."""
     st = open_store(local_store_config)
-    ledger.record(st, ledger.partition_key("delta", P0148, ".a1"), ledger.Entry(
-        "delta", f"{P0148.compact}.a1", ledger.ACCEPTED, "newest partition", partition=P0148.path, attempt=1))
+    ledger.record_partition(st, "delta", P0148, ledger.ACCEPTED, "newest partition",
+                            tid=ledger.TriggerId(P0148.compact).claim(1), attempt=1)
     ledger.record_partition(st, "delta", P0148, ledger.SUPERSEDED, f"superseded by {P0150.path}")
     ledger.record_partition(st, "delta", P0150, ledger.PUBLISHED, "published v1")
     ledger.record_partition(st, "delta", P0205, ledger.PUBLISHED, "published v2")
-    catchup.record(st, catchup.ASSET, HOUR01, "", "processed", "hour closed")
+    catchup.record(st, catchup.ASSET, HOUR01, catchup.trigger(HOUR01), "processed", "hour closed")
     return st
 
 

@@ -10,6 +10,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from dagster_aws.s3 import S3Resource
 
 from freshidx import layout
 from freshidx.defs.resources import ObjectStoreResource
@@ -63,8 +64,9 @@ def test_store_ignoring_conditional_headers_is_refused_for_writing_and_readable(
             publish(store, newer)
         assert probe_puts(proxy) == probes
         # The Dagster resource builds its S3 client itself; its store is refused the same way.
-        res = ObjectStoreResource(uri=cfg.uri, endpoint_url=proxy.endpoint, region_name="us-east-1",
-                                  aws_access_key_id=MOTO_ACCESS_KEY, aws_secret_access_key=MOTO_SECRET_KEY)
+        s3 = S3Resource(endpoint_url=proxy.endpoint, region_name="us-east-1",
+                        aws_access_key_id=MOTO_ACCESS_KEY, aws_secret_access_key=MOTO_SECRET_KEY)
+        res = ObjectStoreResource(uri=cfg.uri, s3=s3)
         with pytest.raises(ConditionalWritesUnsupported):
             res.open().create("ledger/x.json", b"{}")
     assert read_pointer(direct, "delta")[0].version == published.version  # type: ignore[union-attr]

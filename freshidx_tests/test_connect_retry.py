@@ -27,14 +27,13 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from dagster._core.instance.ref import InstanceRef
 
-from freshidx.devserver import prepare_home
-from freshidx.generate import GeneratorConfig, write_partition
 from freshidx.publish import read_pointer
 from freshidx.spark.lease import acquire_lease
 from freshidx.spark.server_state import read_state
 from freshidx.store import StoreConfig, open_store
+from freshidx.tools.devserver import prepare_home
+from freshidx.tools.generate import GeneratorConfig, write_partition
 from freshidx_tests.conftest import CONNECT_ENV, free_port, stop_spark_server
 from freshidx_tests.harness import at
 from freshidx_tests.polling import poll_until
@@ -103,7 +102,7 @@ def test_run_during_a_connect_restart_fails_clearly_and_is_retried(
     run_config = {"resources": {"spark": {"config": {
         "remote": up["url"], "server_state_dir": str(state_dir), "lease_timeout_seconds": LEASE_TIMEOUT_S}}}}
     out_path = tmp_path / "materialize.out"
-    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
+    instance = dg.DagsterInstance.from_config(str(home))
     run: subprocess.Popen[bytes] | None = None
     try:
         with acquire_lease(state_dir, "test-long-running-run", timeout_s=60):

@@ -11,15 +11,13 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster._core.instance.ref import InstanceRef
-from dagster._core.storage.dagster_run import RunsFilter
 
 from freshidx import ledger
-from freshidx.devserver import DagsterDev, prepare_home
-from freshidx.generate import GeneratorConfig, write_partition
 from freshidx.partitions import PartitionId
 from freshidx.publish import read_pointer
 from freshidx.store import StoreConfig, open_store
+from freshidx.tools.devserver import DagsterDev, prepare_home
+from freshidx.tools.generate import GeneratorConfig, write_partition
 from freshidx_tests.conftest import s3_env
 from freshidx_tests.polling import poll_until
 
@@ -93,11 +91,11 @@ def test_daemon_latest_only_and_ui_materialize(cpu_load: list, dev: tuple[Dagste
     d.start_sensor("delta_index_sensor")
     poll_until(lambda: pointer_at(cfg) == at(40).path, timeout=420, interval=1, what="jump to newest")
 
-    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(d.home)))
+    instance = dg.DagsterInstance.from_config(str(d.home))
     try:
         tagged = {
             r.tags.get("freshidx/source_partition")
-            for r in instance.get_runs(RunsFilter(tags={"freshidx/pipeline": "delta"}))
+            for r in instance.get_runs(dg.RunsFilter(tags={"freshidx/pipeline": "delta"}))
         }
         assert at(40).path in tagged
         assert at(30).path not in tagged and at(35).path not in tagged

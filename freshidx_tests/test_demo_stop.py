@@ -18,12 +18,11 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster._core.instance.ref import InstanceRef
 
 from freshidx import catchup, procs, run_health
 from freshidx.defs.run_health import NOT_FINISHED, RUNNING
-from freshidx.devserver import free_port
 from freshidx.store import StoreConfig, open_store
+from freshidx.tools.devserver import free_port
 from freshidx_tests.polling import poll_until
 
 FRESHIDX = Path(sys.executable).with_name("freshidx")
@@ -74,23 +73,28 @@ def test_sigterm_leaves_no_process_no_started_run_and_nothing_parked(tmp_path: P
            "FRESHIDX_CLOSE_GRACE_SECONDS": "0"}
     for var in ("DAGSTER_HOME", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
         env.pop(var, None)
+    spark_port = free_port()
     t0 = time.monotonic()
     with open(out_path, "wb") as out:
         proc = subprocess.Popen(
             [str(FRESHIDX), "demo", "--store", store_cfg.uri, "--home", str(home), "--port", str(free_port()),
-             "--spark-port", str(free_port()), "--every", "15", "--history-minutes", "90", "--duration", "900"],
+             "--spark-port", str(spark_port), "--every", "15", "--history-minutes", "90", "--duration", "900"],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         poll_until(lambda: proc.poll() is not None or "Dagster UI:" in out_path.read_text(), timeout=240,
                    interval=0.5, what="the demo's UI to be ready")
         assert proc.poll() is None, out_path.read_text()[-3000:]
-        instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home / "dagster_home")))
+        instance = dg.DagsterInstance.from_config(str(home / "dagster_home"))
         try:
             def in_flight() -> list[dg.DagsterRun]:
                 return list(instance.get_runs(dg.RunsFilter(statuses=RUNNING)))
 
             running = poll_until(in_flight, timeout=180, interval=0.5, what="a run to start")
             snapshot = _tree(proc.pid)
+            # Runs go to the demo's supervised Connect server: dagster dev (and so its run workers)
+            # carries the server's URL.
+            pointed = procs.processes_with_env("FRESHIDX_SPARK_REMOTE", f"sc://127.0.0.1:{spark_port}")
+            assert any("dagster" in procs.cmdline(p) for p in pointed), [procs.cmdline(p) for p in pointed]
             ready_s = time.monotonic() - t0
             proc.send_signal(signal.SIGTERM)
             t_stop = time.monotonic()

@@ -1,4 +1,4 @@
-"""End-to-end tests of ``freshidx.devserver.DagsterDev`` against a real ``dagster dev`` process.
+"""End-to-end tests of ``freshidx.tools.devserver.DagsterDev`` against a real ``dagster dev`` process.
 
 The code location is ``devserver_fixture_defs.py`` (loaded with ``-f``); everything is observed through
 the webserver's GraphQL API, and every wait is a poll with a deadline.
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from freshidx.devserver import (
+from freshidx.tools.devserver import (
     CodeLocationLoadError,
     DagsterDev,
     DagsterDevExited,

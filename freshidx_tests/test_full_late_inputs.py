@@ -17,10 +17,10 @@ from typing import Any
 import dagster as dg
 
 from freshidx import layout, ledger
-from freshidx.generate import partition_base_version
 from freshidx.publish import DraftManifest, iso, publish, read_manifest, read_pointer
 from freshidx.serving import Searcher
 from freshidx.store import ObjectStore
+from freshidx.tools.generate import partition_base_version
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.test_publish import draft
 from freshidx_tests.test_search_e2e import GEN

@@ -16,9 +16,7 @@ from typing import Any
 
 import pytest
 
-from freshidx import generate as gen
 from freshidx import layout
-from freshidx.generate import GeneratorConfig, PartitionWritten, generate, partition_records, write_partition
 from freshidx.partitions import PartitionId
 from freshidx.records import (
     MAX_BID,
@@ -34,6 +32,8 @@ from freshidx.records import (
     STATUSES,
 )
 from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.tools import generate as gen
+from freshidx.tools.generate import GeneratorConfig, PartitionWritten, generate, partition_records, write_partition
 from freshidx_tests.conftest import s3_env
 
 T0 = dt.datetime(2026, 11, 21, 14, 5, tzinfo=dt.UTC)
@@ -513,7 +513,7 @@ def _check_against_pure(store: ObjectStore, out: list[dict[str, Any]], seed: int
 def test_cli_subprocess_local_store(tmp_path: Path) -> None:
     root = tmp_path / "store"
     proc = subprocess.run(
-        [sys.executable, "-m", "freshidx.generate", "--store", str(root), "--seed", "7", "--count", "3",
+        [sys.executable, "-m", "freshidx.tools.generate", "--store", str(root), "--seed", "7", "--count", "3",
          "--every", "0", "--start", "2026-11-21T14:05:00Z", "--step-minutes", "2", "--changes", "50",
          "--history-minutes", "10", "--json"],
         capture_output=True, text=True, timeout=60, env=_env(), cwd=tmp_path,
@@ -530,7 +530,7 @@ def test_cli_subprocess_local_store(tmp_path: Path) -> None:
 
 def test_cli_subprocess_s3_store_from_env(s3_store_config: StoreConfig, tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "freshidx.generate", "generate", "--count", "2", "--every", "0",
+        [sys.executable, "-m", "freshidx.tools.generate", "generate", "--count", "2", "--every", "0",
          "--start", "2026-11-21T14:05+00:00", "--seed", "4", "--json"],
         capture_output=True, text=True, timeout=60, env=_env(**s3_env(s3_store_config)), cwd=tmp_path,
     )
@@ -553,7 +553,7 @@ def _default_sigint() -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
 def test_cli_ctrl_c_exits_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "freshidx.generate", "--store", str(tmp_path / "store"), "--every", "3600",
+        [sys.executable, "-m", "freshidx.tools.generate", "--store", str(tmp_path / "store"), "--every", "3600",
          "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path,
         preexec_fn=_default_sigint,

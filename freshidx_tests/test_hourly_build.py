@@ -21,7 +21,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from freshidx import layout
-from freshidx.generate import GeneratorConfig, PartitionWritten, partition_records, write_partition
 from freshidx.hourly_build import (
     BucketBuild,
     HourInput,
@@ -37,6 +36,7 @@ from freshidx.records import MAX_BID, MAX_TITLE_CHARS, RAW_FIELDS, STATUSES
 from freshidx.spark.bucket_writer import write_empty_bucket_parts
 from freshidx.spark.shards import DOCS_ARROW_SCHEMA
 from freshidx.store import ObjectInfo, ObjectStore, StoreConfig, open_store
+from freshidx.tools.generate import GeneratorConfig, PartitionWritten, partition_records, write_partition
 from freshidx.transform import ID_FIELDS, TYPED_FIELDS
 from freshidx_tests.conftest import make_s3_config
 

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from freshidx import catchup, layout
-from freshidx.devserver import BACKFILL_TERMINAL_STATUSES, DagsterDev, prepare_home
-from freshidx.generate import GeneratorConfig, write_partition
 from freshidx.partitions import PartitionId
 from freshidx.publish import read_pointer
 from freshidx.store import StoreConfig, open_store
+from freshidx.tools.devserver import BACKFILL_TERMINAL_STATUSES, DagsterDev, prepare_home
+from freshidx.tools.generate import GeneratorConfig, write_partition
 from freshidx_tests.conftest import free_port, wait_for_port
 from freshidx_tests.pg_fixture import PostgresServer, make_server
 from freshidx_tests.polling import poll_until

@@ -22,8 +22,8 @@ import dagster as dg
 
 from freshidx import catchup, layout, ledger, run_health
 from freshidx.defs.run_health import interrupt_runs, reap_dead_runs
-from freshidx.generate import write_partition
 from freshidx.partitions import PartitionId
+from freshidx.tools.generate import write_partition
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.test_catchup import GEN as HOURLY_GEN
 from freshidx_tests.test_catchup import hour

@@ -17,13 +17,12 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from dagster._core.instance.ref import InstanceRef
 
 from freshidx import ledger
 from freshidx.defs.run_health import _facts, failure_reason
-from freshidx.devserver import DagsterDev, prepare_home
-from freshidx.generate import write_partition
 from freshidx.store import StoreConfig, open_store
+from freshidx.tools.devserver import DagsterDev, prepare_home
+from freshidx.tools.generate import write_partition
 from freshidx_tests.polling import poll_until
 from freshidx_tests.test_daemon_e2e import GEN, REPO, at, env_for, pointer_at
 
@@ -48,7 +47,7 @@ def test_killed_run_worker_is_failed_fast_and_the_sensor_jumps_to_the_newest(
     d, cfg = dev
     assert d.graphql("{ shouldShowNux }")["shouldShowNux"] is False  # dagster.yaml nux: enabled: false
     store = open_store(cfg)
-    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(d.home)))
+    instance = dg.DagsterInstance.from_config(str(d.home))
     try:
         for m in range(0, 30, 5):
             write_partition(store, GEN, at(m))
@@ -104,7 +103,7 @@ def test_run_left_started_by_a_killed_dagster_dev_is_failed_by_run_health_after_
         write_partition(store, GEN, at(m))
     first = DagsterDev(home=home, module="freshidx.definitions", env=env_for(cfg, shared_spark_connect), cwd=REPO)
     second = DagsterDev(home=home, module="freshidx.definitions", env=env_for(cfg, shared_spark_connect), cwd=REPO)
-    instance = dg.DagsterInstance.from_ref(InstanceRef.from_dir(str(home)))
+    instance = dg.DagsterInstance.from_config(str(home))
     try:
         first.start()
         first.wait_ready(timeout=240)

@@ -20,11 +20,11 @@ import dagster as dg
 import pytest
 
 from freshidx import layout, ledger, status
-from freshidx.generate import partition_records
 from freshidx.partitions import PartitionId
 from freshidx.publish import read_manifest, read_pointer
 from freshidx.records import STATUSES
 from freshidx.store import StoreConfig
+from freshidx.tools.generate import partition_records
 from freshidx_tests.conftest import s3_env
 from freshidx_tests.harness import GEN, Harness, at
 

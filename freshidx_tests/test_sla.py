@@ -16,11 +16,11 @@ import pytest
 
 from freshidx import ledger, sla
 from freshidx.full import files_up_to, inputs_digest
-from freshidx.generate import write_partition
 from freshidx.partitions import PartitionId
 from freshidx.publish import read_manifest, read_pointer
 from freshidx.settings import Settings
 from freshidx.store import StoreConfig, open_store
+from freshidx.tools.generate import write_partition
 from freshidx_tests.harness import GEN, Harness, at
 
 

@@ -13,5 +13,6 @@ if [[ "${1:-}" == "--fast" ]]; then
     shift
     exec .venv/bin/python -m pytest -n 2 -m "not slow" --durations=10 freshidx_tests "$@"
 fi
-# Two workers, one test file each at a time: much of the suite waits on JVMs and dagster dev.
-exec .venv/bin/python -m pytest -n 2 --dist loadfile --durations=25 freshidx_tests "$@"
+# Two workers, one test file each at a time, longest files first (conftest.MODULE_SECONDS): much of
+# the suite waits on JVMs and dagster dev.
+exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=25 freshidx_tests "$@"

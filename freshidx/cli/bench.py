@@ -1,7 +1,7 @@
 """``freshidx bench {build|query|freshness|soak}``: the benchmarks' options.
 
-The benchmarks: :mod:`freshidx.bench` (build, query) and :mod:`freshidx.bench_freshness`
-(freshness, soak); ``python -m freshidx.bench`` and ``python -m freshidx.bench_freshness`` run the
+The benchmarks: :mod:`freshidx.tools.bench` (build, query) and :mod:`freshidx.tools.bench_freshness`
+(freshness, soak); ``python -m freshidx.tools.bench`` and ``python -m freshidx.tools.bench_freshness`` run the
 same commands.
 """
 
@@ -14,10 +14,10 @@ import click
 
 from freshidx.cli.base import LazyCommand, LazyGroup, Parsed, json_option
 
-BUILD_ROUNDS = 5  # freshidx.bench.BUILD_ROUNDS
-BUILD_WARMUP = 4  # freshidx.bench.BUILD_WARMUP
-MODES = ("connect", "local")  # freshidx.bench_freshness.MODES
-WINDOW_MINUTES = 300  # freshidx.bench_freshness.WINDOW_MINUTES
+BUILD_ROUNDS = 5  # freshidx.tools.bench.BUILD_ROUNDS
+BUILD_WARMUP = 4  # freshidx.tools.bench.BUILD_WARMUP
+MODES = ("connect", "local")  # freshidx.tools.bench_freshness.MODES
+WINDOW_MINUTES = 300  # freshidx.tools.bench_freshness.WINDOW_MINUTES
 
 
 def modes(text: str) -> list[str]:
@@ -50,7 +50,7 @@ def _health() -> list[click.Parameter]:
 
 
 build = LazyCommand(
-    "build", "freshidx.bench:cmd_bench_build",
+    "build", "freshidx.tools.bench:cmd_bench_build",
     _opt("--docs", type=int, default=200_000),
     _opt("--shards", type=int, default=os.cpu_count() or 2, help="default: one per core"),
     _opt("--rounds", type=int, default=BUILD_ROUNDS, help="timed rounds after the warm-up (median)"),
@@ -65,7 +65,7 @@ build = LazyCommand(
 )
 
 query = LazyCommand(
-    "query", "freshidx.bench:cmd_bench_query",
+    "query", "freshidx.tools.bench:cmd_bench_query",
     _opt("--docs", type=int, default=1_000_000),
     _opt("--queries", type=int, default=300),
     _opt("--shards", type=int, default=4),
@@ -77,7 +77,7 @@ query = LazyCommand(
 )
 
 freshness = LazyCommand(
-    "freshness", "freshidx.bench_freshness:cmd_bench_freshness",
+    "freshness", "freshidx.tools.bench_freshness:cmd_bench_freshness",
     _opt("--partitions", type=int, default=8, help="measured partitions per mode (default 8)"),
     _opt("--window-docs", type=int, default=100_000, help="documents in the window (default 100000)"),
     _opt("--window-minutes", type=int, default=WINDOW_MINUTES,
@@ -96,7 +96,7 @@ freshness = LazyCommand(
 )
 
 soak = LazyCommand(
-    "soak", "freshidx.bench_freshness:cmd_bench_soak",
+    "soak", "freshidx.tools.bench_freshness:cmd_bench_soak",
     _opt("--batches", type=int, default=500, help="micro-batches (default 500)"),
     _opt("--window-docs", type=int, default=2_000, help="documents in the window (default 2000)"),
     _opt("--window-minutes", type=int, default=WINDOW_MINUTES,
@@ -122,7 +122,7 @@ bench_group = LazyGroup(
     "bench", [build, query, freshness, soak],
     help="benchmarks: index build throughput, query latency, end-to-end freshness, Connect soak",
 )
-#: ``python -m freshidx.bench_freshness``: the two end-to-end benchmarks alone.
+#: ``python -m freshidx.tools.bench_freshness``: the two end-to-end benchmarks alone.
 freshness_group = LazyGroup(
     "bench", [freshness, soak],
     help="end-to-end freshness through dagster dev, and a Spark Connect soak",

@@ -1,4 +1,4 @@
-"""``freshidx demo``: the demo's options (the demo: :mod:`freshidx.demo`)."""
+"""``freshidx demo``: the demo's options (the demo: :mod:`freshidx.tools.demo`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from freshidx.cli.base import LazyCommand, json_option, store_option
 DEFAULT_HOME = ".freshidx"  # freshidx.settings.DEFAULT_HOME
 
 demo = LazyCommand(
-    "demo", "freshidx.demo:cmd_demo",
+    "demo", "freshidx.tools.demo:cmd_demo",
     store_option("store URI (default: FRESHIDX_STORE, else <home>/store)"),
     click.Option(["--home"], default=DEFAULT_HOME,
                  help="working directory for the store (unless --store/FRESHIDX_STORE), instance and logs "

@@ -1,4 +1,4 @@
-"""``freshidx generate``: the upstream simulator's options (the simulator: :mod:`freshidx.generate`)."""
+"""``freshidx generate``: the upstream simulator's options (the simulator: :mod:`freshidx.tools.generate`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 
 from freshidx.cli.base import LazyCommand, Parsed, json_option, store_option
 
-CHANGES_PER_PARTITION = 200  # freshidx.generate.GeneratorConfig.changes_per_partition
+CHANGES_PER_PARTITION = 200  # freshidx.tools.generate.GeneratorConfig.changes_per_partition
 
 
 def store_uri(value: str) -> str:
@@ -22,7 +22,7 @@ def store_uri(value: str) -> str:
 
 
 def source_name(value: str) -> str:
-    from freshidx.generate import SOURCE_RE
+    from freshidx.tools.generator import SOURCE_RE
 
     if not SOURCE_RE.match(value):
         raise ValueError(f"must match {SOURCE_RE.pattern}, got {value!r}")
@@ -66,7 +66,7 @@ COUNT = Parsed("N", int_at_least(0))
 MINUTES = Parsed("M", int_at_least(0))
 
 generate = LazyCommand(
-    "generate", "freshidx.generate:cmd_generate",
+    "generate", "freshidx.tools.generate:cmd_generate",
     store_option("file:///abs/path or s3://bucket/prefix (default: $FRESHIDX_STORE, else ./.freshidx/store)",
                  type=Parsed("URI", store_uri), metavar="URI"),
     click.Option(["--source"], type=Parsed("SOURCE", source_name), default=None,

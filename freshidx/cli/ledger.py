@@ -52,6 +52,7 @@ def cmd_retry(*, store: str | None, pipeline: str, partition: str | None, hour: 
 
 def _retry_hour(store: str | None, hour_id: str | None, reason: str) -> int:
     from freshidx import catchup
+    from freshidx.lifecycle import Decision, Mark, attempt_state
 
     try:
         hour = catchup.parse_hour_id(hour_id or "")
@@ -62,25 +63,26 @@ def _retry_hour(store: str | None, hour_id: str | None, reason: str) -> int:
     if catchup.processed(st, catchup.ASSET, hour):
         print(f"{hour_id} is already processed; launch a backfill of it from the UI to rebuild it", file=sys.stderr)
         return 1
-    entries_ = catchup.hour_entries(st, catchup.ASSET, hour)
-    n = sum(1 for k in entries_ if k.startswith("grant-")) + 1
-    while not catchup.record(st, catchup.ASSET, hour, f".grant-{n}", "retry_granted", reason):
+    trigger = catchup.trigger(hour)
+    n = attempt_state(catchup.hour_entries(st, catchup.ASSET, hour), trigger.base).grants + 1
+    while not catchup.record(st, catchup.ASSET, hour, trigger.then(Mark.GRANT, n), Decision.RETRY_GRANTED, reason):
         n += 1
-    print(f"granted {hour_id}.grant-{n}: the catch-up sensor retries the hour on its next tick")
+    print(f"granted {trigger.then(Mark.GRANT, n)}: the catch-up sensor retries the hour on its next tick")
     return 0
 
 
 def entries(store: ObjectStore, pipelines: list[str], since: dt.date | None,
             until: dt.date | None) -> list[dict[str, Any]]:
     from freshidx import ledger
+    from freshidx.lifecycle import started_claim
 
     out: list[dict[str, Any]] = []
     for pipeline in pipelines:
         rows = list(ledger.read(store, pipeline, since, until))
         # Attempts are accepted by the sensor before a run exists; the run links itself (P.aN.run).
-        started = {r["trigger_id"].removesuffix(".run"): r for r in rows if r["trigger_id"].endswith(".run")}
+        started = {claim: r for r in rows if (claim := started_claim(r["trigger_id"])) is not None}
         for r in rows:
-            if r["trigger_id"].endswith(".run"):
+            if started_claim(r["trigger_id"]) is not None:
                 continue
             if r.get("run_id") is None and r["trigger_id"] in started:
                 r["run_id"] = started[r["trigger_id"]]["run_id"]

@@ -29,6 +29,7 @@ from freshidx.defs.io_manager import (  # TAG_SKIPPED re-exported: the sensors s
 )
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.delta import DeltaPlan, build_delta
+from freshidx.lifecycle import Decision, Mark, TriggerId, decision_for
 from freshidx.listing import newest_partition
 from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import (
@@ -156,10 +157,10 @@ def delta_index(
     attempt = context.run.tags.get(TAG_ATTEMPT)
     if attempt and context.run.tags.get(TAG_PARTITION) == partition.path:
         # Link the accepted trigger (P.aN, written by the sensor) to the run that executes it.
-        ledger.record(st, ledger.partition_key("delta", partition, f".a{attempt}.run"), ledger.Entry(
-            "delta", f"{partition.compact}.a{attempt}.run", "started", "run started for accepted trigger",
-            partition=partition.path, run_id=context.run_id, run_key=context.run.tags.get("dagster/run_key"),
-            attempt=int(attempt)))
+        ledger.record_partition(
+            st, "delta", partition, Decision.STARTED, "run started for accepted trigger",
+            tid=TriggerId(partition.compact).claim(int(attempt)).then(Mark.RUN), run_id=context.run_id,
+            run_key=context.run.tags.get("dagster/run_key"), attempt=int(attempt))
     if watermark is not None and partition <= watermark:
         # Whatever it would contain, a delta for P is not newer than the serving one: say so without
         # paying for a Spark build (UI "Materialize" with nothing new lands here).
@@ -351,10 +352,9 @@ def _nothing_new_before_build(context: dg.AssetExecutionContext, st: ObjectStore
     verdict, why = compare_to_serving(st, probe, current)
     if verdict == "newer":  # pragma: no cover - the caller checked partition <= watermark
         raise dg.Failure(description=f"internal: {partition.path} is newer than the pointer", allow_retries=False)
-    suffix = f".refused-{context.run_id[:8]}"
-    ledger.record(st, ledger.partition_key("delta", partition, suffix), ledger.Entry(
-        "delta", f"{partition.compact}{suffix}", ledger.REFUSED, f"{why} (not built)", partition=partition.path,
-        run_id=context.run_id, extra={"outcome": verdict}))
+    ledger.record_partition(st, "delta", partition, decision_for(verdict), f"{why} (not built)",
+                            tid=TriggerId(partition.compact).by_run(Mark.REFUSED, context.run_id),
+                            run_id=context.run_id, extra={"outcome": verdict})
     tags = {TAG_OUTCOME: verdict, "freshidx/source_partition": partition.path}
     meta = {"outcome": verdict, "reason": why, "source_partition": partition.path,
             "serving_version": current.version if current else "none",

@@ -10,8 +10,9 @@ from typing import Any, ClassVar
 
 import dagster as dg
 
-from freshidx import catchup, layout, ledger
+from freshidx import catchup, layout
 from freshidx.defs.resources import ObjectStoreResource
+from freshidx.lifecycle import Decision, Mark, TriggerId, decision_for
 from freshidx.publish import DraftManifest, _crash_point, publish, utcnow
 
 
@@ -59,19 +60,21 @@ class BucketIOManager(dg.ConfigurableIOManager):
         per_hour: dict[str, dict[str, Any]] = {}  # what each hour's own materialization shows
         for hb in obj:
             hour = catchup.parse_hour_id(hb.hour_id)
+            trigger = TriggerId(hb.hour_id)
+            claim = TriggerId.from_suffix(hb.hour_id, hb.claim) if hb.claim else None
             per_hour[hb.hour_id] = {"hour": hb.hour_id, "kind": hb.kind, "claim": hb.claim or "none",
                                     "run": dg.MetadataValue.dagster_run(run_id)}
             if hb.draft is None or hb.problems:
                 why = "; ".join(hb.problems) or "no bucket built"
                 per_hour[hb.hour_id].update(outcome="not_ready", reason=why)
-                catchup.record(store, self.asset, hour, f".refused-{run_id[:8]}", ledger.REFUSED, why,
+                catchup.record(store, self.asset, hour, trigger.by_run(Mark.REFUSED, run_id), Decision.REFUSED, why,
                                run_id=run_id, extra={"kind": hb.kind, "claim": hb.claim})
                 outcomes[hb.hour_id] = "not_ready"
                 failed.append(f"{hb.hour_id}: {why}")
                 continue
-            if hb.claim and store.exists(catchup.entry_key(self.asset, hour, f".{hb.claim}.expired")):
+            if claim and store.exists(catchup.entry_key(self.asset, hour, claim.then(Mark.EXPIRED))):
                 reason = f"claim {hb.claim} expired (the sensor handed the hour to another attempt)"
-                catchup.record(store, self.asset, hour, f".{hb.claim}.done", ledger.REFUSED, reason, run_id=run_id)
+                catchup.record(store, self.asset, hour, claim.then(Mark.DONE), Decision.REFUSED, reason, run_id=run_id)
                 outcomes[hb.hour_id] = "expired"
                 per_hour[hb.hour_id].update(outcome="expired", reason=reason)
                 continue
@@ -99,27 +102,29 @@ class BucketIOManager(dg.ConfigurableIOManager):
                     round((utcnow() - (hour + catchup.HOUR)).total_seconds(), 3))
             if result.outcome == "invalid":
                 failed.append(f"{hb.hour_id}: {result.reason}")
-                catchup.record(store, self.asset, hour, f".invalid-{run_id[:8]}", ledger.INVALID, result.reason,
-                               run_id=run_id, extra=extra)
+                catchup.record(store, self.asset, hour, trigger.by_run(Mark.INVALID, run_id),
+                               decision_for(result.outcome), result.reason, run_id=run_id, extra=extra)
                 continue
             if result.outcome == "published":
                 versions[hb.hour_id] = hb.draft.version
             if hb.kind == "catchup":
                 if result.outcome == "published":
-                    catchup.record(store, self.asset, hour, "", "processed",
+                    catchup.record(store, self.asset, hour, trigger, Decision.PROCESSED,
                                    f"version {hb.draft.version} published (claim {hb.claim})", run_id=run_id,
-                                   attempt=int(hb.claim.rsplit("a", 1)[1]) if hb.claim else None, extra=extra)
+                                   attempt=claim.attempt if claim else None, extra=extra)
                 else:
-                    catchup.record(store, self.asset, hour, f".{hb.claim}.done", ledger.REFUSED, result.reason,
+                    # A catch-up run carries its claim; a hand-tagged one without it gets ``H.done``.
+                    catchup.record(store, self.asset, hour, (claim or trigger).then(Mark.DONE),
+                                   decision_for(result.outcome), result.reason,
                                    run_id=run_id, extra=extra)
-            elif hb.kind == "correction" and hb.claim:
-                catchup.record(store, self.asset, hour, f".{hb.claim}.done",
-                               "corrected" if result.outcome == "published" else ledger.REFUSED,
+            elif hb.kind == "correction" and claim:
+                catchup.record(store, self.asset, hour, claim.then(Mark.DONE),
+                               Decision.CORRECTED if result.outcome == "published" else decision_for(result.outcome),
                                f"correction version {hb.draft.version}: {result.reason}", run_id=run_id,
                                extra=extra)
             else:
-                catchup.record(store, self.asset, hour, f".{hb.kind}-{run_id[:8]}",
-                               "rebuilt" if result.outcome == "published" else ledger.REFUSED,
+                catchup.record(store, self.asset, hour, trigger.by_run(hb.kind, run_id),
+                               Decision.REBUILT if result.outcome == "published" else decision_for(result.outcome),
                                f"{hb.kind} run: {result.reason}", run_id=run_id, extra=extra)
         meta: dict[str, Any] = {
             "hours": dg.MetadataValue.int(len(obj)),

@@ -18,16 +18,14 @@ from freshidx import catchup, run_health
 from freshidx.defs.assets import OWNERS, TAG_PIPELINE, TAG_TRIGGER, _code_version, hourly_partitions
 from freshidx.defs.bucket_io_manager import HourBucket
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
+from freshidx.defs.runs import IN_FLIGHT
+from freshidx.lifecycle import Decision, Mark, TriggerId
 from freshidx.listing import newest_partition
 from freshidx.publish import _crash_point, utcnow
 from freshidx.readiness import check_ready, list_hour
 from freshidx.settings import Settings
 
 ADS_HOURLY_KEY = dg.AssetKey(catchup.ASSET)
-IN_FLIGHT = [
-    DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING,
-]
 # Run queue order: delta (freshness, 10) before catch-up (5) before UI backfills (default 0, and
 # dagster.yaml limits those to one at a time).
 LIVE_PRIORITY = "5"
@@ -84,7 +82,8 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
             hid = catchup.layout.hour_id(hour)
             claim = claims.get(hid)
             if claim:
-                catchup.record(st, catchup.ASSET, hour, f".{claim}.run", "started", "run started for the claim",
+                tid = TriggerId.from_suffix(hid, claim).then(Mark.RUN)
+                catchup.record(st, catchup.ASSET, hour, tid, Decision.STARTED, "run started for the claim",
                                run_id=context.run_id, run_key=tags.get("dagster/run_key"))
             listed_at = utcnow()
             listing = list_hour(st, cfg.source, hour)

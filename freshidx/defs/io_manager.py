@@ -14,6 +14,7 @@ import dagster as dg
 
 from freshidx import layout, ledger
 from freshidx.defs.resources import ObjectStoreResource
+from freshidx.lifecycle import Decision, Mark, TriggerId, decision_for, full_trigger_id
 from freshidx.partitions import PartitionId
 from freshidx.publish import (
     DraftManifest,
@@ -31,10 +32,6 @@ log = logging.getLogger(__name__)
 TAG_OUTCOME = "freshidx/outcome"
 TAG_SKIPPED = "freshidx/skipped_count"
 
-#: Ledger decision per publish outcome. ``unchanged`` (a full rebuild of exactly the serving inputs)
-#: is a refusal; its reason starts with "unchanged:".
-DECISIONS = {"published": ledger.PUBLISHED, "superseded": ledger.REFUSED, "unchanged": ledger.REFUSED,
-             "invalid": ledger.INVALID}
 
 
 class IndexIOManager(dg.ConfigurableIOManager):
@@ -143,29 +140,28 @@ def record_outcome(store: ObjectStore, obj: DraftManifest, result: PublishResult
     partition = PartitionId.parse(obj.source_partition) if obj.source_partition else None
     pipeline = obj.index
     if partition is not None:
+        trigger = TriggerId(partition.compact)
         if result.outcome == "invalid":  # not final: the partition is retried
-            ledger.record(store, ledger.partition_key(pipeline, partition, f".invalid-{run_id[:8]}"),
-                          ledger.Entry(pipeline, f"{partition.compact}.invalid-{run_id[:8]}",
-                                       ledger.INVALID, result.reason, partition=partition.path,
-                                       run_id=run_id, extra={"version": obj.version}))
-        elif not ledger.record_partition(store, pipeline, partition, DECISIONS[result.outcome], result.reason,
+            ledger.record_partition(store, pipeline, partition, decision_for(result.outcome), result.reason,
+                                    tid=trigger.by_run(Mark.INVALID, run_id), run_id=run_id,
+                                    extra={"version": obj.version})
+        elif not ledger.record_partition(store, pipeline, partition, decision_for(result.outcome), result.reason,
                                          run_id=run_id, extra={"version": obj.version}) \
                 and result.outcome == "published":
             # A decision was taken before this run published the partition (e.g. the sensor skipped it
             # while this UI run was in flight): the final entry cannot change, so say what happened.
             earlier = ledger.decision(store, pipeline, partition) or {}
-            if earlier.get("decision") != ledger.PUBLISHED:
-                suffix = f".published-{run_id[:8]}"
-                ledger.record(store, ledger.partition_key(pipeline, partition, suffix), ledger.Entry(
-                    pipeline, f"{partition.compact}{suffix}", ledger.PUBLISHED,
+            if earlier.get("decision") != Decision.PUBLISHED:
+                ledger.record_partition(
+                    store, pipeline, partition, Decision.PUBLISHED,
                     f"{result.reason} (after the decision {earlier.get('decision')!r} was recorded)",
-                    partition=partition.path, run_id=run_id, extra={"version": obj.version}))
+                    tid=trigger.by_run(Mark.PUBLISHED, run_id), run_id=run_id, extra={"version": obj.version})
     if obj.cutoff:
         cut = parse_iso(obj.cutoff)
-        trigger_id = f"{cut:%Y%m%dT%H%M}-{obj.version}"
+        trigger_id = full_trigger_id(cut, obj.version)
         ledger.record(
             store, layout.ledger_key(pipeline, cut.strftime("%Y-%m-%d"), trigger_id),
-            ledger.Entry(pipeline, trigger_id, DECISIONS[result.outcome], result.reason,
+            ledger.Entry(pipeline, trigger_id, decision_for(result.outcome), result.reason,
                          scope=f"cutoff {obj.cutoff}", run_id=run_id,
                          extra={"version": obj.version, "outcome": result.outcome}),
         )

@@ -10,58 +10,54 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
-from pydantic import PrivateAttr
+from pydantic import Field, PrivateAttr
 
-from freshidx.settings import Settings
-from freshidx.store import ObjectStore, StoreConfig
+from freshidx.settings import PipelineSettings, Settings
+from freshidx.store import ObjectStore, StoreConfig, open_store
 
 
 class ObjectStoreResource(dg.ConfigurableResource):
     """The object store holding raw partitions, indexes, pointers and the ledger.
 
-    ``file:///abs/path`` (embedded default) or ``s3://bucket/prefix``; for S3 the driver talks
-    through dagster-aws's ``S3Resource`` (custom endpoint allowed) and executors get the same
-    coordinates as a picklable :class:`~freshidx.store.StoreConfig`.
+    ``file:///abs/path`` (embedded default) or ``s3://bucket/prefix``. How to reach S3 (endpoint,
+    region, credentials, retries) is dagster-aws's ``S3Resource``, a dependency as in dagster-aws's
+    own S3 IO manager; a local store ignores it, and its defaults need no S3 settings. Executors get
+    the same coordinates as a picklable :class:`~freshidx.store.StoreConfig`.
     """
 
     uri: str
-    endpoint_url: str | None = None
-    region_name: str | None = None
-    aws_access_key_id: str | None = None
-    aws_secret_access_key: str | None = None
-    aws_session_token: str | None = None
+    s3: dg.ResourceDependency[S3Resource] = Field(default_factory=S3Resource)
 
     _store: Any = PrivateAttr(default=None)
 
+    @property
+    def endpoint_url(self) -> str | None:
+        return self.s3.endpoint_url
+
     def store_config(self) -> StoreConfig:
         return StoreConfig(
-            uri=self.uri, endpoint_url=self.endpoint_url, region=self.region_name,
-            access_key_id=self.aws_access_key_id, secret_access_key=self.aws_secret_access_key,
-            session_token=self.aws_session_token,
+            uri=self.uri, endpoint_url=self.s3.endpoint_url, region=self.s3.region_name,
+            access_key_id=self.s3.aws_access_key_id, secret_access_key=self.s3.aws_secret_access_key,
+            session_token=self.s3.aws_session_token,
         )
 
     def open(self) -> ObjectStore:
         if self._store is None:
             cfg = self.store_config()
             if cfg.is_s3:
-                from freshidx.store.s3 import S3Store
+                from freshidx.store.s3 import S3Store, s3_client
 
-                s3 = S3Resource(
-                    endpoint_url=self.endpoint_url, region_name=self.region_name or "us-east-1",
-                    aws_access_key_id=self.aws_access_key_id,
-                    aws_secret_access_key=self.aws_secret_access_key,
-                    aws_session_token=self.aws_session_token,
-                )
-                self._store = S3Store(s3.get_client(), cfg.bucket, cfg.prefix, cfg.uri)
+                # freshidx's one client configuration (path-style, as the CLI) from all of S3Resource's
+                # fields (same names, a test pins it): S3Resource.get_client() would be a second one.
+                client = s3_client(**{name: getattr(self.s3, name) for name in S3Resource.model_fields})
+                self._store = S3Store(client, cfg.bucket, cfg.prefix, cfg.uri)
             else:
-                from freshidx.store.local import LocalStore
-
-                self._store = LocalStore(cfg.local_root, cfg.uri)
+                self._store = open_store(cfg)
         return self._store
 
 
@@ -204,8 +200,8 @@ def ship_package_zip(session: Any) -> Path:
     Chosen over installing freshidx on the workers: the executors then always run exactly the
     driver's code (a code-location deploy needs no worker restart, and no version skew is possible),
     and imports inside task functions resolve (cloudpickle by value covers only what a closure
-    references). Workers still need the *dependencies* (pyarrow, tantivy, pydantic, boto3): run them
-    from the same image or environment (docs/deployment.md).
+    references). Workers still need the *dependencies* (pyarrow, tantivy, pydantic, pydantic-settings,
+    boto3): run them from the same image or environment (docs/deployment.md).
     """
     path = package_zip()
     ctx = session.sparkContext
@@ -216,80 +212,17 @@ def ship_package_zip(session: Any) -> Path:
     return path
 
 
-PIPELINE_FIELDS = (
-    "source", "window_minutes", "sensor_interval_seconds", "max_scan_hours", "max_attempts", "delta_shards",
-    "full_shards", "full_every_hours", "lag_warn_seconds", "lag_fail_seconds", "silence_warn_seconds",
-    "silence_fail_seconds", "stuck_seconds", "full_max_age_seconds", "sla_interval_seconds", "partitions_start",
-    "keep_versions", "delta_max_drop_fraction", "full_max_drop_fraction",
-    "readiness", "quiet_seconds", "close_grace_seconds", "hourly_max_hours_per_run", "hourly_timeout_seconds",
-    "hourly_max_attempts", "hourly_lookahead_hours", "hourly_late_lookback_hours", "hourly_late_checks_per_tick",
-    "hourly_parts", "hourly_sensor_interval_seconds", "delta_overlap", "hourly_overlap", "catchup_autostart",
-    "max_future_skew_seconds",
-)
+class FreshidxSettings(dg.ConfigurableResource, PipelineSettings):
+    """Pipeline settings (window, trigger interval, thresholds) as Dagster config.
 
-
-class FreshidxSettings(dg.ConfigurableResource):
-    """Pipeline settings (window, trigger interval, thresholds) as Dagster config; defaults from env.
-
-    Every field mirrors :class:`freshidx.settings.Settings` and is validated by it.
+    The fields, their defaults and their validation are :class:`freshidx.settings.PipelineSettings`'
+    (inherited, not repeated), so launchpad config is checked as ``FRESHIDX_*`` is.
     """
 
-    source: str = "ad_updates"
-    window_minutes: int = 300
-    sensor_interval_seconds: int = 5
-    max_scan_hours: int = 0
-    max_attempts: int = 3
-    delta_shards: int = 2
-    full_shards: int = 2
-    full_every_hours: int = 3
-    lag_warn_seconds: int = 600
-    lag_fail_seconds: int = 1800
-    silence_warn_seconds: int = 900
-    silence_fail_seconds: int = 3600
-    stuck_seconds: int = 900
-    full_max_age_seconds: int = 6 * 3600
-    sla_interval_seconds: int = 30
-    partitions_start: str = "2026-01-01"
-    keep_versions: int = 5
-    delta_max_drop_fraction: float = 0.9
-    full_max_drop_fraction: float = 0.5
-    readiness: str = "visible"
-    quiet_seconds: int = 300
-    close_grace_seconds: int = 60
-    hourly_max_hours_per_run: int = 4
-    hourly_timeout_seconds: int = 1800
-    hourly_max_attempts: int = 3
-    hourly_lookahead_hours: int = 72
-    hourly_late_lookback_hours: int = 24
-    hourly_late_checks_per_tick: int = 2
-    hourly_parts: int = 1
-    hourly_sensor_interval_seconds: int = 30
-    delta_overlap: str = "serialize"
-    hourly_overlap: str = "serialize"
-    catchup_autostart: bool = True
-    max_future_skew_seconds: int = 3600
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Self:
+        return cls(**settings.pipeline())
 
     def settings(self, store_uri: str, endpoint_url: str | None = None) -> Settings:
-        return Settings.from_env({}, store=store_uri, s3_endpoint_url=endpoint_url,
-                                 **{f: getattr(self, f) for f in PIPELINE_FIELDS})
-
-
-def _secret(name: str) -> Any:
-    # EnvVar keeps the secret out of the UI's config view; only reference variables that exist,
-    # since an unset EnvVar fails resource initialisation.
-    return dg.EnvVar(name) if os.environ.get(name) else None
-
-
-def build_resources(settings: Settings) -> dict[str, Any]:
-    cfg = settings.store_config()
-    return {
-        "store": ObjectStoreResource(
-            uri=settings.store, endpoint_url=cfg.endpoint_url, region_name=cfg.region,
-            aws_access_key_id=_secret("AWS_ACCESS_KEY_ID"),
-            aws_secret_access_key=_secret("AWS_SECRET_ACCESS_KEY"),
-            aws_session_token=_secret("AWS_SESSION_TOKEN"),
-        ),
-        "spark": SparkResource(remote=settings.spark_remote, master=settings.spark_master,
-                               server_state_dir=settings.spark_server_state),
-        "freshidx": FreshidxSettings(**{f: getattr(settings, f) for f in PIPELINE_FIELDS}),
-    }
+        values = {name: getattr(self, name) for name in PipelineSettings.model_fields}
+        return Settings.from_env({}, store=store_uri, s3_endpoint_url=endpoint_url, **values)

@@ -21,11 +21,13 @@ import dagster as dg
 from freshidx import ledger, procs, run_health
 from freshidx.defs.assets import TAG_ATTEMPT, TAG_PARTITION, TAG_PIPELINE
 from freshidx.defs.resources import ObjectStoreResource
+from freshidx.defs.runs import IN_FLIGHT, RUNNING
+from freshidx.lifecycle import Decision, Mark, TriggerId
 from freshidx.partitions import PartitionError, PartitionId
 from freshidx.store import ObjectStore
 
-RUNNING = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
-NOT_FINISHED = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, *RUNNING]
+NOT_FINISHED = IN_FLIGHT  # the name this module's callers (the demo, its tests) use
+__all__ = ["NOT_FINISHED", "RUNNING"]
 _MAX_RUNS = 100
 _PID_EVENTS = 20  # the pid event is among a run's first engine events
 
@@ -77,11 +79,15 @@ def _record_lost_delta(store: ObjectStore, run: dg.DagsterRun, reason: str) -> N
     except PartitionError:
         return
     attempt = run.tags[TAG_ATTEMPT]
-    ledger.record(store, ledger.partition_key("delta", p, f".a{attempt}.lost"), ledger.Entry(
-        "delta", f"{p.compact}.a{attempt}.lost", "failed",
-        f"{reason}; the delta sensor retries it or jumps to the newest partition",
-        partition=p.path, run_id=run.run_id, run_key=run.tags.get("dagster/run_key"),
-        attempt=int(attempt) if attempt.isdigit() else None))
+    why = f"{reason}; the delta sensor retries it or jumps to the newest partition"
+    kw = {"run_id": run.run_id, "run_key": run.tags.get("dagster/run_key")}
+    if attempt.isdigit():  # what the sensor writes
+        ledger.record_partition(store, "delta", p, Decision.FAILED, why, attempt=int(attempt),
+                                tid=TriggerId(p.compact).claim(int(attempt)).then(Mark.LOST), **kw)
+    else:  # a hand-set tag: recorded under the id it spells, as before
+        trigger_id = f"{p.compact}.a{attempt}.{Mark.LOST}"
+        ledger.record(store, ledger.partition_key("delta", p, trigger_id.removeprefix(p.compact)),
+                      ledger.Entry("delta", trigger_id, Decision.FAILED, why, partition=p.path, **kw))
 
 
 def tag_interrupted(instance: dg.DagsterInstance, run_ids: list[str]) -> None:

@@ -22,12 +22,10 @@ from freshidx import layout, ledger, run_health, sla
 from freshidx.defs.assets import TAG_PIPELINE, TAG_TRIGGER, full_index
 from freshidx.defs.hourly import HEAVY
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource
+from freshidx.defs.runs import ENDED, IN_FLIGHT
+from freshidx.lifecycle import Decision, remediation_trigger_id
 from freshidx.publish import iso, utcnow
 
-IN_FLIGHT = [
-    DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING,
-]
 FULL_KEY = dg.AssetKey("full_index")
 DELTA_KEY = dg.AssetKey("delta_index")
 TAG_REMEDIATION = "freshidx/remediation_of"
@@ -75,9 +73,6 @@ def _latest_materialization(instance: dg.DagsterInstance, asset: str) -> int | N
     """Storage id of the asset's latest materialization (None: never materialized, e.g. external)."""
     records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset)), limit=1)
     return records.records[0].storage_id if records.records else None
-
-
-ENDED = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 
 
 def latest_check_runs(instance: dg.DagsterInstance, assets: list[str], limit: int = 25) -> dict[str, str | None]:
@@ -154,7 +149,7 @@ def make_sla_sensor(interval_seconds: int) -> dg.SensorDefinition:
                     changes.append(f"{key} {prev['state']} → {o.state}")
                     ledger.record(st, layout.ledger_key("sla", now.strftime("%Y-%m-%d"),
                                                         f"{now:%Y%m%dT%H%M%S}-{o.check}-{o.state}"),
-                                  ledger.Entry("sla", f"{o.check}-{o.state}", "check_state_changed",
+                                  ledger.Entry("sla", f"{o.check}-{o.state}", Decision.CHECK_STATE_CHANGED,
                                                f"{o.asset}.{o.check}: {prev['state']} → {o.state}: {o.description}",
                                                scope=o.asset))
                 states[key] = {"state": o.state, "at": now.isoformat(), "mat": latest[o.asset],
@@ -194,9 +189,10 @@ def _remediation(context: dg.SensorEvaluationContext, st, observed: sla.Observed
         return [], f"remediation for full version {of} failed {failed} times; not retrying"
     why = "; ".join(f"{o.asset}.{o.check}: {o.description}" for o in reasons)
     run_key = f"sla-full:{of}:a{attempt}"
+    trigger_id = remediation_trigger_id(of, attempt)
     if not ledger.record(
-        st, layout.ledger_key("sla", now.strftime("%Y-%m-%d"), f"remediate-full-{of}-a{attempt}"),
-        ledger.Entry("sla", f"remediate-full-{of}-a{attempt}", "remediation_launched", why,
+        st, layout.ledger_key("sla", now.strftime("%Y-%m-%d"), trigger_id),
+        ledger.Entry("sla", trigger_id, Decision.REMEDIATION_LAUNCHED, why,
                      scope=f"full_index after version {of}", run_key=run_key, attempt=attempt,
                      extra={"at": iso(now)}),
     ):

@@ -117,18 +117,11 @@ class StoreConfig:
 
     # ---- driver side ----
     def boto3_client(self) -> Any:
-        import boto3
-        from botocore.config import Config
+        from freshidx.store.s3 import s3_client
 
-        return boto3.session.Session().client(
-            "s3",
-            endpoint_url=self.endpoint_url,
-            region_name=self.region or "us-east-1",
-            aws_access_key_id=self.access_key_id,
-            aws_secret_access_key=self.secret_access_key,
-            aws_session_token=self.session_token,
-            config=Config(retries={"max_attempts": 5, "mode": "standard"}, s3={"addressing_style": "path"}),
-        )
+        return s3_client(endpoint_url=self.endpoint_url, region_name=self.region,
+                         aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key,
+                         aws_session_token=self.session_token)
 
 
 def normalize_uri(uri: str) -> str:

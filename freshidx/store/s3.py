@@ -37,6 +37,33 @@ from freshidx.store.base import (
 )
 
 _LOST = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
+
+
+def s3_client(
+    *, endpoint_url: str | None = None, region_name: str | None = None, aws_access_key_id: str | None = None,
+    aws_secret_access_key: str | None = None, aws_session_token: str | None = None, max_attempts: int = 5,
+    profile_name: str | None = None, use_ssl: bool = True, verify: bool | str | None = None,
+    use_unsigned_session: bool = False,
+) -> Any:
+    """The one boto3 S3 client configuration of freshidx: the CLI and tools (through
+    :meth:`StoreConfig.boto3_client`) and the Dagster store resource (with dagster-aws ``S3Resource``'s
+    fields, same names) all build their clients here.
+
+    Path-style addressing, because custom endpoints (moto, MinIO) rarely resolve ``bucket.host``;
+    botocore's standard retry mode (5 attempts by default, as dagster-aws).
+    """
+    import boto3
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    config = Config(retries={"max_attempts": max_attempts, "mode": "standard"}, s3={"addressing_style": "path"})
+    if use_unsigned_session:
+        config = config.merge(Config(signature_version=UNSIGNED))
+    return boto3.session.Session(profile_name=profile_name).client(
+        "s3", endpoint_url=endpoint_url, region_name=region_name or "us-east-1", use_ssl=use_ssl, verify=verify,
+        aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key,
+        aws_session_token=aws_session_token, config=config,
+    )
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 
 

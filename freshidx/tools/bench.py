@@ -53,7 +53,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from freshidx.generate import ADJECTIVES, BRANDS, NOUNS, QUALIFIERS, VOCABULARY
+from freshidx.tools.generator import ADJECTIVES, BRANDS, NOUNS, QUALIFIERS, VOCABULARY
 
 BUILD_ROUNDS = 5
 BUILD_WARMUP = 4
@@ -144,38 +144,15 @@ def _session() -> tuple[Any, bool]:
 
 def tree_cpu_seconds() -> float | None:
     """CPU seconds (user + system) of this process and all its descendants (the local Spark JVM and
-    its Python workers), from ``/proc``; ``None`` where ``/proc`` is unavailable. On a shared machine
-    CPU seconds are a steadier measure than wall time."""
-    try:
-        tick = os.sysconf("SC_CLK_TCK")
-        parent: dict[int, int] = {}
-        cpu: dict[int, float] = {}
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue  # exited meanwhile
-            parent[int(name)] = int(fields[1])
-            cpu[int(name)] = (int(fields[11]) + int(fields[12])) / tick
-    except (OSError, ValueError, IndexError):
-        return None
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
-    total, stack = 0.0, [os.getpid()]
-    while stack:
-        pid = stack.pop()
-        total += cpu.get(pid, 0.0)
-        stack.extend(children.get(pid, []))
-    return total
+    its Python workers). On a shared machine CPU seconds are a steadier measure than wall time."""
+    from freshidx.procs import tree_cpu_seconds as process_tree_cpu_seconds
+
+    return process_tree_cpu_seconds(os.getpid())
 
 
 def quiesce(deadline_s: float = QUIET_WAIT_S, window_s: float = 0.2) -> bool:
     """Wait until this process tree is quiet (see :data:`QUIET_CORE_SHARE`); ``False`` if it never
-    got quiet before the deadline (or ``/proc`` is unavailable)."""
+    got quiet before the deadline (or the process tree could not be read)."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
         c0 = tree_cpu_seconds()
@@ -536,11 +513,11 @@ def cmd_bench_query(*, docs: int, queries: int, shards: int, k: int, workdir: st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m freshidx.bench {build|query|freshness|soak} ...`` (same options as ``freshidx bench``)."""
+    """``python -m freshidx.tools.bench {build|query|freshness|soak} ...`` (same options as ``freshidx bench``)."""
     from freshidx.cli.base import run
     from freshidx.cli.bench import bench_group
 
-    return run(bench_group, argv, "python -m freshidx.bench")
+    return run(bench_group, argv, "python -m freshidx.tools.bench")
 
 
 if __name__ == "__main__":

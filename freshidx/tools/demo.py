@@ -23,20 +23,20 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from freshidx.devserver import DagsterDev, WaitAborted, prepare_home
 from freshidx.settings import Settings, SettingsError
 from freshidx.store import open_store
+from freshidx.tools.devserver import REPO_ROOT, DagsterDev, WaitAborted, prepare_home, repo_dagster_yaml
 
 if TYPE_CHECKING:
     import dagster as dg
 
     from freshidx.store import ObjectStore
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_ID_ENV = "FRESHIDX_DEMO_ID"
 TERMINATE_GRACE_S = 20.0  # runs get this long to end after Terminate, before dagster dev stops
 SUPERVISOR_GRACE_S = 45.0  # the Spark supervisor drains/stops its JVM within its own stop timeout
@@ -80,7 +80,7 @@ def cmd_demo(**options: Any) -> int:
         print(exc, file=sys.stderr)
         return 2
     home.mkdir(parents=True, exist_ok=True)
-    dagster_home = prepare_home(home / "dagster_home", _dagster_yaml())
+    dagster_home = prepare_home(home / "dagster_home", repo_dagster_yaml())
     demo_id = os.environ.get(DEMO_ID_ENV) or uuid.uuid4().hex
     env = {"FRESHIDX_STORE": settings.store, DEMO_ID_ENV: demo_id}
     env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or sys.executable)
@@ -108,6 +108,11 @@ def cmd_demo(**options: Any) -> int:
     state_dir = home / "spark-server"
     server: subprocess.Popen[bytes] | None = None
     generator: subprocess.Popen[bytes] | None = None
+    if args.spark == "connect":
+        # The runs' environment points at the supervised server (started below): set before DagsterDev
+        # copies ``env``. Runs started before the server is up wait for it (lease).
+        env["FRESHIDX_SPARK_REMOTE"] = f"sc://127.0.0.1:{args.spark_port}"
+        env["FRESHIDX_SPARK_SERVER_STATE"] = str(state_dir)
     dev = DagsterDev(home=dagster_home, port=args.port, module="freshidx.definitions",
                      env=env, cwd=REPO_ROOT, log_path=home / "dagster-dev.log")
     gen_log = open(home / "generator.log", "ab")  # noqa: SIM115 - lives as long as the demo
@@ -115,22 +120,9 @@ def cmd_demo(**options: Any) -> int:
         if stop["now"]:
             return 0
         if args.spark == "connect":
-            server = subprocess.Popen(
-                [sys.executable, "-m", "freshidx.spark.server", "--port", str(args.spark_port),
-                 "--state-dir", str(state_dir), "--no-class-data-sharing"],  # first start fast
-                stdout=open(home / "spark-server.out", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                env={**os.environ, **env}, start_new_session=True,
-            )
-            # Runs started before the server is up wait for it (lease), so nothing else waits here.
-            env["FRESHIDX_SPARK_REMOTE"] = f"sc://127.0.0.1:{args.spark_port}"
-            env["FRESHIDX_SPARK_SERVER_STATE"] = str(state_dir)
-            from freshidx.status import record_spark_server_state
-
-            # `freshidx status --store` finds this demo's server state from any directory / --home.
-            record_spark_server_state(store, state_dir)
-            print(f"  starting Spark Connect server on 127.0.0.1:{args.spark_port} (state: {state_dir})")
+            server = _start_spark_server(args, home, env, state_dir, store)
         generator = subprocess.Popen(
-            [sys.executable, "-m", "freshidx.generate", "--store", settings.store, "--every", str(args.every),
+            [sys.executable, "-m", "freshidx.tools.generate", "--store", settings.store, "--every", str(args.every),
              "--history-minutes", str(args.history_minutes), "--seed", str(args.seed)],
             stdout=gen_log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True,
         )
@@ -145,22 +137,8 @@ def cmd_demo(**options: Any) -> int:
         print(f"  Dagster UI: {dev.url}   (sensors running; Ctrl-C to stop)", flush=True)
         print("  publications, catch-up progress and failed runs are printed below as they happen; the "
               "first delta usually lands within 1-3 min (longer on a busy machine)", flush=True)
-        deadline = time.monotonic() + args.duration if args.duration else None
         watch = Watcher(store, settings.source, instance, out)
-        while not stop["now"] and (deadline is None or time.monotonic() < deadline):
-            if generator.poll() is not None:
-                print(f"generator exited with {generator.returncode}; see {home / 'generator.log'}",
-                      file=sys.stderr)
-                return 1
-            if server is not None and server.poll() is not None:
-                print(f"spark-server exited with {server.returncode}; see {home / 'spark-server'}", file=sys.stderr)
-                return 1
-            if not dev.is_running:
-                print(f"dagster dev exited; see {home / 'dagster-dev.log'}", file=sys.stderr)
-                return 1
-            watch.poll()
-            time.sleep(2)  # display refresh cadence, not synchronisation
-        return 0
+        return _watch(args, home, dev, generator, server, watch, lambda: stop["now"])
     finally:
         # Whoever read our output may be gone (closed terminal, killed pipe reader): a print must not
         # abort the stop and leave the JVM and the generator behind.
@@ -172,6 +150,43 @@ def cmd_demo(**options: Any) -> int:
         instance.dispose()
         with contextlib.suppress(OSError):
             out.event("stopped", "stopped: " + ", ".join(f"{k} {v}" for k, v in summary.items()), **summary)
+
+
+def _start_spark_server(args: DemoArgs, home: Path, env: dict[str, str], state_dir: Path,
+                        store: ObjectStore) -> subprocess.Popen[bytes]:
+    """Start the supervised Spark Connect server (``env`` already points the runs at it)."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "freshidx.spark.server", "--port", str(args.spark_port),
+         "--state-dir", str(state_dir), "--no-class-data-sharing"],  # first start fast
+        stdout=open(home / "spark-server.out", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+        env={**os.environ, **env}, start_new_session=True,
+    )
+    from freshidx.status import record_spark_server_state
+
+    # `freshidx status --store` finds this demo's server state from any directory / --home.
+    record_spark_server_state(store, state_dir)
+    print(f"  starting Spark Connect server on 127.0.0.1:{args.spark_port} (state: {state_dir})")
+    return server
+
+
+def _watch(args: DemoArgs, home: Path, dev: DagsterDev, generator: subprocess.Popen[bytes],
+           server: subprocess.Popen[bytes] | None, watch: Watcher, stopped: Callable[[], bool]) -> int:
+    """Print what happens until a stop, ``--duration`` or a child's exit; returns the exit code."""
+    deadline = time.monotonic() + args.duration if args.duration else None
+    while not stopped() and (deadline is None or time.monotonic() < deadline):
+        if generator.poll() is not None:
+            print(f"generator exited with {generator.returncode}; see {home / 'generator.log'}",
+                  file=sys.stderr)
+            return 1
+        if server is not None and server.poll() is not None:
+            print(f"spark-server exited with {server.returncode}; see {home / 'spark-server'}", file=sys.stderr)
+            return 1
+        if not dev.is_running:
+            print(f"dagster dev exited; see {home / 'dagster-dev.log'}", file=sys.stderr)
+            return 1
+        watch.poll()
+        time.sleep(2)  # display refresh cadence, not synchronisation
+    return 0
 
 
 # ------------------------------------------------------------------------------------------ watching
@@ -312,12 +327,12 @@ def _stop_supervisor(server: subprocess.Popen[bytes], state_dir: Path) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
         server.wait(10)
     try:
-        from freshidx.procs import session_members
+        from freshidx.procs import cmdline, session_members
         from freshidx.spark.server_state import read_state
 
         state = read_state(state_dir) or {}
         pid = state.get("pid")
-        if isinstance(pid, int) and pid > 0 and "SparkConnectServer" in _cmdline(pid):
+        if isinstance(pid, int) and pid > 0 and "SparkConnectServer" in cmdline(pid):
             kill_all([*session_members(pid), pid])
     except Exception as exc:  # the sweep by demo id still follows
         print(f"  (could not check the Spark JVM: {exc})", file=sys.stderr)
@@ -333,13 +348,6 @@ def _stop_group(proc: subprocess.Popen[bytes], sig: int, grace: float) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 def _wait(done: Any, timeout: float) -> bool:
@@ -360,8 +368,3 @@ def _open_instance(dagster_home: Path) -> dg.DagsterInstance:
 
     os.environ["DAGSTER_HOME"] = str(dagster_home)  # the demo process reads the instance it runs
     return dg.DagsterInstance.get()
-
-
-def _dagster_yaml() -> Path | None:
-    p = REPO_ROOT / "dagster.yaml"
-    return p if p.exists() else None

@@ -1,0 +1,1 @@
+"""Tooling beside the pipeline: benchmarks, the demo, the ``dagster dev`` driver and the upstream simulator."""

@@ -1,0 +1,218 @@
+"""The end-to-end benchmarks' numbers: stage definitions, percentiles and summaries, and the
+human-readable tables of ``freshidx bench freshness`` and ``freshidx bench soak``."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from freshidx.tools.bench_common import MODES
+
+GOAL_P50_S = 8.0
+GOAL_MAX_S = 15.0
+
+#: Events recorded per partition, in pipeline order.
+EVENTS = ("arrival", "sensor_tick", "run_created", "run_start", "body_start", "listed", "built", "published",
+          "searchable")
+
+#: (name, from event, to event, label, depth). Depth 0 rows are consecutive and add up to the total;
+#: depth 1 rows split the depth 0 row above them.
+STAGES: tuple[tuple[str, str, str, str, int], ...] = (
+    ("arrival_to_run_created", "arrival", "run_created", "arrival → run created (sensor)", 0),
+    ("arrival_to_tick", "arrival", "sensor_tick", "arrival → sensor tick (loop phase)", 1),
+    ("tick_to_run_created", "sensor_tick", "run_created", "tick → run created (evaluation)", 1),
+    ("run_created_to_start", "run_created", "run_start", "run created → run start (queue, worker)", 0),
+    ("run_start_to_spark_job", "run_start", "body_start", "run start → Spark job start (step)", 0),
+    ("spark_job_to_published", "body_start", "published", "Spark job start → published", 0),
+    ("session_and_listing", "body_start", "listed", "session (+lease) + window listing", 1),
+    ("spark_build", "listed", "built", "Spark build (read→shards)", 1),
+    ("publish", "built", "published", "gate + manifest + CAS", 1),
+    ("published_to_searchable", "published", "searchable", "published → searchable (refresh)", 0),
+    ("arrival_to_published", "arrival", "published", "arrival → published", -1),
+    ("arrival_to_searchable", "arrival", "searchable", "arrival → searchable", -1),
+)
+MAIN_STAGES = tuple(name for name, _, _, _, depth in STAGES if depth == 0)
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Linear-interpolated percentile (``p`` in 0..100) of ``values``; NaN when empty."""
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    if len(s) == 1:
+        return float(s[0])
+    pos = (len(s) - 1) * p / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+
+
+def summarize(values: Sequence[float | None]) -> dict[str, float | int | None]:
+    """``{"p50", "p95", "max", "n"}`` over the non-None values (seconds, 3 decimals; None if no value)."""
+    vals = [float(v) for v in values if v is not None and not math.isnan(v)]
+    if not vals:
+        return {"p50": None, "p95": None, "max": None, "n": 0}
+    return {"p50": round(percentile(vals, 50), 3), "p95": round(percentile(vals, 95), 3),
+            "max": round(max(vals), 3), "n": len(vals)}
+
+
+def sample_stages(events: dict[str, float | None]) -> dict[str, float | None]:
+    """Every stage duration of one sample (None where an end point is missing)."""
+    out: dict[str, float | None] = {}
+    for name, start, end, _, _ in STAGES:
+        a, b = events.get(start), events.get(end)
+        out[name] = round(b - a, 3) if a is not None and b is not None else None
+    return out
+
+
+def mode_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [s for s in samples if s.get("events", {}).get("searchable") is not None]
+    stages = {name: summarize([s["stages"].get(name) for s in ok]) for name, *_ in STAGES}
+    dominant_p50 = max(MAIN_STAGES, key=lambda n: stages[n]["p50"] or -1.0) if ok else None
+    worst = max(ok, key=lambda s: s["stages"]["arrival_to_searchable"] or 0.0) if ok else None
+    dominant_worst = (max(MAIN_STAGES, key=lambda n: worst["stages"].get(n) or -1.0) if worst else None)
+    return {
+        "arrival_to_searchable": stages["arrival_to_searchable"],
+        "arrival_to_published": stages["arrival_to_published"],
+        "stages": stages,
+        "completed": len(ok),
+        "failed": len(samples) - len(ok),
+        "dominant_stage_p50": dominant_p50,
+        "dominant_stage_worst_sample": dominant_worst,
+        "worst_sample": worst["partition"] if worst else None,
+    }
+
+
+def goal_verdict(summary: dict[str, Any]) -> dict[str, Any]:
+    a2s = summary.get("arrival_to_searchable") or {}
+    p50, mx = a2s.get("p50"), a2s.get("max")
+    met = p50 is not None and mx is not None and p50 <= GOAL_P50_S and mx <= GOAL_MAX_S
+    return {"p50_goal_s": GOAL_P50_S, "max_goal_s": GOAL_MAX_S, "met": bool(met),
+            "p50_met": p50 is not None and p50 <= GOAL_P50_S, "max_met": mx is not None and mx <= GOAL_MAX_S}
+
+
+def fmt(v: Any, width: int = 6) -> str:
+    return f"{v:{width}.2f}" if isinstance(v, int | float) else f"{'–':>{width}}"
+
+
+def render_freshness(result: dict[str, Any]) -> str:
+    """The human-readable report of :func:`bench_freshness` (side-by-side table per mode)."""
+    modes = [m for m in MODES if m in result and isinstance(result[m], dict)]
+    cfg = result.get("config", {})
+    lines = [
+        f"freshidx bench freshness: {cfg.get('partitions')} partitions per mode, window ≈ "
+        f"{cfg.get('window_docs', 0):,} docs requested, {os.cpu_count()} cores",
+    ]
+    for m in modes:
+        r = result[m]
+        if r.get("error"):
+            lines.append(f"  {m}: FAILED during {r.get('phase')}: {r['error']}")
+            continue
+        lines.append(
+            f"  {m:7} spark={r.get('spark')}  delta docs {r.get('delta_docs')}  full docs {r.get('full_docs')}  "
+            f"{r.get('completed')}/{r.get('partitions')} searchable  searchable via {r.get('searchable_method')}  "
+            f"load avg {r.get('load_avg_range')}"
+        )
+        srv = r.get("spark_server")
+        if srv:
+            lines.append(
+                f"          Connect server: up in {srv.get('ready_s')} s, restarted {srv.get('restarts')} times "
+                f"(last: {srv.get('last_restart_reason')}); at the end {srv.get('session_processes')} processes, "
+                f"session RSS {mib(srv.get('session_rss_bytes')).strip()} MiB"
+            )
+    label_w = max(len(label) + 2 * max(depth, 0) for _, _, _, label, depth in STAGES) + 2
+    head = f"{'stage (seconds)':<{label_w}}" + "".join(f"| {m + ' p50':>12} {'p95':>6} {'max':>6} " for m in modes)
+    lines += ["", head, "-" * len(head)]
+    for name, _, _, label, depth in STAGES:
+        if depth < 0 and not lines[-1].startswith("-"):
+            lines.append("-" * len(head))
+        indent = "  " * max(depth, 0)
+        row = f"{indent + label:<{label_w}}"
+        for m in modes:
+            st = (result[m].get("stages") or {}).get(name) or {}
+            row += f"| {fmt(st.get('p50'), 12)} {fmt(st.get('p95'))} {fmt(st.get('max'))} "
+        lines.append(row)
+    lines.append("")
+    for m in modes:
+        r = result[m]
+        if r.get("error") or not r.get("completed"):
+            continue
+        a2s = r["arrival_to_searchable"]
+        verdict = r.get("goal") or goal_verdict(r)
+        goal = (f"goal p50 ≤ {GOAL_P50_S:.0f} s, max ≤ {GOAL_MAX_S:.0f} s: "
+                f"{'met' if verdict['met'] else 'MISSED'}") if m == "connect" else "(comparison)"
+        lines.append(f"{m:7} arrival → searchable p50 {a2s['p50']:.2f} s, p95 {a2s['p95']:.2f} s, "
+                     f"max {a2s['max']:.2f} s  {goal}")
+        lines.append(f"        dominant stage: {r.get('dominant_stage_p50')} (by p50); in the worst sample "
+                     f"({r.get('worst_sample')}): {r.get('dominant_stage_worst_sample')}")
+    for m in modes:
+        samples = result[m].get("samples") or []
+        if not samples:
+            continue
+        lines += ["", f"{m} samples (s): partition, run created, run start, Spark job, published, searchable, "
+                      "delay before drop, load"]
+        for s in samples:
+            st = s.get("stages", {})
+            ev = s.get("events", {})
+            a = ev.get("arrival")
+
+            def rel(name: str, a: float | None = a, ev: dict[str, Any] = ev) -> str:
+                t = ev.get(name)
+                return fmt(t - a) if t is not None and a is not None else fmt(None)
+
+            err = f"  ERROR {s['error']}" if s.get("error") else ""
+            lines.append(
+                f"  {s['partition'][-27:]}  {rel('run_created')} {rel('run_start')} {rel('body_start')} "
+                f"{rel('published')} {fmt(st.get('arrival_to_searchable'))}  {fmt(s.get('delay_before_drop_s'))}"
+                f"  {fmt(s.get('load_avg_1m'))}{err}"
+            )
+    return "\n".join(lines)
+
+
+def mib(v: Any) -> str:
+    return f"{v / 2**20:7.0f}" if isinstance(v, int | float) else f"{'–':>7}"
+
+
+def render_soak(r: dict[str, Any]) -> str:
+    """The human-readable report of :func:`bench_soak`."""
+    c = r.get("config", {})
+    bs = r.get("batch_seconds") or {}
+    lines = [
+        f"freshidx bench soak: {r.get('completed')}/{r.get('ran')} batches ok ({r.get('failed')} failed"
+        + (f"; stopped early, {r.get('batches')} asked" if r.get("stopped_early") else "")
+        + f") in {r.get('wall_s')} s; window {c.get('window_minutes')} min ≈ {c.get('window_docs')} docs; "
+        + ("one shared session" if c.get("shared_session") else "one Connect session per batch")
+        + f"; planned restart every {c.get('restart_every_s')} s"
+        + (f" / {c.get('restart_every_batches')} batches" if c.get("restart_every_batches") else ""),
+        f"batch seconds: p50 {fmt(bs.get('p50'), 0)}  p95 {fmt(bs.get('p95'), 0)}  max {fmt(bs.get('max'), 0)}"
+        f"   (server ready in {r.get('server_ready_s')} s)",
+        "",
+        f"{'batch':>6} {'elapsed s':>9} {'batch s':>8} {'pid':>8} {'heap MiB':>8} {'/max':>7} {'JVM RSS':>8} "
+        f"{'sess RSS':>8} {'procs':>6} {'restarts':>8}",
+    ]
+    for t in r.get("timeline", []):
+        lines.append(
+            f"{t['batch'] + 1:>6} {t['elapsed_s']:>9.1f} {t['batch_s']:>8.2f} {t.get('server_pid') or '–':>8} "
+            f"{mib(t.get('heap_used_bytes')):>8} {mib(t.get('heap_max_bytes')):>7} {mib(t.get('jvm_rss_bytes')):>8} "
+            f"{mib(t.get('session_rss_bytes')):>8} {t.get('session_processes', 0):>6} {t.get('restarts'):>8}"
+        )
+    lines += ["", "per server process (MiB: first → last, max; processes = JVM + Python worker daemons):"]
+    for s in r.get("per_server", []):
+        def trend(key: str, s: dict[str, Any] = s) -> str:
+            return (f"{mib(s.get(key + '_first')).strip()} → {mib(s.get(key + '_last')).strip()} "
+                    f"(max {mib(s.get(key + '_max')).strip()})")
+
+        lines.append(f"  pid {s['pid']}: batches {s['first_batch'] + 1}–{s.get('last_batch', 0) + 1}  "
+                     f"heap {trend('heap_used_bytes')}  JVM RSS {trend('jvm_rss_bytes')}  "
+                     f"session RSS {trend('session_rss_bytes')}  processes {s.get('session_processes_first')} → "
+                     f"{s.get('session_processes_last')}")
+    lines += ["", f"restarts performed: {len(r.get('restarts', []))}"]
+    for x in r.get("restarts", []):
+        lines.append(f"  #{x['restarts']} {x['reason']} at {x['at']} (seen at batch {x['seen_at_batch'] + 1}, "
+                     f"whose lease waited {x['batch_lease_wait_s']} s): took {x['duration_s']} s, "
+                     f"pid {x['old_pid']} → {x['new_pid']}")
+    for f in r.get("failures", []):
+        lines.append(f"  batch {f['batch'] + 1} failed: {f['error']}")
+    return "\n".join(lines)

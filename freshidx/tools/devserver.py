@@ -1,0 +1,339 @@
+"""Supervise a ``dagster dev`` process (webserver + daemon + code server).
+
+Used by ``freshidx demo`` (UI on 127.0.0.1:3000) and by end-to-end tests (free loopback port).
+Everything is driven through the webserver's GraphQL API (:mod:`freshidx.tools.devserver_graphql`),
+the same way the UI does it:
+
+* readiness = ``/server_info`` answers, every code location is LOADED without a load error, and
+  every required daemon reports healthy; a code location that fails to load raises
+  :class:`CodeLocationLoadError` with the Python error immediately (no waiting for a timeout);
+* runs are launched like the UI's "Materialize" button (``launchRun`` of ``__ASSET_JOB`` with an
+  asset selection) and backfills like the UI's partition dialog (``launchPartitionBackfill``).
+
+The process is started in its own session (process group), stopped with SIGINT to the whole
+group and SIGKILL as a fallback.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import requests
+
+from freshidx.procs import group_members
+from freshidx.tools.devserver_graphql import (
+    ASSET_JOB_NAME,
+    BACKFILL_TERMINAL_STATUSES,
+    POLL_INTERVAL,
+    RUN_TERMINAL_STATUSES,
+    CodeLocationLoadError,
+    DagsterDevError,
+    GraphQLError,
+    WebserverClient,
+)
+
+__all__ = [
+    "ASSET_JOB_NAME",
+    "BACKFILL_TERMINAL_STATUSES",
+    "REPO_ROOT",
+    "RUN_TERMINAL_STATUSES",
+    "CodeLocationLoadError",
+    "DagsterDev",
+    "DagsterDevError",
+    "DagsterDevExited",
+    "GraphQLError",
+    "WaitAborted",
+    "free_port",
+    "prepare_home",
+    "process_group_pids",
+    "repo_dagster_yaml",
+]
+
+#: The source checkout this package runs from (the demo and the benchmark start ``dagster dev`` there).
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_MINIMAL_DAGSTER_YAML = "telemetry:\n  enabled: false\n"
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class DagsterDevExited(DagsterDevError):
+    """The ``dagster dev`` process exited while we were waiting for it."""
+
+
+class WaitAborted(DagsterDevError):
+    """``wait_ready``'s ``abort`` callback asked to stop waiting (e.g. the demo got SIGTERM)."""
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def prepare_home(home: Path, dagster_yaml: Path | None) -> Path:
+    """Create ``home`` (a DAGSTER_HOME) and put a dagster.yaml in it.
+
+    ``dagster_yaml`` is copied as is; with ``None`` a minimal instance config (telemetry off) is written.
+    """
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    target = home / "dagster.yaml"
+    if dagster_yaml is None:
+        target.write_text(_MINIMAL_DAGSTER_YAML)
+    elif Path(dagster_yaml).resolve() != target.resolve():
+        shutil.copyfile(dagster_yaml, target)
+    return home
+
+
+def repo_dagster_yaml() -> Path | None:
+    """The checkout's ``dagster.yaml`` (the one-machine instance config), None outside a checkout."""
+    p = REPO_ROOT / "dagster.yaml"
+    return p if p.exists() else None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free on ``host`` a moment ago (the usual bind-to-0 probe)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def process_group_pids(pgid: int) -> list[int]:
+    """PIDs of live (non-zombie) processes in process group ``pgid``."""
+    return group_members(pgid)
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, port)) == 0
+
+
+def _tail(path: Path, max_lines: int = 60, max_bytes: int = 64_000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            text = f.read().decode(errors="replace")
+    except OSError as exc:
+        return f"<could not read {path}: {exc}>"
+    lines = _ANSI_RE.sub("", text).splitlines()
+    return "\n".join(lines[-max_lines:])
+
+
+# ------------------------------------------------------------------------------------------- DagsterDev
+
+
+class DagsterDev(WebserverClient):
+    """A supervised ``dagster dev`` subprocess; its GraphQL calls come from :class:`WebserverClient`.
+
+    Exactly one of ``module`` / ``python_file`` / ``workspace`` selects the code (``-m`` / ``-f`` /
+    ``-w``); when ``python_file`` or ``workspace`` is given, ``module`` is ignored. ``env`` is merged
+    over ``os.environ``; ``DAGSTER_HOME`` is always ``home``.
+    """
+
+    def __init__(
+        self,
+        *,
+        home: Path,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        module: str | None = "freshidx.definitions",
+        python_file: Path | None = None,
+        workspace: Path | None = None,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        log_path: Path | None = None,
+    ) -> None:
+        if python_file is not None and workspace is not None:
+            raise ValueError("pass at most one of python_file / workspace")
+        if python_file is not None:
+            self._target = ["-f", str(Path(python_file).resolve())]
+        elif workspace is not None:
+            self._target = ["-w", str(Path(workspace).resolve())]
+        elif module is not None:
+            self._target = ["-m", module]
+        else:
+            raise ValueError("one of module / python_file / workspace is required")
+        super().__init__(host, port if port is not None else free_port(host))
+        self.home = Path(home).resolve()
+        self._env = dict(env or {})
+        self.cwd = Path(cwd) if cwd is not None else None
+        self.log_path = Path(log_path) if log_path is not None else self.home / "dagster-dev.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._pgid: int | None = None
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "dagster",
+            "dev",
+            "-h",
+            self.host,
+            "-p",
+            str(self.port),
+            *self._target,
+        ]
+
+    @property
+    def is_running(self) -> bool:
+        """True while the ``dagster dev`` process is alive (a property, not a method)."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def group_pids(self) -> list[int]:
+        """Live processes left in the ``dagster dev`` process group (empty once fully stopped)."""
+        return process_group_pids(self._pgid) if self._pgid is not None else []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> Self:
+        if self._proc is not None:
+            raise DagsterDevError("already started")
+        probe_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        if _port_in_use(probe_host, self.port):
+            # Otherwise /server_info would be answered by whatever already listens there.
+            raise DagsterDevError(f"port {self.port} on {probe_host} is already in use")
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self._env, "DAGSTER_HOME": str(self.home)}
+        # Left behind by a Spark Connect client in this process; would force runs into Connect mode.
+        for var in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
+            if var not in self._env:
+                env.pop(var, None)
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                self.command,
+                env=env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._pgid = self._proc.pid  # new session => the child leads its own process group
+        atexit.register(self.stop)
+        return self
+
+    def wait_ready(self, timeout: float = 180, abort: Callable[[], bool] | None = None) -> Self:
+        """Poll until the webserver answers, every location is loaded and required daemons are healthy.
+
+        Raises :class:`CodeLocationLoadError` as soon as a location reports a load error,
+        :class:`DagsterDevExited` if the process dies, :class:`TimeoutError` after ``timeout`` seconds,
+        :class:`WaitAborted` as soon as ``abort()`` returns True (a stop requested during start-up).
+        """
+        if self._proc is None:
+            raise DagsterDevError("not started")
+        deadline = time.monotonic() + timeout
+        stage = "webserver /server_info"
+        detail = ""
+        while True:
+            if abort is not None and abort():
+                raise WaitAborted(f"stopped while waiting for {stage}")
+            self.check_alive()
+            try:
+                if stage == "webserver /server_info":
+                    code = self.server_info_status()
+                    if code == 200:
+                        stage = "code locations"
+                    else:
+                        detail = f"HTTP {code}"
+                if stage == "code locations":
+                    pending = self.refresh_workspace()
+                    if not pending:
+                        stage = "daemons"
+                    else:
+                        detail = f"not loaded: {pending}"
+                if stage == "daemons":
+                    unhealthy = self.unhealthy_daemons()
+                    if not unhealthy:
+                        return self
+                    detail = f"unhealthy: {unhealthy}"
+            except requests.RequestException as exc:
+                detail = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"dagster dev on {self.url} not ready after {timeout}s (waiting for {stage}; {detail})\n"
+                    f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+                )
+            time.sleep(POLL_INTERVAL)
+
+    def stop(self, timeout: float = 20) -> int | None:
+        """SIGINT the process group, wait up to ``timeout`` s, then SIGKILL. Idempotent.
+
+        Returns the exit code of ``dagster dev`` (None if it was never started).
+        """
+        proc, pgid = self._proc, self._pgid
+        if proc is None or pgid is None:
+            return None
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.stop)
+        self.close()  # drop keep-alive connections so the webserver has nothing to drain
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGINT)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+                proc.wait()
+        # dagster dev is gone; give its children (webserver, daemon, code server, run workers) a
+        # moment to follow, then kill whatever is left in the group.
+        grace = time.monotonic() + min(5.0, max(timeout, 0.5))
+        while process_group_pids(pgid) and time.monotonic() < grace:
+            time.sleep(0.1)
+        if process_group_pids(pgid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+            hard = time.monotonic() + 5.0
+            while process_group_pids(pgid) and time.monotonic() < hard:
+                time.sleep(0.05)
+        return proc.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until ``dagster dev`` exits on its own (e.g. for ``freshidx demo``); return its exit code."""
+        if self._proc is None:
+            raise DagsterDevError("not started")
+        return self._proc.wait(timeout)
+
+    def __enter__(self) -> Self:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def check_alive(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            raise DagsterDevExited(
+                f"dagster dev exited with code {self._proc.returncode}\n"
+                f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
+            )
