@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from freshidx import layout, transform
@@ -53,7 +53,7 @@ def dedupe_versions(valid: DataFrame) -> DataFrame:
     """One row per ``(ad_id, version)``; columns :data:`~freshidx.transform.TYPED_FIELDS`.
 
     Exact duplicates collapse. When one ``(ad_id, version)`` comes with different content, the winner
-    follows the project's tie-break (:func:`freshidx.transform._tie_break_order` minus the key): latest
+    follows the project's tie-break (:func:`freshidx.transform.tie_break_order` minus the key): latest
     ``updated_at``, then ``status`` (``paused``/``deleted`` beat ``active``: when in doubt, hide), then
     every other field. It is a ``max`` over a struct, so it does not depend on input order or
     partitioning. Other input columns (``partition``, …) take no part and are dropped.
@@ -64,7 +64,7 @@ def dedupe_versions(valid: DataFrame) -> DataFrame:
 def _dedupe(valid: DataFrame, extra_keys: tuple[str, ...]) -> DataFrame:
     # dedupe_versions within each group of extra_keys (kept as leading columns).
     key = (*extra_keys, *_DEDUPE_KEY)
-    order = [c for c in transform._tie_break_order(list(transform.TYPED_FIELDS)) if c not in _DEDUPE_KEY]
+    order = [c for c in transform.tie_break_order(list(transform.TYPED_FIELDS)) if c not in _DEDUPE_KEY]
     winner = F.max(F.struct(*[F.col(c) for c in order])).alias("_w")
     return (
         valid.select(*extra_keys, *transform.TYPED_FIELDS)
@@ -269,7 +269,6 @@ def build_buckets(
         return []
     for h in todo:
         h.version = new_version(h.hour)
-    hour_of_file = {key: i for i, h in enumerate(todo) for key, _ in h.file_list}
     file_list = sorted(pair for h in todo for pair in h.file_list)
 
     lines = read_raw_lines(spark, store_config, file_list, max_partitions=_read_task_limit(spark))
@@ -277,33 +276,12 @@ def build_buckets(
     # under Spark Connect a persisted plan never matches and every action re-read (see build.py).
     parsed = transform.parse_records(lines, max_future_skew_seconds).localCheckpoint(eager=True)
     try:
-        # One small aggregation gives the lines per file and the invalid reasons of every hour.
-        for row in parsed.groupBy("file", "reason").agg(F.count(F.lit(1)).alias("n")).collect():
-            h = todo[hour_of_file[row["file"]]]
-            n = int(row["n"])
-            h.rows_by_file[row["file"]] = h.rows_by_file.get(row["file"], 0) + n
-            if row["reason"] is None:
-                h.valid_rows += n
-            else:
-                h.reasons[row["reason"]] = h.reasons.get(row["reason"], 0) + n
-                h.bad_files[row["file"]] = h.bad_files.get(row["file"], 0) + n
+        _count_lines(parsed, todo)
         valid, invalid = transform.split_valid(parsed)
         quarantined: list[QuarantineCommit] = []
         if quarantine and any(h.reasons for h in todo):
-            if quarantine_once:
-                bad = {h_file for h in todo for h_file, _ in h.file_list if h.bad_files.get(h_file)}
-                done = quarantined_files(open_store(store_config), source, [p for p in file_list if p[0] in bad])
-                left = sorted(bad - done)
-                if left:
-                    quarantined = write_quarantine(invalid.filter(F.col("file").isin(left)), store_config, source,
-                                                   run_id, None, once=True)
-            else:
-                quarantined = write_quarantine(invalid, store_config, source, run_id, None)
-        # The bucket of a row, from its partition path (validated to lie in one of the hours).
-        index_of_hour = F.create_map(
-            *[x for i, h in enumerate(todo) for x in (F.lit(PartitionId(h.hour).hour_path), F.lit(i))]
-        )
-        bucket = index_of_hour[F.substring_index(F.col("partition"), "/minute=", 1)]
+            quarantined = _quarantine(invalid, todo, file_list, store_config, source, run_id, once=quarantine_once)
+        bucket = _bucket_column(todo)
         conflicts = report_conflicts(transform.version_conflicts(parsed.withColumn(_BUCKET, bucket), (_BUCKET,)),
                                      store_config, source, write=quarantine, group_col=_BUCKET)
         rows = _dedupe(valid.withColumn(_BUCKET, bucket), (_BUCKET,))
@@ -320,6 +298,42 @@ def build_buckets(
                 conflicts=conflicts, group=str(i))
         for i, (h, c) in enumerate(zip(todo, commits, strict=True))
     ]
+
+
+def _count_lines(parsed: DataFrame, todo: list[_Hour]) -> None:
+    """One small aggregation gives the lines per file and the invalid reasons of every hour."""
+    hour_of_file = {key: i for i, h in enumerate(todo) for key, _ in h.file_list}
+    for row in parsed.groupBy("file", "reason").agg(F.count(F.lit(1)).alias("n")).collect():
+        h = todo[hour_of_file[row["file"]]]
+        n = int(row["n"])
+        h.rows_by_file[row["file"]] = h.rows_by_file.get(row["file"], 0) + n
+        if row["reason"] is None:
+            h.valid_rows += n
+        else:
+            h.reasons[row["reason"]] = h.reasons.get(row["reason"], 0) + n
+            h.bad_files[row["file"]] = h.bad_files.get(row["file"], 0) + n
+
+
+def _quarantine(invalid: DataFrame, todo: list[_Hour], file_list: list[tuple[str, str]], store_config: StoreConfig,
+                source: str, run_id: str, *, once: bool) -> list[QuarantineCommit]:
+    """Write the invalid records; with ``once``, only those of files no earlier build quarantined."""
+    if not once:
+        return write_quarantine(invalid, store_config, source, run_id, None)
+    bad = {h_file for h in todo for h_file, _ in h.file_list if h.bad_files.get(h_file)}
+    done = quarantined_files(open_store(store_config), source, [p for p in file_list if p[0] in bad])
+    left = sorted(bad - done)
+    if not left:
+        return []
+    return write_quarantine(invalid.filter(F.col("file").isin(left)), store_config, source, run_id, None, once=True)
+
+
+def _bucket_column(todo: list[_Hour]) -> Column:
+    """The bucket of a row (index of its hour in ``todo``), from its partition path (validated to lie
+    in one of the hours)."""
+    index_of_hour = F.create_map(
+        *[x for i, h in enumerate(todo) for x in (F.lit(PartitionId(h.hour).hour_path), F.lit(i))]
+    )
+    return index_of_hour[F.substring_index(F.col("partition"), "/minute=", 1)]
 
 
 def _result(

@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -41,6 +41,9 @@ FORMAT = "tantivy-v1"
 
 #: Sub-directory of a shard prefix holding the tantivy files (``.../shard-NNNNN-aK/index/``).
 INDEX_DIR = "index/"
+#: Beside it in each shard: the active ads' records and the kill-list part (every ad's state).
+DOCS_FILE = "docs.parquet"
+COVERED_FILE = "covered.parquet"
 
 #: Fields a user query searches by default.
 SEARCH_FIELDS: tuple[str, ...] = ("title", "keywords")
@@ -51,8 +54,8 @@ SEARCH_FIELDS: tuple[str, ...] = ("title", "keywords")
 WRITER_HEAP_BYTES = 128_000_000
 WRITER_THREADS = 1
 
-#: Columns an index build reads from each row (the typed record plus the product features).
-INDEX_ARROW_SCHEMA = pa.schema(
+#: The typed record as Arrow (``transform.TYPED_FIELDS``): ``docs.parquet`` and the bucket parts.
+DOCS_ARROW_SCHEMA = pa.schema(
     [
         pa.field("ad_id", pa.string()),
         pa.field("campaign_id", pa.string()),
@@ -63,9 +66,11 @@ INDEX_ARROW_SCHEMA = pa.schema(
         pa.field("status", pa.string()),
         pa.field("updated_at", pa.timestamp("us", tz="UTC")),
         pa.field("version", pa.int64()),
-        pa.field("product_active_ads", pa.int64()),
-        pa.field("product_best_bid", pa.float64()),
     ]
+)
+#: Columns an index build reads from each row (the typed record plus the product features).
+INDEX_ARROW_SCHEMA = pa.schema(
+    [*DOCS_ARROW_SCHEMA, pa.field("product_active_ads", pa.int64()), pa.field("product_best_bid", pa.float64())]
 )
 
 
@@ -178,14 +183,6 @@ class IndexBuilder:
 
     def add_batch(self, batch: pa.RecordBatch | pa.Table) -> int:
         added = add_batch(self.writer, batch)
-        self.docs += added
-        return added
-
-    def add_rows(self, rows: Iterable[Mapping[str, Any]]) -> int:
-        added = 0
-        for row in rows:
-            add_document(self.writer, row)
-            added += 1
         self.docs += added
         return added
 

@@ -137,10 +137,6 @@ class TriggerId:
         return ".".join(parts)
 
     @property
-    def is_final(self) -> bool:
-        return self.correction is None and self.attempt is None and self.mark is None
-
-    @property
     def is_attempt(self) -> bool:
         """``.aN`` or ``.cK.aN`` itself (the accepted claim), not an event after it."""
         return self.attempt is not None and self.mark is None

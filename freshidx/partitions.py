@@ -107,14 +107,3 @@ def parse_segment(segment: str, expected: str) -> int:
 
 
 SEGMENT_NAMES = _SEGMENTS
-
-
-def hour_paths_between(first: dt.datetime, last: dt.datetime) -> list[str]:
-    """Hour prefixes (``year=…/hour=HH``) from the hour of ``first`` to the hour of ``last`` inclusive."""
-    cur = first.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
-    end = last.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
-    out: list[str] = []
-    while cur <= end:
-        out.append(PartitionId(cur).hour_path)
-        cur += dt.timedelta(hours=1)
-    return out

@@ -183,7 +183,7 @@ def validate_draft(store: ObjectStore, draft: DraftManifest, *, allow_empty: boo
     return problems
 
 
-def _crash_point(name: str) -> None:
+def crash_point(name: str) -> None:
     # Fault injection for crash-safety tests: the process really dies here (no cleanup, no
     # exception handlers), exactly like a kill -9 at this step.
     if os.environ.get("FRESHIDX_CRASH_AT") == name:
@@ -294,7 +294,7 @@ def publish(
         return PublishResult("invalid", draft.version, reason, current, 0, time.monotonic() - t0)
 
     store.create_json(layout.manifest_key(draft.index, draft.version), draft.to_dict())
-    _crash_point("before_cas")
+    crash_point("before_cas")
 
     unknown_seq: int | None = None  # generation of our last swap whose outcome we did not see
     for attempt in range(1, CAS_MAX_ATTEMPTS + 1):
@@ -339,7 +339,7 @@ def publish(
             unknown_seq = pointer.seq
             time.sleep(min(0.5, 0.02 * 2**attempt) * random.random())
             continue
-        _crash_point("after_cas")
+        crash_point("after_cas")
         ensure_history(store, pointer)
         # Say why when it is not obvious: the same cutoff published again (late inputs).
         said = f"published: {why}" if current is not None and draft.position == current.position else "published"

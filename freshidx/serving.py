@@ -43,16 +43,13 @@ import pyarrow.parquet as pq
 import tantivy
 
 from freshidx import layout
-from freshidx.index_format import INDEX_DIR, SEARCH_FIELDS, is_lock_file, open_index, schema
+from freshidx.index_format import COVERED_FILE, INDEX_DIR, SEARCH_FIELDS, is_lock_file, open_index, schema
 from freshidx.publish import Pointer, read_manifest, read_pointer
 from freshidx.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
 INDEXES = ("full", "delta")
-#: The delta's kill-list file in each shard (written by :mod:`freshidx.spark.shards`, same name; not
-#: imported from there so that serving, and ``freshidx search``, import no Spark).
-COVERED_FILE = "covered.parquet"
 DOWNLOAD_THREADS = 8
 _TMP_PREFIX = ".tmp-"
 _WORD_RE = re.compile(r"[^\W_]+")
@@ -127,14 +124,6 @@ class VersionSet:
             "full": self.full.version if self.full else None,
             "delta": self.delta.version if self.delta else None,
         }
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class Searcher:

@@ -207,7 +207,8 @@ def split_valid(parsed: DataFrame) -> tuple[DataFrame, DataFrame]:
     return valid, invalid
 
 
-def _tie_break_order(columns: list[str]) -> list[str]:
+def tie_break_order(columns: list[str]) -> list[str]:
+    """The columns, most significant first, whose max picks the winning record of an ad."""
     # Highest version wins, then latest updated_at, then status (so on an exact tie "paused"/"deleted"
     # beat "active": when in doubt, hide), then every other column: deterministic, and exact
     # duplicates collapse.
@@ -215,6 +216,8 @@ def _tie_break_order(columns: list[str]) -> list[str]:
     rest = [c for c in TYPED_FIELDS if c not in first and c != "ad_id"]
     extra = sorted(c for c in columns if c not in TYPED_FIELDS)
     return first + rest + extra
+
+
 
 
 #: Reason of a (reported, not rejected) copy of an ``(ad_id, version)`` read with more than one content.
@@ -246,7 +249,7 @@ def version_conflicts(parsed: DataFrame, group_keys: tuple[str, ...] = ()) -> Da
     :data:`CONFLICT_COLUMNS` plus ``group_keys``. Runs on executors (one aggregation, one join);
     usually empty.
     """
-    order = [c for c in _tie_break_order(list(TYPED_FIELDS)) if c not in ("ad_id", "version")]
+    order = [c for c in tie_break_order(list(TYPED_FIELDS)) if c not in ("ad_id", "version")]
     keys = [*group_keys, "ad_id", "version"]
     valid = (
         parsed.filter(F.col("reason").isNull())
@@ -278,8 +281,8 @@ def version_conflicts(parsed: DataFrame, group_keys: tuple[str, ...] = ()) -> Da
 
 
 def latest_per_ad(valid: DataFrame) -> DataFrame:
-    """One row per ``ad_id``: the newest record (see :func:`_tie_break_order`). No global sort."""
-    order = _tie_break_order(valid.columns)
+    """One row per ``ad_id``: the newest record (see :func:`tie_break_order`). No global sort."""
+    order = tie_break_order(valid.columns)
     winner = F.max(F.struct(*[F.col(c) for c in order])).alias("_w")
     out_columns = [*TYPED_FIELDS, *[c for c in order if c not in TYPED_FIELDS]]
     return (
@@ -301,11 +304,6 @@ def covered_ids(latest: DataFrame) -> DataFrame:
     A delta covering an ad hides the stale copy in the full index, whatever the new status.
     """
     return latest.select(*COVERED_COLUMNS)
-
-
-def reason_counts(invalid: DataFrame) -> DataFrame:
-    """``reason, count`` over invalid records."""
-    return invalid.groupBy("reason").agg(F.count(F.lit(1)).alias("count"))
 
 
 # --------------------------------------------------------------------------- product grouping (seed 000)

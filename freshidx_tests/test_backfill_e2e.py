@@ -1,5 +1,5 @@
-"""Through ``dagster dev`` (webserver + daemon), as the UI does it: a backfill of 3 ``ads_hourly`` hours
-launched with GraphQL ``launchPartitionBackfill`` while the delta sensor keeps publishing. The 3 hours
+"""Through ``dagster dev`` (webserver + daemon), as the UI does it: a backfill of 2 ``ads_hourly`` hours
+launched with GraphQL ``launchPartitionBackfill`` while the delta sensor keeps publishing. The 2 hours
 are rebuilt (new bucket versions, recorded in the ledger as backfill rebuilds) and the delta pointer
 only ever moves forward.
 """
@@ -42,7 +42,7 @@ def dev(tmp_path: Path, local_store_config: StoreConfig,
     home = prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml")
     env = {**env_for(local_store_config, shared_spark_connect), "FRESHIDX_CATCHUP_AUTOSTART": "true",
            "FRESHIDX_HOURLY_SENSOR_INTERVAL_SECONDS": "5", "FRESHIDX_CLOSE_GRACE_SECONDS": "0",
-           # one hour per run: the backfill is 3 runs, long enough for live publications to land inside it
+           # one hour per run: the backfill is 2 runs, long enough for live publications to land inside it
            "FRESHIDX_HOURLY_MAX_HOURS_PER_RUN": "1"}
     d = DagsterDev(home=home, module="freshidx.definitions", env=env, cwd=REPO)
     d.start()
@@ -60,24 +60,24 @@ def test_ui_backfill_rebuilds_hours_while_delta_only_moves_forward(
     # cpu_load first: the box is busy (CPU hogs, see conftest) from before dagster dev starts.
     d, cfg = dev
     store = open_store(cfg)
-    for i in range(3):  # three closed hours, two batches each
+    for i in range(2):  # two closed hours (a range, as the UI selects it), two batches each
         for m in (10, 40):
             write_partition(store, GEN, PartitionId(hour(i) + dt.timedelta(minutes=m)))
     live = [PartitionId(hour(4) + dt.timedelta(minutes=m)) for m in range(0, 60, 3)]
     write_partition(store, GEN, live.pop(0))
 
     # The catch-up sensor processes the closed hours once; the delta sensor publishes the newest.
-    names = [layout.bucket_name(catchup.ASSET, hour(i)) for i in range(3)]
+    names = [layout.bucket_name(catchup.ASSET, hour(i)) for i in range(2)]
     poll_until(lambda: all(read_pointer(store, n)[0] is not None for n in names), timeout=600, interval=1,
-               what="catch-up sensor to process hours 0-2")
+               what="catch-up sensor to process hours 0-1")
     first = {n: read_pointer(store, n)[0] for n in names}
     assert all(p is not None and p.seq == 1 for p in first.values())
     poll_until(lambda: read_pointer(store, "delta")[0] is not None, timeout=420, interval=1, what="first delta")
 
-    # The UI's partition backfill of hours 0..2 (one range), while new batches keep arriving.
-    keys = [catchup.dagster_key(hour(i)) for i in range(3)]
+    # The UI's partition backfill of hours 0..1 (one range), while new batches keep arriving.
+    keys = [catchup.dagster_key(hour(i)) for i in range(2)]
     launched_at = dt.datetime.now(dt.UTC)
-    backfill_id = d.launch_partition_backfill("ads_hourly", range=(keys[0], keys[-1]), title="rebuild 3 hours")
+    backfill_id = d.launch_partition_backfill("ads_hourly", range=(keys[0], keys[-1]), title="rebuild 2 hours")
     delta_before = read_pointer(store, "delta")[0].seq
     last_write = [time.monotonic()]
 
@@ -109,7 +109,7 @@ def test_ui_backfill_rebuilds_hours_while_delta_only_moves_forward(
     instance = dg.DagsterInstance.from_config(str(d.home))
     try:
         runs = instance.get_runs(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
-        assert len(runs) == 3 and all(r.tags.get(catchup.TAG_KIND) is None for r in runs)  # not catch-up claims
+        assert len(runs) == 2 and all(r.tags.get(catchup.TAG_KIND) is None for r in runs)  # not catch-up claims
         assert all(r.status.value == "SUCCESS" for r in runs)
         # Lower priority than live work: the run queue dequeues the live delta runs first.
         live_runs = instance.get_runs(dg.RunsFilter(tags={"freshidx/pipeline": "delta"}))

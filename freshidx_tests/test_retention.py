@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from freshidx import cli, layout
+from freshidx.index_format import INDEX_DIR
 from freshidx.publish import iso, publish, read_pointer
 from freshidx.retention import (
     RetentionError,
@@ -17,7 +18,6 @@ from freshidx.retention import (
     rollback,
 )
 from freshidx.serving import Searcher
-from freshidx.spark.index_shards import index_key_prefix
 from freshidx.store import ObjectStore, StoreConfig, open_store
 from freshidx_tests.test_index_shards import T0, ad, build_direct, draft, publish_commits
 
@@ -94,7 +94,7 @@ def test_gate_refusals_leave_the_serving_answer(local_store_config: StoreConfig,
 
 
 def _orphan(store: ObjectStore, index: str, version: str, shard: int, attempt: int) -> str:
-    key = index_key_prefix(index, version, shard, attempt) + "meta.json"
+    key = layout.shard_prefix(index, version, shard, attempt) + INDEX_DIR + "meta.json"
     store.put(key, b"{}")
     return layout.shard_prefix(index, version, shard, attempt)
 

@@ -19,7 +19,7 @@ import dagster as dg
 import pytest
 
 from freshidx import ledger
-from freshidx.defs.run_health import _facts, failure_reason
+from freshidx.defs.run_health import failure_reason, run_facts
 from freshidx.store import StoreConfig, open_store
 from freshidx.tools.devserver import DagsterDev, prepare_home
 from freshidx.tools.generate import write_partition
@@ -56,7 +56,7 @@ def test_killed_run_worker_is_failed_fast_and_the_sensor_jumps_to_the_newest(
             runs = instance.get_runs(dg.RunsFilter(tags={"freshidx/pipeline": "delta"}, statuses=[
                 dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]))
             for r in runs:
-                pid = _facts(instance, r).pid
+                pid = run_facts(instance, r).pid
                 if pid is not None:
                     return r, pid
             return None
@@ -111,7 +111,7 @@ def test_run_left_started_by_a_killed_dagster_dev_is_failed_by_run_health_after_
         def worker() -> tuple[dg.DagsterRun, int] | None:
             for r in instance.get_runs(dg.RunsFilter(tags={"freshidx/pipeline": "delta"}, statuses=[
                     dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED])):
-                pid = _facts(instance, r).pid
+                pid = run_facts(instance, r).pid
                 if pid is not None:
                     return r, pid
             return None

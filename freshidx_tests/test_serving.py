@@ -17,9 +17,9 @@ from freshidx.publish import read_manifest, read_pointer
 from freshidx.retention import rollback
 from freshidx.serving import Hit, Searcher, ServingError
 from freshidx.spark.index_shards import read_version_docs, write_index_shards
-from freshidx.spark.shards import write_one_shard
 from freshidx.store import StoreConfig, open_store
 from freshidx.transform import index_rows
+from freshidx_tests.parquet_shards import write_one_shard
 from freshidx_tests.test_index_shards import T0, ad, build_direct, publish_commits, rows_df
 
 FULL_AT = T0

@@ -25,12 +25,11 @@ from freshidx.spark.shards import (
     ShardCommit,
     ShardFile,
     quarantine_key,
-    write_empty_shards,
     write_quarantine,
-    write_shards,
 )
 from freshidx.store import ObjectStore, StoreConfig, open_store
 from freshidx.transform import INVALID_COLUMNS
+from freshidx_tests.parquet_shards import write_empty_shards, write_shards
 
 LATEST_DDL = (
     "ad_id string, campaign_id string, product_id string, title string, keywords array<string>, "

@@ -203,9 +203,9 @@ def test_jvm_left_by_a_killed_supervisor_is_killed_on_next_start(tmp_path: Path)
         (tmp_path / "other").mkdir()
         (tmp_path / "other" / "state.json").write_text(json.dumps(
             {"status": "up", "pid": bystander.pid, "hostname": HOSTNAME}))
-        SparkConnectSupervisor(ServerConfig(state_dir=tmp_path / "other"))._kill_leftover()
+        SparkConnectSupervisor(ServerConfig(state_dir=tmp_path / "other")).kill_leftover()
         assert bystander.poll() is None
-        sup._kill_leftover()
+        sup.kill_leftover()
         # generous: on a loaded box a just-started process can take seconds to die (seen once: >10 s)
         assert orphan.wait(60) == -signal.SIGKILL
         assert bystander.poll() is None
@@ -236,6 +236,9 @@ def test_start_query_and_python_worker_imports_freshidx(supervised: Supervised) 
     # a fresh cds dir: this JVM recorded its classes and dumped them once warmed up
     assert "-XX:+RecordDynamicDumpInfo" in cmd, cmd
     assert st["last_start_timings"]["cds_dump_s"] > 0 and Path(st["cds_archive"]).is_file(), st
+    # Runs share one application: jobs of the default pool (every Connect session) are scheduled FAIR.
+    log = (supervised.state_dir / "server.log").read_text(errors="replace")
+    assert "pool: default, schedulingMode: FAIR" in log, log[-3000:]
 
     t0 = time.monotonic()
     res = _query_and_python_job(st["url"])

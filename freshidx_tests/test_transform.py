@@ -196,7 +196,7 @@ def test_split_valid_and_reason_counts(spark: SparkSession) -> None:
         (5, line(status="x"), R.REASON_BAD_STATUS),
         (6, line(), R.REASON_BAD_ENCODING),
     ]
-    counts = {r["reason"]: r["count"] for r in T.reason_counts(invalid).collect()}
+    counts = {r["reason"]: r["count"] for r in invalid.groupBy("reason").count().collect()}
     assert counts == {R.REASON_MALFORMED_JSON: 2, R.REASON_BAD_STATUS: 1, R.REASON_BAD_ENCODING: 1}
 
 

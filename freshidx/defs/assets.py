@@ -27,6 +27,7 @@ from freshidx.defs.io_manager import (  # TAG_SKIPPED re-exported: the sensors s
     outcome_tags,
     record_outcome,
 )
+from freshidx.defs.publishing_io_manager import PublishPolicy
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.delta import DeltaPlan, build_delta
 from freshidx.lifecycle import Decision, Mark, TriggerId, decision_for
@@ -152,8 +153,8 @@ def delta_index(
     partition = resolve_partition(st, settings, config.source_partition, "source_partition", store.uri,
                                   allow_future=from_listing)
     watermark = PartitionId.parse(pointer.source_partition) if pointer and pointer.source_partition else None
-    run_info = {**_run_info(context, settings), "force": config.force,
-                "max_drop_fraction": settings.delta_max_drop_fraction}
+    policy = PublishPolicy(max_drop_fraction=settings.delta_max_drop_fraction, force=config.force)
+    run_info = {**_run_info(context, settings), **policy.run_record()}
     attempt = context.run.tags.get(TAG_ATTEMPT)
     if attempt and context.run.tags.get(TAG_PARTITION) == partition.path:
         # Link the accepted trigger (P.aN, written by the sensor) to the run that executes it.
@@ -176,7 +177,8 @@ def delta_index(
     yield from _output_if_newer(context, st, draft)
 
 
-def _code_version() -> str:
+def code_version() -> str:
+    """The installed freshidx version ("unknown" when the package metadata is missing)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -229,8 +231,8 @@ def full_index(
     st = store.open()
     cutoff = resolve_partition(st, settings, config.cutoff_partition, "cutoff_partition", store.uri)
     context.log.info(f"building full index up to {cutoff.path}")
-    run_info = {**_run_info(context, settings), "force": config.force,
-                "max_drop_fraction": settings.full_max_drop_fraction}
+    policy = PublishPolicy(max_drop_fraction=settings.full_max_drop_fraction, force=config.force)
+    run_info = {**_run_info(context, settings), **policy.run_record()}
     # No pre-build shortcut here: the same cutoff can be newer (late partitions), which only the
     # built draft's inputs can tell.
     with spark.session() as session:
@@ -387,7 +389,7 @@ def _run_info(context: dg.AssetExecutionContext, settings: Settings) -> dict:
         "attempt": tags.get(TAG_ATTEMPT),
         "sensor": tags.get("dagster/sensor_name"),
         "schedule": tags.get("dagster/schedule_name"),
-        "code_version": _code_version(),
+        "code_version": code_version(),
         "settings": {"window_minutes": settings.window_minutes, "delta_shards": settings.delta_shards,
                      "full_shards": settings.full_shards, "source": settings.source},
     }

@@ -2,7 +2,8 @@
 
 The asset is hourly-partitioned, so UI backfills of a range work as Dagster users expect (at most
 ``hourly_max_hours_per_run`` hours per run, lower priority than live runs via dagster.yaml). The
-sensor decides with :func:`freshidx.catchup.plan_tick`; this module only adapts it to Dagster.
+sensor observes (the store, :class:`DagsterRunIndex`), plans (:func:`freshidx.catchup.plan_tick`, reads
+only) and applies the plan (:func:`freshidx.catchup.apply`); this module only adapts both to Dagster.
 """
 # No `from __future__ import annotations` here: Dagster inspects these annotations at definition time.
 
@@ -15,13 +16,13 @@ import dagster as dg
 from dagster import DagsterRunStatus, RunsFilter
 
 from freshidx import catchup, run_health
-from freshidx.defs.assets import OWNERS, TAG_PIPELINE, TAG_TRIGGER, _code_version, hourly_partitions
+from freshidx.defs.assets import OWNERS, TAG_PIPELINE, TAG_TRIGGER, code_version, hourly_partitions
 from freshidx.defs.bucket_io_manager import HourBucket
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.defs.runs import IN_FLIGHT
 from freshidx.lifecycle import Decision, Mark, TriggerId
 from freshidx.listing import newest_partition
-from freshidx.publish import _crash_point, utcnow
+from freshidx.publish import crash_point, utcnow
 from freshidx.readiness import check_ready, list_hour
 from freshidx.settings import Settings
 
@@ -73,7 +74,7 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
         policy = cfg.readiness_for(cfg.source)
         newest, _ = newest_partition(st, cfg.source)
         run_info = {"run_id": context.run_id, "trigger": kind, "run_key": tags.get("dagster/run_key"),
-                    "backfill": tags.get("dagster/backfill"), "code_version": _code_version(),
+                    "backfill": tags.get("dagster/backfill"), "code_version": code_version(),
                     "readiness": policy, "claims": claims}
         out: list[HourBucket] = []
         todo: list[HourInput] = []  # ready hours; id and claim follow from .hour
@@ -98,7 +99,7 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
             todo.append(HourInput(hour=hour, files=listing.files, listed_at=listed_at,
                                   expected_rows=ready.expected_rows))
         if todo:
-            _crash_point("bucket_build")  # tests: the run dies mid-hour like a kill -9 (claim taken, run STARTED)
+            crash_point("bucket_build")  # tests: the run dies mid-hour like a kill -9 (claim taken, run STARTED)
             hids = [catchup.layout.hour_id(i.hour) for i in todo]
             context.log.info(f"building {catchup.ASSET} {', '.join(hids)} in one Spark pass: "
                              f"{sum(len(i.files) for i in todo)} file(s), {kind}")
@@ -118,7 +119,8 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
 
 
 class DagsterRunIndex:
-    """:class:`freshidx.catchup.RunIndex` answered from the Dagster instance (bounded queries)."""
+    """:class:`freshidx.catchup.RunIndex` answered from the Dagster instance (bounded queries), and
+    the :class:`freshidx.catchup.Canceller` that :func:`freshidx.catchup.apply` cancels stuck runs with."""
 
     def __init__(self, instance: dg.DagsterInstance) -> None:
         self.instance = instance
@@ -207,7 +209,9 @@ def make_hourly_sensor(settings: Settings, ads_hourly: dg.AssetsDefinition) -> d
         context: dg.SensorEvaluationContext, store: ObjectStoreResource, freshidx: FreshidxSettings
     ) -> dg.SensorResult:
         cfg = freshidx.settings(store.uri, store.endpoint_url)
-        plan = catchup.plan_tick(store.open(), cfg, DagsterRunIndex(context.instance), utcnow())
+        st, runs = store.open(), DagsterRunIndex(context.instance)
+        plan = catchup.plan_tick(st, cfg, runs, utcnow())
+        applied = catchup.apply(st, plan, runs)
         partitions_def = hourly_partitions(cfg)
 
         def observation(hid: str, metadata: dict) -> dg.AssetObservation:
@@ -219,8 +223,9 @@ def make_hourly_sensor(settings: Settings, ads_hourly: dg.AssetsDefinition) -> d
             return dg.AssetObservation(asset_key="raw_ad_updates", partition=key if valid else None,
                                        metadata={"hour": hid, **metadata})
 
-        events = [observation(hid, {"catchup": decision, "reason": reason}) for hid, decision, reason in plan.actions]
-        for hid, decision, reason in plan.actions:
+        events = [observation(hid, {"catchup": decision, "reason": reason})
+                  for hid, decision, reason in applied.actions]
+        for hid, decision, reason in applied.actions:
             context.log.info(f"{hid}: {decision}: {reason}")
         cursor = json.loads(context.cursor) if context.cursor else {}
         digest = hashlib.sha1(json.dumps(plan.waiting, sort_keys=True).encode()).hexdigest()
@@ -229,8 +234,8 @@ def make_hourly_sensor(settings: Settings, ads_hourly: dg.AssetsDefinition) -> d
                        for hid, reason in list(plan.waiting.items())[:24]]
         cursor["waiting"] = digest
         cursor["frontier"] = plan.frontier
-        requests = [run_request(r) for r in plan.requests]
+        requests = [run_request(r) for r in applied.requests]
         return dg.SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(cursor),
-                               skip_reason=None if requests else plan.skip_reason or "nothing to do")
+                               skip_reason=None if requests else applied.skip_reason or "nothing to do")
 
     return ads_hourly_sensor

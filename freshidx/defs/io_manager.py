@@ -1,19 +1,27 @@
-"""The IO manager that publishes: validation gate → manifest → compare-and-swap of ``CURRENT``.
+"""The IO manager that publishes the delta and full indexes: one draft, one publication per run.
 
-The asset body stages shards (from executors) and returns a :class:`DraftManifest`; publication
-lives here so every index asset gets the same protocol. Dagster's blocking asset checks run only
-after ``handle_output``, so the gate must be here, before the swap.
+The asset body stages shards (from executors) and returns a :class:`DraftManifest`; the shared
+flow (gate → manifest → compare-and-swap of ``CURRENT``) is :class:`PublishingIOManager`'s. What
+is this manager's: the ledger entries of an index publication (:func:`record_outcome`), its
+metadata (:func:`outcome_metadata`) and the run tags (:func:`outcome_tags`).
 """
 
 
 import datetime as dt
 import logging
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import dagster as dg
 
 from freshidx import layout, ledger
-from freshidx.defs.resources import ObjectStoreResource
+from freshidx.defs.publishing_io_manager import (
+    Publication,
+    PublishingIOManager,
+    PublishPolicy,
+    running_step,
+    serving_pointer,
+)
 from freshidx.lifecycle import Decision, Mark, TriggerId, decision_for, full_trigger_id
 from freshidx.partitions import PartitionId
 from freshidx.publish import (
@@ -21,7 +29,6 @@ from freshidx.publish import (
     Pointer,
     PublishResult,
     parse_iso,
-    publish,
     read_manifest,
     read_pointer,
     utcnow,
@@ -33,48 +40,60 @@ TAG_OUTCOME = "freshidx/outcome"
 TAG_SKIPPED = "freshidx/skipped_count"
 
 
-
-class IndexIOManager(dg.ConfigurableIOManager):
+class IndexIOManager(PublishingIOManager):
     """Stages are already written; this publishes them atomically and records the outcome."""
 
-    store: dg.ResourceDependency[ObjectStoreResource]
+    #: The fixed part of the gate; force and the drop guard come with the draft's run record.
     #: Not a config field: nobody sets it per run, and a field would pre-fill the launchpad.
-    allow_empty: ClassVar[bool] = False
+    policy: ClassVar[PublishPolicy] = PublishPolicy(allow_empty=False)
 
-    def handle_output(self, context: dg.OutputContext, obj: DraftManifest) -> None:
+    def publications(self, obj: DraftManifest) -> list[Publication[DraftManifest]]:
         if not isinstance(obj, DraftManifest):
             raise dg.Failure(f"index assets must return a DraftManifest, got {type(obj).__name__}")
-        store = self.store.open()
-        guard = obj.run.get("max_drop_fraction")
-        result = publish(store, obj, allow_empty=self.allow_empty,
-                         max_drop_fraction=None if obj.run.get("force") else guard)
-        record_outcome(store, obj, result, context.run_id)
-        skipped = context.step_context.run_tags.get(TAG_SKIPPED) if context.step_context else None
-        meta = outcome_metadata(store, obj, result, skipped=skipped, manifest_written=result.outcome != "invalid")
-        if context.step_context is not None:
-            context.step_context.instance.add_run_tags(context.run_id, outcome_tags(obj, result))
-        context.add_output_metadata(meta)
-        if result.outcome == "invalid":
-            # The previous version keeps serving; fail the run so it is visible and retried (by the
-            # sensor, as a new attempt; a step retry would rebuild the same inputs).
-            raise dg.Failure(description=f"{obj.index} {obj.version} not published: {result.reason}",
-                             metadata={"reason": result.reason}, allow_retries=False)
+        return [Publication(obj, obj, self.policy.with_run_record(obj.run))]
+
+    def record(self, store: ObjectStore, pub: Publication[DraftManifest], result: PublishResult,
+               run_id: str) -> None:
+        record_outcome(store, pub.subject, result, run_id)
+
+    def metadata(self, store: ObjectStore, publications: Sequence[Publication[DraftManifest]]) -> dict[str, Any]:
+        draft, result = _single(publications)
+        step = running_step()
+        skipped = step.run.tags.get(TAG_SKIPPED) if step is not None else None  # set by the sensor
+        return outcome_metadata(store, draft, result, skipped=skipped, manifest_written=result.outcome != "invalid")
+
+    def run_tags(self, publications: Sequence[Publication[DraftManifest]]) -> dict[str, str]:
+        return outcome_tags(*_single(publications))
+
+    def report(self, context: dg.OutputContext, store: ObjectStore,
+               publications: Sequence[Publication[DraftManifest]]) -> None:
+        super().report(context, store, publications)
+        draft, result = _single(publications)
         if result.outcome in ("superseded", "unchanged"):
             # Only reachable when another publisher won between the asset's compare and this CAS (the
             # asset does not yield a draft it already knows is not newer). The materialization cannot
             # be suppressed from here (Dagster records it once handle_output returns) and failing
             # would count as a failed attempt for the sensor, so the outcome metadata says it.
-            context.log.warning(f"nothing new: {obj.index} {obj.version} not published ({result.reason})")
+            context.log.warning(f"nothing new: {draft.index} {draft.version} not published ({result.reason})")
+
+    def describe_failure(self, failed: Sequence[Publication[DraftManifest]]) -> tuple[str, dict[str, Any]]:
+        draft, result = _single(failed)
+        return f"{draft.index} {draft.version} not published: {result.reason}", {"reason": result.reason}
 
     def load_input(self, context: dg.InputContext) -> dict[str, Any]:
         """Downstream assets get the *published* version (pointer + manifest), never a staged one."""
         index = context.upstream_output.asset_key.path[-1].removesuffix("_index") if context.upstream_output \
             and context.upstream_output.asset_key else "delta"
         store = self.store.open()
-        pointer, _ = read_pointer(store, index)
-        if pointer is None:
-            raise dg.Failure(f"no published {index} index yet")
+        pointer = serving_pointer(store, index, f"no published {index} index yet")
         return {"pointer": pointer.to_dict(), "manifest": read_manifest(store, index, pointer.version)}
+
+
+def _single(publications: Sequence[Publication[DraftManifest]]) -> tuple[DraftManifest, PublishResult]:
+    """An index output is one draft, always sent to :func:`publish` (nothing settles it before)."""
+    (pub,) = publications
+    assert pub.result is not None
+    return pub.subject, pub.result
 
 
 def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResult, *,

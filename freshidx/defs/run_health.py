@@ -32,7 +32,8 @@ _MAX_RUNS = 100
 _PID_EVENTS = 20  # the pid event is among a run's first engine events
 
 
-def _facts(instance: dg.DagsterInstance, run: dg.DagsterRun) -> run_health.RunFacts:
+def run_facts(instance: dg.DagsterInstance, run: dg.DagsterRun) -> run_health.RunFacts:
+    """What the run-health judge needs about ``run``: status and the worker pid it logged."""
     conn = instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT,
                                         limit=_PID_EVENTS, ascending=True)
     pid, at, exited = run_health.worker_pid(
@@ -55,7 +56,7 @@ def reap_dead_runs(instance: dg.DagsterInstance, store: ObjectStore | None = Non
     if not checks_worker_pids(instance):
         return []
     runs = instance.get_runs(dg.RunsFilter(statuses=RUNNING), limit=_MAX_RUNS)
-    verdicts = run_health.judge([_facts(instance, r) for r in runs], alive)
+    verdicts = run_health.judge([run_facts(instance, r) for r in runs], alive)
     done: list[run_health.Verdict] = []
     for v in verdicts:
         run = instance.get_run_by_id(v.run_id)  # re-read: a worker writes its outcome before it exits
@@ -106,7 +107,7 @@ def interrupt_runs(instance: dg.DagsterInstance, reason: str = run_health.SHUTDO
     ended: list[str] = []
     for r in runs:
         if kill_workers and r.status in RUNNING:
-            f = _facts(instance, r)
+            f = run_facts(instance, r)
             if f.pid is not None and f.pid_recorded_at is not None and run_health.pid_alive(f.pid, f.pid_recorded_at):
                 procs.kill_all([f.pid])
         run = instance.get_run_by_id(r.run_id)

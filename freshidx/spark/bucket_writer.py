@@ -30,11 +30,11 @@ from freshidx import layout
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.shards import (
     DOCS_ARROW_SCHEMA,
+    BufferedParquet,
     ShardCommit,
-    _BufferedParquet,
-    _check_name,
-    _conform,
-    _task_ids,
+    check_name,
+    conform,
+    task_ids,
     upload_file,
 )
 from freshidx.store import StoreConfig
@@ -72,11 +72,11 @@ def write_one_part(
     fs = config.arrow_fs()
     key = layout.bucket_part_key(asset, hour, version, part, attempt)
     with tempfile.TemporaryDirectory(prefix="freshidx-bucket-") as tmp:
-        out = _BufferedParquet(os.path.join(tmp, "part.parquet"), DOCS_ARROW_SCHEMA)
+        out = BufferedParquet(os.path.join(tmp, "part.parquet"), DOCS_ARROW_SCHEMA)
         try:
             for batch in batches:
                 if batch.num_rows:
-                    out.write(_conform(batch, DOCS_ARROW_SCHEMA))
+                    out.write(conform(batch, DOCS_ARROW_SCHEMA))
         finally:
             out.close()
         file = upload_file(fs, config, out.path, key, out.rows)
@@ -100,7 +100,7 @@ def _part_task(
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     # Task (partition) id = bucket * parts + part; every row carries the id it was routed by.
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        task, attempt = _task_ids()
+        task, attempt = task_ids()
         if not 0 <= task < len(buckets) * parts:
             raise RuntimeError(f"task partition {task} outside 0..{len(buckets) * parts - 1}: must not be re-split")
         bucket, part = divmod(task, parts)
@@ -126,7 +126,7 @@ def _fill_task(
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     # Empty parts whose (bucket, part) come from the data (the tasks of this job are not parts).
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        _, attempt = _task_ids()
+        _, attempt = task_ids()
         config = store_from_json(store_json)
         for batch in batches:
             for bucket, part in zip(batch.column("bucket").to_pylist(), batch.column("shard").to_pylist(), strict=True):
@@ -141,8 +141,8 @@ def _collect_bucket_commits(df: DataFrame) -> list[tuple[int, ShardCommit]]:
 
 
 def _check_buckets(asset: str, buckets: Sequence[tuple[dt.datetime, str]]) -> list[tuple[dt.datetime, str]]:
-    _check_name("asset", asset)
-    out = [(_check_hour(hour), _check_name("version", version)) for hour, version in buckets]
+    check_name("asset", asset)
+    out = [(_check_hour(hour), check_name("version", version)) for hour, version in buckets]
     if len({(layout.bucket_name(asset, h), v) for h, v in out}) != len(out):
         raise ValueError("the same bucket version is listed twice")
     return out

@@ -1,6 +1,6 @@
 """Executor-side tantivy shard builds: one Spark task = one shard = one tantivy index (DESIGN §6).
 
-Same contract as :func:`freshidx.spark.shards.write_shards` (and the same reasons, see there):
+The job runs on :func:`freshidx.spark.shards.write_sharded` (its docstring says why):
 exactly ``num_shards`` commits, rows hash-partitioned by ``xxhash64(product_id)`` so a product is
 never split, the Spark partition id of a task is its shard number, the attempt number is part of
 every key, and the driver collects only the small commit messages. Each task
@@ -48,20 +48,18 @@ from freshidx.product_features import ProductFeatures
 from freshidx.records import ACTIVE
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.shards import (
-    _SHARD_RESULT_DDL,
     COVERED_ARROW_SCHEMA,
     COVERED_FILE,
     DOCS_ARROW_SCHEMA,
     DOCS_FILE,
+    BufferedParquet,
     ShardCommit,
     ShardFile,
-    _BufferedParquet,
-    _check_name,
-    _collect_commits,
-    _conform,
-    _shard_result,
-    _task_ids,
+    ShardWriter,
+    check_name,
+    conform,
     upload_file,
+    write_sharded,
 )
 from freshidx.store import StoreConfig
 
@@ -75,11 +73,6 @@ DOCS_DDL = (
     "bid double, status string, updated_at timestamp, version long"
 )
 assert tuple(c.split()[0] for c in DOCS_DDL.split(", ")) == tuple(DOCS_ARROW_SCHEMA.names)
-
-
-def index_key_prefix(index: str, version: str, shard: int, attempt: int) -> str:
-    """Where the tantivy files of one shard attempt live."""
-    return layout.shard_prefix(index, version, shard, attempt) + INDEX_DIR
 
 
 def write_one_index_shard(
@@ -100,15 +93,15 @@ def write_one_index_shard(
         builder = IndexBuilder(index_dir)
         features = ProductFeatures()
         spill_path = os.path.join(tmp, SPILL_FILE)
-        covered = _BufferedParquet(os.path.join(tmp, COVERED_FILE), COVERED_ARROW_SCHEMA)
-        docs = _BufferedParquet(os.path.join(tmp, DOCS_FILE), DOCS_ARROW_SCHEMA) if with_docs else None
+        covered = BufferedParquet(os.path.join(tmp, COVERED_FILE), COVERED_ARROW_SCHEMA)
+        docs = BufferedParquet(os.path.join(tmp, DOCS_FILE), DOCS_ARROW_SCHEMA) if with_docs else None
         try:
             with pa.OSFile(spill_path, "wb") as sink, pa.ipc.new_file(sink, DOCS_ARROW_SCHEMA) as spill:
                 for raw_batch in batches:
                     if raw_batch.num_rows == 0:
                         continue
-                    batch = _conform(raw_batch, DOCS_ARROW_SCHEMA)
-                    covered.write(_conform(batch, COVERED_ARROW_SCHEMA))
+                    batch = conform(raw_batch, DOCS_ARROW_SCHEMA)
+                    covered.write(conform(batch, COVERED_ARROW_SCHEMA))
                     active = batch.filter(pc.equal(batch.column("status"), ACTIVE))
                     if docs is not None:
                         docs.write(active)
@@ -135,37 +128,6 @@ def write_one_index_shard(
     )
 
 
-def _index_shard_task(
-    store_json: str, index: str, version: str, num_shards: int, with_docs: bool
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        shard, attempt = _task_ids()
-        if not 0 <= shard < num_shards:
-            raise RuntimeError(f"task partition {shard} outside 0..{num_shards - 1}: shards must not be re-split")
-        config = store_from_json(store_json)
-        yield _shard_result(
-            write_one_index_shard(config, index, version, shard, attempt, batches, with_docs=with_docs)
-        )
-
-    return run
-
-
-def _index_fill_task(
-    store_json: str, index: str, version: str, with_docs: bool
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    # Empty shards whose numbers come from the data (tasks of this job are not shards).
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        _, attempt = _task_ids()
-        config = store_from_json(store_json)
-        for batch in batches:
-            for shard in batch.column("shard").to_pylist():
-                yield _shard_result(
-                    write_one_index_shard(config, index, version, int(shard), attempt, [], with_docs=with_docs)
-                )
-
-    return run
-
-
 def shard_rows(latest: DataFrame, num_shards: int) -> DataFrame:
     """The index columns of ``latest`` split into ``num_shards`` partitions by ``xxhash64(product_id)``:
     partition i is shard i (see :func:`write_index_shards`)."""
@@ -184,7 +146,7 @@ def write_index_shards(
     its shard's rows (:mod:`freshidx.product_features`).
 
     Rows are hash-partitioned by ``xxhash64(product_id)`` (one product's ads land in exactly one
-    shard; why the hash and not the bare column: see ``shards.write_shards``). With ``sort`` each shard
+    shard; why the hash and not the bare column: see ``shards.write_sharded``). With ``sort`` each shard
     is sorted by ``(product_id, ad_id)`` so a build is reproducible document for document; off by
     default because it costs a JVM sort per shard and search results do not depend on it (BM25
     scores do not depend on document order, and :class:`freshidx.serving.Searcher` breaks ties by
@@ -193,42 +155,20 @@ def write_index_shards(
     """
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    _check_name("index", index)
-    _check_name("version", version)
-    store_json = store_to_json(store_config)
+    check_name("index", index)
+    check_name("version", version)
     rows = shard_rows(latest, num_shards)
     if sort:
         rows = rows.sortWithinPartitions("product_id", "ad_id")
-    commits = _collect_commits(
-        rows.mapInArrow(_index_shard_task(store_json, index, version, num_shards, with_docs), _SHARD_RESULT_DDL)
-    )
-    seen = [c.shard for c in commits]
-    if len(seen) != len(set(seen)):
-        raise RuntimeError(f"more than one commit for a shard: {sorted(seen)}")
-    missing = sorted(set(range(num_shards)) - set(seen))
-    if missing:
-        log.info("write_index_shards: %d shard(s) received no task, writing them empty: %s", len(missing), missing)
-        commits += write_empty_index_shards(
-            latest.sparkSession, store_config, index, version, missing, with_docs=with_docs
-        )
-    commits.sort(key=lambda c: c.shard)
-    if [c.shard for c in commits] != list(range(num_shards)):
-        raise RuntimeError(f"expected shards 0..{num_shards - 1}, got {[c.shard for c in commits]}")
-    return commits
+    return write_sharded(rows, store_config, num_shards, _index_writer(index, version, with_docs),
+                         what="write_index_shards")
 
 
-def write_empty_index_shards(
-    spark: SparkSession, store_config: StoreConfig, index: str, version: str, shards: list[int],
-    *, with_docs: bool = True,
-) -> list[ShardCommit]:
-    """Empty tantivy shards (plus empty Parquet files) for ``shards``, written from Spark tasks."""
-    _check_name("index", index)
-    _check_name("version", version)
-    if not shards:
-        return []
-    fill = spark.createDataFrame([(s,) for s in shards], "shard int").repartition(min(len(shards), 4))
-    task = _index_fill_task(store_to_json(store_config), index, version, with_docs)
-    return sorted(_collect_commits(fill.mapInArrow(task, _SHARD_RESULT_DDL)), key=lambda c: c.shard)
+def _index_writer(index: str, version: str, with_docs: bool) -> ShardWriter:
+    def write(config: StoreConfig, shard: int, attempt: int, batches: Iterable[pa.RecordBatch]) -> ShardCommit:
+        return write_one_index_shard(config, index, version, shard, attempt, batches, with_docs=with_docs)
+
+    return write
 
 
 # --------------------------------------------------------------------------- reading a version back
@@ -245,8 +185,7 @@ def read_version_docs(spark: SparkSession, store_config: StoreConfig, manifest: 
     """The ``docs.parquet`` rows of a published version (its active ads), read on the executors.
 
     The file list comes from the manifest, never from a listing. Works for versions written by
-    :func:`write_index_shards` and by ``shards.write_shards`` (same ``docs.parquet`` schema).
-    Columns: ``transform.TYPED_FIELDS``.
+    :func:`write_index_shards`. Columns: ``transform.TYPED_FIELDS``.
     """
     return _read_version_files(spark, store_config, [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)])
 
@@ -268,7 +207,7 @@ def _read_state_task(store_json: str) -> Callable[[Iterator[pa.RecordBatch]], It
                 with fs.open_input_file(config.arrow_path(key)) as f:
                     for b in pq.ParquetFile(f).iter_batches(batch_size=65536):
                         if kind == DOCS_FILE:
-                            yield _conform(b, DOCS_ARROW_SCHEMA)
+                            yield conform(b, DOCS_ARROW_SCHEMA)
                             continue
                         inactive = b.filter(pc.not_equal(b.column("status"), ACTIVE))
                         if inactive.num_rows:
@@ -297,14 +236,3 @@ def read_version_state(spark: SparkSession, store_config: StoreConfig, manifest:
     keys = [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)]
     keys += [(k, COVERED_FILE) for k in version_files(manifest, COVERED_FILE)]
     return _read_version_files(spark, store_config, keys)
-
-
-def commit_summary(commits: list[ShardCommit]) -> dict[str, Any]:
-    """Small stats for a manifest (doc/covered counts, bytes, files)."""
-    return {
-        "doc_count": sum(c.doc_count for c in commits),
-        "covered_count": sum(c.covered_count for c in commits),
-        "bytes": sum(f.bytes for c in commits for f in c.files),
-        "files": sum(len(c.files) for c in commits),
-        "shard_docs": [c.doc_count for c in commits],
-    }

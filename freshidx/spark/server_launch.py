@@ -61,6 +61,18 @@ def environment(config: ServerConfig) -> dict[str, str]:
     return env
 
 
+FAIR_SCHEDULER_XML = """<?xml version="1.0"?>
+<allocations>
+  <pool name="default"><schedulingMode>FAIR</schedulingMode><weight>1</weight><minShare>0</minShare></pool>
+</allocations>
+"""
+
+
+def write_fair_scheduler(path: Path) -> None:
+    """The allocation file: jobs in the default pool (every Connect session's) share slots fairly."""
+    path.write_text(FAIR_SCHEDULER_XML, encoding="utf-8")
+
+
 def write_properties(path: Path, conf: dict[str, str], java_opts: list[str]) -> None:
     """The ``--properties-file``: ``conf`` plus ``java_opts`` prepended to the driver's Java options.
     Owner-only (0600): the conf may carry credentials."""

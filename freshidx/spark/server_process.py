@@ -144,7 +144,7 @@ class ServerProcess:
             self._lock_file.close()
             self._lock_file = None
 
-    def _kill_leftover(self) -> None:
+    def kill_leftover(self) -> None:
         """A JVM recorded by a previous supervisor of this state dir that was killed itself."""
         old = read_state(self.state_dir) or {}
         pid = old.get("pid")
@@ -185,7 +185,7 @@ class ServerProcess:
         with self._proc_lock:
             if self._proc is not None and self._proc.poll() is None:
                 return dict(self.last_timings)
-            self._kill_leftover()
+            self.kill_leftover()
             self._update_state(status="starting" if not self._state.get("restarts") else "restarting")
             return self._spawn_and_wait()
 
@@ -214,6 +214,7 @@ class ServerProcess:
         workdir.mkdir(exist_ok=True)
         archive = cds.plan_archive(cfg)
         self._cds_pending, self._cds_in_use = archive.pending, archive.in_use
+        launch.write_fair_scheduler(cfg.fair_scheduler_path)
         launch.write_properties(self.properties_path, cfg.spark_conf(), archive.options)
         log = launch.open_log(self.log_path)
         offset = log.tell()

@@ -1,9 +1,12 @@
-"""Executor-side writers: index shards and quarantine files, each returning small commit messages.
+"""Executor-side writing: the sharded-job machinery, quarantine files, each returning small commit messages.
 
 Spark tasks write the files straight to the store (``pyarrow.fs``) and yield one row of metadata per
 file set; the driver collects only those rows. A version's manifest is built from these commit
 messages, never from listing a prefix, so uploads of failed or retried task attempts (which carry the
 attempt number in their keys) are never published.
+
+:func:`write_sharded` runs one writer per shard (the tantivy shards of
+:mod:`freshidx.spark.index_shards`); :mod:`freshidx.spark.bucket_writer` reuses the file helpers.
 """
 
 from __future__ import annotations
@@ -15,21 +18,23 @@ import json
 import logging
 import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from freshidx import layout
+
+# Re-exported: what a shard writes is part of this module's interface (defined Spark-free for serving).
+from freshidx.index_format import COVERED_FILE as COVERED_FILE
+from freshidx.index_format import DOCS_ARROW_SCHEMA as DOCS_ARROW_SCHEMA
+from freshidx.index_format import DOCS_FILE as DOCS_FILE
 from freshidx.partitions import PartitionId
-from freshidx.records import ACTIVE
 from freshidx.spark import quarantine_once as once_mod
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.store import StoreConfig
@@ -38,25 +43,9 @@ from freshidx.transform import COVERED_COLUMNS, INVALID_COLUMNS, QUARANTINE_EXTR
 
 log = logging.getLogger(__name__)
 
-DOCS_FILE = "docs.parquet"
-COVERED_FILE = "covered.parquet"
 ROW_GROUP_ROWS = 128 * 1024
 COPY_CHUNK_BYTES = 8 * 1024 * 1024
 
-#: Arrow schema of ``docs.parquet`` (every typed record field).
-DOCS_ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("ad_id", pa.string()),
-        pa.field("campaign_id", pa.string()),
-        pa.field("product_id", pa.string()),
-        pa.field("title", pa.string()),
-        pa.field("keywords", pa.list_(pa.string())),
-        pa.field("bid", pa.float64()),
-        pa.field("status", pa.string()),
-        pa.field("updated_at", pa.timestamp("us", tz="UTC")),
-        pa.field("version", pa.int64()),
-    ]
-)
 #: Arrow schema of ``covered.parquet`` (the shard's part of the kill-list).
 COVERED_ARROW_SCHEMA = pa.schema([DOCS_ARROW_SCHEMA.field(c) for c in COVERED_COLUMNS])
 assert tuple(DOCS_ARROW_SCHEMA.names) == TYPED_FIELDS
@@ -140,13 +129,13 @@ class QuarantineCommit:
 # --------------------------------------------------------------------------- shared helpers
 
 
-def _check_name(what: str, value: str) -> str:
+def check_name(what: str, value: str) -> str:
     if not _NAME_RE.match(value) or ".." in value:
         raise ValueError(f"{what} must match {_NAME_RE.pattern} (one key segment), got {value!r}")
     return value
 
 
-def _task_ids() -> tuple[int, int]:
+def task_ids() -> tuple[int, int]:
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -178,7 +167,7 @@ def upload_file(fs: Any, config: StoreConfig, local_path: str, key: str, rows: i
     return ShardFile(key=key, bytes=size, sha256=digest.hexdigest(), rows=rows)
 
 
-class _BufferedParquet:
+class BufferedParquet:
     """A zstd Parquet file written in row groups of about :data:`ROW_GROUP_ROWS` rows."""
 
     def __init__(self, path: str, schema: pa.Schema) -> None:
@@ -209,45 +198,21 @@ class _BufferedParquet:
         self.writer.close()
 
 
-def _conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """Select and cast the columns of ``schema`` (Spark may hand us other list/timestamp flavours)."""
     arrays = [batch.column(f.name).cast(f.type) for f in schema]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-# --------------------------------------------------------------------------- shards
+# --------------------------------------------------------------------------- sharded jobs
 
-
-def write_one_shard(
-    config: StoreConfig, index: str, version: str, shard: int, attempt: int,
-    batches: Iterable[pa.RecordBatch],
-) -> ShardCommit:
-    """Write ``docs.parquet`` + ``covered.parquet`` of one shard attempt (runs on an executor)."""
-    fs = config.arrow_fs()
-    prefix = layout.shard_prefix(index, version, shard, attempt)
-    with tempfile.TemporaryDirectory(prefix="freshidx-shard-") as tmp:
-        docs = _BufferedParquet(os.path.join(tmp, DOCS_FILE), DOCS_ARROW_SCHEMA)
-        covered = _BufferedParquet(os.path.join(tmp, COVERED_FILE), COVERED_ARROW_SCHEMA)
-        try:
-            for raw_batch in batches:
-                if raw_batch.num_rows == 0:
-                    continue
-                batch = _conform(raw_batch, DOCS_ARROW_SCHEMA)
-                covered.write(_conform(batch, COVERED_ARROW_SCHEMA))
-                docs.write(batch.filter(pc.equal(batch.column("status"), ACTIVE)))
-        finally:
-            docs.close()
-            covered.close()
-        files = (
-            upload_file(fs, config, docs.path, prefix + DOCS_FILE, docs.rows),
-            upload_file(fs, config, covered.path, prefix + COVERED_FILE, covered.rows),
-        )
-    return ShardCommit(
-        shard=shard, attempt=attempt, doc_count=docs.rows, covered_count=covered.rows, files=files
-    )
+#: Writes one shard attempt on an executor: ``(config, shard, attempt, batches) -> commit``. Pickled
+#: into the tasks: a module-level function or a closure over plain values.
+ShardWriter = Callable[[StoreConfig, int, int, Iterable[pa.RecordBatch]], ShardCommit]
 
 
 def _shard_result(commit: ShardCommit) -> pa.RecordBatch:
+    """The one-row task result (:data:`_SHARD_RESULT_DDL`) carrying ``commit`` to the driver."""
     return pa.RecordBatch.from_arrays(
         [
             pa.array([commit.shard], pa.int32()),
@@ -258,59 +223,50 @@ def _shard_result(commit: ShardCommit) -> pa.RecordBatch:
     )
 
 
-def _shard_task(
-    store_json: str, index: str, version: str, num_shards: int
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        shard, attempt = _task_ids()
-        if not 0 <= shard < num_shards:
-            raise RuntimeError(f"task partition {shard} outside 0..{num_shards - 1}: shards must not be re-split")
-        commit = write_one_shard(store_from_json(store_json), index, version, shard, attempt, batches)
-        yield _shard_result(commit)
-
-    return run
-
-
-def _fill_task(
-    store_json: str, index: str, version: str
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    # Writes empty shards whose numbers come from the data (tasks of this job are not shards).
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        _, attempt = _task_ids()
-        config = store_from_json(store_json)
-        for batch in batches:
-            for shard in batch.column("shard").to_pylist():
-                yield _shard_result(write_one_shard(config, index, version, int(shard), attempt, []))
-
-    return run
-
-
 def _collect_commits(df: DataFrame) -> list[ShardCommit]:
+    """Run a job of :func:`_shard_result` rows and decode its commits on the driver."""
     return [ShardCommit.from_dict(json.loads(row["commit"])) for row in df.collect()]
 
 
-def write_shards(
-    latest: DataFrame, store_config: StoreConfig, index: str, version: str, num_shards: int
-) -> list[ShardCommit]:
-    """Write ``num_shards`` shards of ``latest`` (one row per ad) from Spark tasks; return their commits.
+def _shard_task(
+    store_json: str, num_shards: int, write: ShardWriter
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        shard, attempt = task_ids()
+        if not 0 <= shard < num_shards:
+            raise RuntimeError(f"task partition {shard} outside 0..{num_shards - 1}: shards must not be re-split")
+        yield _shard_result(write(store_from_json(store_json), shard, attempt, batches))
 
-    Rows are hash-partitioned by ``product_id`` (one product's ads land in exactly one shard); the
-    Spark partition id of a task is its shard number. A shard with no rows still gets (empty) files and
-    a commit, so a version always has exactly ``num_shards`` shards. Returns commits sorted by shard.
+    return run
+
+
+def _fill_task(store_json: str, write: ShardWriter) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    # Writes empty shards whose numbers come from the data (tasks of this job are not shards).
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        _, attempt = task_ids()
+        config = store_from_json(store_json)
+        for batch in batches:
+            for shard in batch.column("shard").to_pylist():
+                yield _shard_result(write(config, int(shard), attempt, []))
+
+    return run
+
+
+def write_sharded(
+    rows: DataFrame, store_config: StoreConfig, num_shards: int, write: ShardWriter, *, what: str
+) -> list[ShardCommit]:
+    """Run ``write`` in one Spark task per partition of ``rows`` (partition i is shard i); return the
+    commits sorted by shard, exactly one per shard ``0..num_shards-1``.
+
+    ``rows`` must already be split into ``num_shards`` partitions (e.g. ``repartition(num_shards,
+    F.xxhash64("product_id"))``: a hash expression, not the bare column, because if the input were
+    already hash-partitioned by that column into ``num_shards`` partitions Spark would drop the
+    repartition and adaptive execution could coalesce the remaining shuffle into fewer tasks; an
+    exchange on an expression is always kept and a REPARTITION_BY_NUM shuffle is never coalesced).
+    ``what`` names the job in the log.
     """
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    _check_name("index", index)
-    _check_name("version", version)
-    store_json = store_to_json(store_config)
-    # Hash of product_id rather than the bare column: if `latest` were already hash-partitioned by
-    # product_id into num_shards partitions (e.g. grouped by it), Spark would drop a
-    # repartition(n, "product_id") and adaptive execution could coalesce the remaining shuffle
-    # into fewer, larger tasks. An exchange on an expression is always kept, and a
-    # REPARTITION_BY_NUM shuffle is never coalesced: exactly num_shards tasks.
-    rows = latest.select(*TYPED_FIELDS).repartition(num_shards, F.xxhash64("product_id"))
     commits = _collect_commits(
-        rows.mapInArrow(_shard_task(store_json, index, version, num_shards), _SHARD_RESULT_DDL)
+        rows.mapInArrow(_shard_task(store_to_json(store_config), num_shards, write), _SHARD_RESULT_DDL)
     )
     seen = [c.shard for c in commits]
     if len(seen) != len(set(seen)):
@@ -319,24 +275,22 @@ def write_shards(
     if missing:
         # Spark may skip the tasks of an empty shuffle (e.g. adaptive execution propagating an empty
         # relation); those shards have no rows, so write them empty, still from executors.
-        log.info("write_shards: %d shard(s) received no task, writing them empty: %s", len(missing), missing)
-        commits += write_empty_shards(latest.sparkSession, store_config, index, version, missing)
+        log.info("%s: %d shard(s) received no task, writing them empty: %s", what, len(missing), missing)
+        commits += write_empty_sharded(rows.sparkSession, store_config, missing, write)
     commits.sort(key=lambda c: c.shard)
     if [c.shard for c in commits] != list(range(num_shards)):
         raise RuntimeError(f"expected shards 0..{num_shards - 1}, got {[c.shard for c in commits]}")
     return commits
 
 
-def write_empty_shards(
-    spark: SparkSession, store_config: StoreConfig, index: str, version: str, shards: list[int]
+def write_empty_sharded(
+    spark: SparkSession, store_config: StoreConfig, shards: list[int], write: ShardWriter
 ) -> list[ShardCommit]:
-    """Write empty ``docs``/``covered`` files for ``shards`` from Spark tasks; return their commits."""
-    _check_name("index", index)
-    _check_name("version", version)
+    """Run ``write`` with no rows for each of ``shards`` from Spark tasks; return the commits by shard."""
     if not shards:
         return []
     fill = spark.createDataFrame([(s,) for s in shards], "shard int").repartition(min(len(shards), 4))
-    task = _fill_task(store_to_json(store_config), index, version)
+    task = _fill_task(store_to_json(store_config), write)
     return sorted(_collect_commits(fill.mapInArrow(task, _SHARD_RESULT_DDL)), key=lambda c: c.shard)
 
 
@@ -386,7 +340,7 @@ def _quarantine_task(
     store_json: str, source: str, run_id: str, once: bool = False
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        task, attempt = _task_ids()
+        task, attempt = task_ids()
         config = store_from_json(store_json)
         fs = config.arrow_fs()
         open_files: dict[str, _QuarantineFile] = {}
@@ -452,8 +406,8 @@ def write_quarantine(
     nothing was written). ``once``: skip raw files whose done marker exists and write the marker of
     every file written (:mod:`freshidx.spark.quarantine_once`: each bad record quarantined once).
     """
-    _check_name("source", source)
-    _check_name("run_id", run_id)
+    check_name("source", source)
+    check_name("run_id", run_id)
     if after_partition is not None:
         PartitionId.parse(after_partition)  # a typo here would silently select everything
     df = invalid.select(*INVALID_COLUMNS, *(c for c in QUARANTINE_EXTRA_COLUMNS if c in invalid.columns))

@@ -64,7 +64,7 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from freshidx.tools.bench_common import MODES, WINDOW_MINUTES, Probe, generator_config_for, looks_valid, pick_probe
@@ -128,28 +128,41 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 _INTERRUPTED = "interrupted; every process started by the benchmark was stopped"
 
 
-def cmd_bench_freshness(*, partitions: int, window_docs: int, window_minutes: int, modes: list[str], max_delay: float,
-                        timeout: float, driver_memory: str, full_warmup: bool, health_timeout: float,
-                        health_failures: int, seed: int, workdir: str | None, keep: bool, as_json: bool) -> int:
-    """``freshidx bench freshness`` (options: freshidx.cli.bench)."""
+def _run_and_report(
+    run: Callable[[], dict[str, Any]], render: Callable[[dict[str, Any]], str],
+    passed: Callable[[dict[str, Any]], bool], *, as_json: bool,
+) -> int:
+    """Run a bench (SIGTERM counts as Ctrl-C: exit 130), print its table (to stderr beside ``--json``
+    output on stdout); exit 0 when ``passed``."""
     try:
         with _sigterm_as_interrupt():
-            r = bench_freshness(
-                partitions, window_docs, modes=modes, seed=seed, max_delay_s=max_delay,
-                timeout_s=timeout, workdir=workdir, keep=keep, driver_memory=driver_memory,
-                window_minutes=window_minutes, health_timeout_s=health_timeout,
-                health_failures=health_failures, full_warmup=full_warmup,
-            )
+            r = run()
     except KeyboardInterrupt:
         print(_INTERRUPTED, file=sys.stderr)
         return 130
-    table = render_freshness(r)
+    table = render(r)
     if as_json:
         print(table, file=sys.stderr)
         print(json.dumps(r, default=str))
     else:
         print(table)
-    return 0 if all(isinstance(r.get(m), dict) and not r[m].get("error") for m in modes) else 1
+    return 0 if passed(r) else 1
+
+
+def cmd_bench_freshness(*, partitions: int, window_docs: int, window_minutes: int, modes: list[str], max_delay: float,
+                        timeout: float, driver_memory: str, full_warmup: bool, health_timeout: float,
+                        health_failures: int, seed: int, workdir: str | None, keep: bool, as_json: bool) -> int:
+    """``freshidx bench freshness`` (options: freshidx.cli.bench)."""
+    return _run_and_report(
+        lambda: bench_freshness(
+            partitions, window_docs, modes=modes, seed=seed, max_delay_s=max_delay,
+            timeout_s=timeout, workdir=workdir, keep=keep, driver_memory=driver_memory,
+            window_minutes=window_minutes, health_timeout_s=health_timeout,
+            health_failures=health_failures, full_warmup=full_warmup,
+        ),
+        render_freshness, lambda r: all(isinstance(r.get(m), dict) and not r[m].get("error") for m in modes),
+        as_json=as_json,
+    )
 
 
 def cmd_bench_soak(*, batches: int, window_docs: int, window_minutes: int, shared_session: bool,
@@ -158,26 +171,17 @@ def cmd_bench_soak(*, batches: int, window_docs: int, window_minutes: int, share
                    heap_check_interval: float, samples: int, seed: int, workdir: str | None, keep: bool,
                    as_json: bool) -> int:
     """``freshidx bench soak`` (options: freshidx.cli.bench)."""
-    try:
-        with _sigterm_as_interrupt():
-            r = bench_soak(
-                batches, window_docs=window_docs, window_minutes=window_minutes,
-                shared_session=shared_session, max_minutes=max_minutes, restart_every_s=restart_every,
-                restart_every_batches=restart_every_batches, max_heap_fraction=max_heap_fraction,
-                driver_memory=driver_memory, heap_check_interval_s=heap_check_interval,
-                samples=samples, seed=seed, workdir=workdir, keep=keep,
-                health_timeout_s=health_timeout, health_failures=health_failures,
-            )
-    except KeyboardInterrupt:
-        print(_INTERRUPTED, file=sys.stderr)
-        return 130
-    table = render_soak(r)
-    if as_json:
-        print(table, file=sys.stderr)
-        print(json.dumps(r, default=str))
-    else:
-        print(table)
-    return 0 if r.get("failed") == 0 else 1
+    return _run_and_report(
+        lambda: bench_soak(
+            batches, window_docs=window_docs, window_minutes=window_minutes,
+            shared_session=shared_session, max_minutes=max_minutes, restart_every_s=restart_every,
+            restart_every_batches=restart_every_batches, max_heap_fraction=max_heap_fraction,
+            driver_memory=driver_memory, heap_check_interval_s=heap_check_interval,
+            samples=samples, seed=seed, workdir=workdir, keep=keep,
+            health_timeout_s=health_timeout, health_failures=health_failures,
+        ),
+        render_soak, lambda r: r.get("failed") == 0, as_json=as_json,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

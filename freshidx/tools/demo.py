@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from freshidx.settings import Settings, SettingsError
 from freshidx.store import open_store
@@ -86,24 +86,9 @@ def cmd_demo(**options: Any) -> int:
     env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or sys.executable)
     store = open_store(settings.store_config())
     out = Printer(args.as_json)
-
-    stop = {"now": False}
-
-    def on_signal(signum: int, _: Any) -> None:
-        stop["now"] = True  # the main loop (or wait_ready's abort) notices within a poll
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)  # the terminal went away: stop as cleanly as on Ctrl-C
-
+    stopping = _stop_on_signals()
     instance = _open_instance(dagster_home)
-    from freshidx.defs.run_health import interrupt_runs
-
-    left = interrupt_runs(instance, reason="interrupted by shutdown (left unfinished by a previous demo)",
-                          kill_workers=True)
-    if left:
-        out.event("stale_runs", f"marked {len(left)} run(s) left unfinished by a previous demo as interrupted "
-                  "(not counted as failed attempts)", runs=left)
+    _interrupt_stale_runs(instance, out)
 
     state_dir = home / "spark-server"
     server: subprocess.Popen[bytes] | None = None
@@ -117,28 +102,24 @@ def cmd_demo(**options: Any) -> int:
                      env=env, cwd=REPO_ROOT, log_path=home / "dagster-dev.log")
     gen_log = open(home / "generator.log", "ab")  # noqa: SIM115 - lives as long as the demo
     try:
-        if stop["now"]:
+        if stopping():
             return 0
         if args.spark == "connect":
             server = _start_spark_server(args, home, env, state_dir, store)
-        generator = subprocess.Popen(
-            [sys.executable, "-m", "freshidx.tools.generate", "--store", settings.store, "--every", str(args.every),
-             "--history-minutes", str(args.history_minutes), "--seed", str(args.seed)],
-            stdout=gen_log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True,
-        )
+        generator = _start_generator(args, settings.store, env, gen_log)
         print(f"freshidx demo: store {settings.store}")
         print(f"  generator writes a partition every {args.every:.0f}s  (log: {home / 'generator.log'})")
         print(f"  starting dagster dev on 127.0.0.1:{args.port} … (log: {home / 'dagster-dev.log'})")
         dev.start()
         try:
-            dev.wait_ready(timeout=900, abort=lambda: stop["now"])  # a loaded box can take minutes
+            dev.wait_ready(timeout=900, abort=stopping)  # a loaded box can take minutes
         except WaitAborted:
             return 0
         print(f"  Dagster UI: {dev.url}   (sensors running; Ctrl-C to stop)", flush=True)
         print("  publications, catch-up progress and failed runs are printed below as they happen; the "
               "first delta usually lands within 1-3 min (longer on a busy machine)", flush=True)
         watch = Watcher(store, settings.source, instance, out)
-        return _watch(args, home, dev, generator, server, watch, lambda: stop["now"])
+        return _watch(args, home, dev, generator, server, watch, stopping)
     finally:
         # Whoever read our output may be gone (closed terminal, killed pipe reader): a print must not
         # abort the stop and leave the JVM and the generator behind.
@@ -150,6 +131,40 @@ def cmd_demo(**options: Any) -> int:
         instance.dispose()
         with contextlib.suppress(OSError):
             out.event("stopped", "stopped: " + ", ".join(f"{k} {v}" for k, v in summary.items()), **summary)
+
+
+def _stop_on_signals() -> Callable[[], bool]:
+    """Ctrl-C, SIGTERM and SIGHUP (the terminal went away) all ask for the same clean stop: the main
+    loop (or wait_ready's abort) polls the returned function and notices within a poll."""
+    stop = {"now": False}
+
+    def on_signal(signum: int, _: Any) -> None:
+        stop["now"] = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    return lambda: stop["now"]
+
+
+def _interrupt_stale_runs(instance: dg.DagsterInstance, out: Printer) -> None:
+    """Runs a previous demo left unfinished end as interrupted (never counted as failed attempts)."""
+    from freshidx.defs.run_health import interrupt_runs
+
+    left = interrupt_runs(instance, reason="interrupted by shutdown (left unfinished by a previous demo)",
+                          kill_workers=True)
+    if left:
+        out.event("stale_runs", f"marked {len(left)} run(s) left unfinished by a previous demo as interrupted "
+                  "(not counted as failed attempts)", runs=left)
+
+
+def _start_generator(args: DemoArgs, store_uri: str, env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """The data generator, writing a partition every ``args.every`` seconds (in its own session: a
+    terminal Ctrl-C reaches only the demo, whose shutdown stops it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "freshidx.tools.generate", "--store", store_uri, "--every", str(args.every),
+         "--history-minutes", str(args.history_minutes), "--seed", str(args.seed)],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True,
+    )
 
 
 def _start_spark_server(args: DemoArgs, home: Path, env: dict[str, str], state_dir: Path,
