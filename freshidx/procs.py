@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psutil
@@ -45,34 +45,30 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
-def session_members(sid: int) -> list[int]:
-    """Pids whose session id is ``sid`` (a process started with ``setsid`` and its descendants), zombies
-    excluded. psutil has no session id: ``os.getsid`` (a syscall, cheaper than a read) gives it."""
+def _live_with(key: Callable[[int], int], value: int) -> list[int]:
+    """Pids of live (non-zombie) processes with ``key(pid) == value``, sorted."""
     out: list[int] = []
     for pid in psutil.pids():
         try:
-            if os.getsid(pid) != sid:
-                continue
-        except OSError:  # gone meanwhile
-            continue
-        if pid_alive(pid):
-            out.append(pid)
-    return out
-
-
-def group_members(pgid: int) -> list[int]:
-    """Pids of live (non-zombie) processes in process group ``pgid``, sorted (``dagster dev`` and the
-    children it started, which stay in its group unless they make a session of their own)."""
-    out: list[int] = []
-    for pid in psutil.pids():
-        try:
-            if os.getpgid(pid) != pgid:
+            if key(pid) != value:
                 continue
         except OSError:  # gone meanwhile
             continue
         if pid_alive(pid):
             out.append(pid)
     return sorted(out)
+
+
+def session_members(sid: int) -> list[int]:
+    """Pids whose session id is ``sid`` (a process started with ``setsid`` and its descendants), zombies
+    excluded. psutil has no session id: ``os.getsid`` (a syscall, cheaper than a read) gives it."""
+    return _live_with(os.getsid, sid)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of live (non-zombie) processes in process group ``pgid``, sorted (``dagster dev`` and the
+    children it started, which stay in its group unless they make a session of their own)."""
+    return _live_with(os.getpgid, pgid)
 
 
 def tree_cpu_seconds(pid: int) -> float | None:
