@@ -14,22 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from freshidx import layout
-from freshidx.catchup import (
-    HOUR,
-    CatchupState,
-    Claim,
-    Record,
-    RunIndex,
-    TickPlan,
-    hour_entries,
-    not_ready,
-    park,
-    parse_hour_id,
-    processed,
-    request_claims,
-    settle_attempts,
-    trigger,
-)
+from freshidx.catchup import Claim, Record, RunIndex, TickPlan, not_ready, park, request_claims, settle_attempts
+from freshidx.catchup_ledger import HOUR, CatchupState, hour_entries, parse_hour_id, processed, trigger
 from freshidx.lifecycle import Decision, Mark, attempt_state
 from freshidx.listing import newest_partition
 from freshidx.publish import read_manifest, read_pointer

@@ -1,4 +1,4 @@
-"""``freshidx bench``: index build throughput (Spark shards vs one process) and query latency.
+"""``freshidx bench build``: index build throughput, Spark shards vs one process.
 
 ``freshidx bench build [--docs N] [--shards S] [--rounds R] [--warmup W] [--json]``
     Generates N synthetic ads in the JVM (the generator's vocabulary: brand + noun per product,
@@ -29,22 +29,16 @@
     Spark costs on top of the shared indexing work; ``floor_cpu_s`` shows how much of that is the
     hand-over itself (the rest: ``docs.parquet``/``covered.parquet``, upload and hashing).
 
-``freshidx bench query [--docs N] [--queries Q] [--json]``
-    Builds (or reuses, from ``--workdir``) a local store with a published full version of N ads and a
-    published delta re-emitting the products of 1% changed ads (the real delta path), opens the real
-    :class:`freshidx.serving.Searcher` on it and runs Q 1-3 word queries after a warm-up pass.
-    Prints p50/p95 latency (``--json``: ``p50_ms``, ``p95_ms``).
+``freshidx bench query`` (query latency) is :mod:`freshidx.tools.bench_query`; both run on
+:mod:`freshidx.tools.bench_data`. ``python -m freshidx.tools.bench`` runs either.
 
 Numbers only: nothing here asserts on timings.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import math
 import os
-import random
 import shutil
 import statistics
 import sys
@@ -53,90 +47,17 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from freshidx.tools.generator import ADJECTIVES, BRANDS, NOUNS, QUALIFIERS, VOCABULARY
+from freshidx.tools.bench_data import BENCH_SPARK_CONF, bench_session, realistic_queries, synthetic_docs
+from freshidx.tools.bench_query import cmd_bench_query, percentile
+
+# Part of this module's API though defined in bench_data / bench_query (callers and tests use them here).
+__all__ = ["cmd_bench_query", "percentile", "realistic_queries"]
 
 BUILD_ROUNDS = 5
 BUILD_WARMUP = 4
 #: Quiet = the process tree used less than this share of one core over a 0.2 s window.
 QUIET_CORE_SHARE = 0.05
 QUIET_WAIT_S = 15.0
-#: Static confs of a session the benchmark starts itself: the local defaults cap the JIT at C1 for
-#: fast start-up (freshidx.spark.session), which roughly doubles the JVM's per-row cost of the shuffle
-#: and the Arrow hand-over to Python; its docstring says to pass your own options for heavy runs.
-BENCH_SPARK_CONF = {"spark.driver.extraJavaOptions": "-XX:+UseSerialGC", "spark.driver.memory": "2g"}
-QUERY_WARMUP = 50
-PARTITION_FMT = "year=%Y/month=%m/day=%d/hour=%H/minute=%M"
-T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-
-
-# --------------------------------------------------------------------------- synthetic data
-
-
-def synthetic_docs(spark: Any, n: int, *, seed: int = 0, products: int | None = None, id_offset: int = 0) -> Any:
-    """N ads as a DataFrame of the typed record columns, generated in the JVM (deterministic)."""
-    from pyspark.sql import functions as F
-
-    products = products or max(1, n // 40)
-
-    def pick(words: Sequence[str], *salt: Any) -> Any:
-        arr = F.array(*[F.lit(w) for w in words])
-        h = F.xxhash64(*[F.lit(f"{seed}")], *salt)
-        return F.element_at(arr, (F.pmod(h, F.lit(len(words))) + 1).cast("int"))
-
-    ad = F.col("id") + F.lit(id_offset)
-    product = F.pmod(F.xxhash64(F.lit(seed), F.lit("product"), ad), F.lit(products))
-    brand = pick(BRANDS, F.lit("brand"), product)
-    noun = pick(NOUNS, F.lit("noun"), product)
-    title = F.concat_ws(
-        " ", pick(ADJECTIVES, F.lit("a1"), ad), pick(ADJECTIVES, F.lit("a2"), ad), brand, noun,
-        pick(QUALIFIERS, F.lit("q1"), ad), pick(QUALIFIERS, F.lit("q2"), ad),
-    )
-    keywords = F.array(brand, noun, pick(VOCABULARY, F.lit("k1"), ad), pick(VOCABULARY, F.lit("k2"), ad))
-    r = F.pmod(F.xxhash64(F.lit(seed), F.lit("status"), ad), F.lit(100))
-    status = F.when(r < 95, F.lit("active")).when(r < 98, F.lit("paused")).otherwise(F.lit("deleted"))
-    bid = F.round(F.lit(0.05) + F.pmod(F.xxhash64(F.lit(seed), F.lit("bid"), ad), F.lit(2000)) / F.lit(100.0), 2)
-    return spark.range(n).select(
-        F.format_string("ad-%09d", ad).alias("ad_id"),
-        F.format_string("camp-%05d", F.pmod(F.xxhash64(F.lit(seed), F.lit("camp"), ad), F.lit(500))).alias(
-            "campaign_id"),
-        F.format_string("prod-%07d", product).alias("product_id"),
-        title.alias("title"),
-        keywords.alias("keywords"),
-        bid.cast("double").alias("bid"),
-        status.alias("status"),
-        (F.lit(T0).cast("timestamp") + F.make_interval(secs=(ad % 86400).cast("int"))).alias("updated_at"),
-        ad.cast("long").alias("version"),
-    )
-
-
-def realistic_queries(q: int, seed: int = 7) -> list[str]:
-    """Q user-like queries of 1-3 words (brand / noun / adjective / qualifier combinations)."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(q):
-        shape = rng.random()
-        if shape < 0.35:
-            words = [rng.choice(NOUNS)]
-        elif shape < 0.6:
-            words = [rng.choice(ADJECTIVES), rng.choice(NOUNS)]
-        elif shape < 0.8:
-            words = [rng.choice(BRANDS), rng.choice(NOUNS)]
-        else:
-            words = [rng.choice(ADJECTIVES), rng.choice(BRANDS), rng.choice(NOUNS)]
-        out.append(" ".join(words))
-    return out
-
-
-def _session() -> tuple[Any, bool]:
-    """The active session, or a new local one (returned flag: we own it and stop it)."""
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active, False
-    from freshidx.spark.session import build_local_session
-
-    return build_local_session(conf=BENCH_SPARK_CONF), True
 
 
 # --------------------------------------------------------------------------- build
@@ -244,7 +165,7 @@ def bench_build(
 
     own = False
     if spark is None:
-        spark, own = _session()
+        spark, own = bench_session()
     workdir = tempfile.mkdtemp(prefix="freshidx-bench-build-")
     try:
         df = index_rows(synthetic_docs(spark, docs, seed=seed)).persist(StorageLevel.MEMORY_AND_DISK)
@@ -305,149 +226,6 @@ def bench_build(
             spark.stop()
 
 
-# --------------------------------------------------------------------------- query
-
-
-def _bench_marker(docs: int, shards: int, seed: int) -> dict[str, Any]:
-    return {"docs": docs, "shards": shards, "seed": seed, "format": 1}
-
-
-def _store_ready(workdir: str, docs: int, shards: int, seed: int) -> bool:
-    try:
-        with open(os.path.join(workdir, "bench.json"), encoding="utf-8") as f:
-            return bool(json.load(f) == _bench_marker(docs, shards, seed))
-    except (OSError, ValueError):
-        return False
-
-
-def prepare_query_store(spark: Any, workdir: str, docs: int, shards: int, *, seed: int = 0) -> str:
-    """A local store under ``workdir`` with a published full (N ads) and delta version; reused if present.
-
-    Returns the store URI.
-    """
-    from pyspark.sql import functions as F
-
-    from freshidx.publish import DraftManifest, iso, new_version, publish, read_manifest, read_pointer
-    from freshidx.spark.index_shards import read_version_docs, write_index_shards
-    from freshidx.store import StoreConfig, open_store
-    from freshidx.transform import index_rows
-
-    marker_path = os.path.join(workdir, "bench.json")
-    uri = "file://" + os.path.join(workdir, "store")
-    want = _bench_marker(docs, shards, seed)
-    if _store_ready(workdir, docs, shards, seed):
-        return uri
-    shutil.rmtree(workdir, ignore_errors=True)
-    os.makedirs(workdir, exist_ok=True)
-    cfg = StoreConfig(uri=uri)
-    store = open_store(cfg)
-
-    def draft(index: str, version: str, position: dt.datetime, commits: list[Any]) -> DraftManifest:
-        return DraftManifest(
-            index=index, version=version, position=iso(position), run_id="bench",
-            shards=[c.to_dict() for c in commits], doc_count=sum(c.doc_count for c in commits),
-            num_shards=len(commits), covered_count=sum(c.covered_count for c in commits),
-            cutoff=iso(position) if index == "full" else None,
-            source_partition=None if index == "full" else position.strftime(PARTITION_FMT),
-        )
-
-    full_at = T0 + dt.timedelta(hours=1)
-    full_version = new_version(full_at)
-    full = index_rows(synthetic_docs(spark, docs, seed=seed))
-    commits = write_index_shards(full, cfg, "full", full_version, shards)
-    res = publish(store, draft("full", full_version, full_at, commits))
-    if res.outcome != "published":
-        raise RuntimeError(f"bench full publish: {res.reason}")
-
-    # The delta: 1% of the ads changed (new title words, new bid), expanded to their whole products.
-    delta_at = full_at + dt.timedelta(minutes=5)
-    delta_version = new_version(delta_at)
-    pointer, _ = read_pointer(store, "full")
-    assert pointer is not None
-    full_docs = read_version_docs(spark, cfg, read_manifest(store, "full", pointer.version))
-    changed = (
-        synthetic_docs(spark, docs, seed=seed)
-        .filter(F.pmod(F.xxhash64(F.col("ad_id"), F.lit("delta")), F.lit(100)) == 0)
-        .withColumn("title", F.concat_ws(" ", F.lit("updated"), F.col("title")))
-        .withColumn("bid", F.col("bid") + F.lit(0.5))
-        .withColumn("version", F.col("version") + F.lit(10_000_000_000))
-    )
-    delta_commits = write_index_shards(index_rows(changed, full_docs), cfg, "delta", delta_version, max(1, shards // 2))
-    res = publish(store, draft("delta", delta_version, delta_at, delta_commits))
-    if res.outcome != "published":
-        raise RuntimeError(f"bench delta publish: {res.reason}")
-    with open(marker_path, "w", encoding="utf-8") as f:
-        json.dump(want, f)
-    return uri
-
-
-def percentile(values: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile (p in 0..100)."""
-    s = sorted(values)
-    if not s:
-        return float("nan")
-    rank = max(1, min(len(s), math.ceil(p / 100 * len(s))))
-    return s[rank - 1]
-
-
-def bench_query(
-    docs: int, queries: int, *, shards: int = 4, k: int = 10, workdir: str | None = None, spark: Any = None,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """Run the query benchmark; returns the numbers (see the module docstring)."""
-    from freshidx.serving import Searcher
-    from freshidx.store import open_store
-
-    workdir = workdir or os.path.join(tempfile.gettempdir(), f"freshidx-bench-query-{docs}-{shards}-{seed}")
-    t_build = time.perf_counter()
-    reused = _store_ready(workdir, docs, shards, seed)
-    uri = "file://" + os.path.join(workdir, "store")
-    if not reused:
-        own = False
-        if spark is None:
-            spark, own = _session()
-        try:
-            uri = prepare_query_store(spark, workdir, docs, shards, seed=seed)
-        finally:
-            if own:
-                spark.stop()
-    build_s = time.perf_counter() - t_build
-    cache = os.path.join(workdir, "cache")
-    shutil.rmtree(cache, ignore_errors=True)
-    t_load = time.perf_counter()
-    searcher = Searcher(open_store(uri), cache)
-    load_s = time.perf_counter() - t_load
-    qs = realistic_queries(queries, seed=seed + 1)
-    for q in realistic_queries(QUERY_WARMUP, seed=seed + 2):
-        searcher.search(q, k)
-    lat: list[float] = []
-    hits = 0
-    for q in qs:
-        t = time.perf_counter()
-        res = searcher.search(q, k)
-        lat.append((time.perf_counter() - t) * 1000)
-        hits += len(res)
-    snap = searcher.current
-    return {
-        "docs": docs,
-        "queries": queries,
-        "k": k,
-        "shards": {"full": len(snap.full.shards) if snap.full else 0,
-                   "delta": len(snap.delta.shards) if snap.delta else 0},
-        "kill_list": len(snap.kill_list),
-        "p50_ms": round(percentile(lat, 50), 3),
-        "p95_ms": round(percentile(lat, 95), 3),
-        "mean_ms": round(statistics.fmean(lat), 3) if lat else None,
-        "max_ms": round(max(lat), 3) if lat else None,
-        "avg_hits": round(hits / max(1, len(qs)), 2),
-        "build_reused": reused,
-        "build_seconds": round(build_s, 1),
-        "load_seconds": round(load_s, 2),
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-        "workdir": workdir,
-    }
-
-
 # --------------------------------------------------------------------------- CLI (options: freshidx.cli.bench)
 
 
@@ -498,17 +276,6 @@ def cmd_bench_build(*, docs: int, shards: int, rounds: int, warmup: int, seed: i
               f"single {r['single_cpu_s']}, single/spark {r['cpu_ratio']})")
         print(f"spark floor (split + Arrow hand-over, no shard work): {r['floor_seconds']} s, "
               f"{r['floor_cpu_s']} CPU-s")
-    return 0
-
-
-def cmd_bench_query(*, docs: int, queries: int, shards: int, k: int, workdir: str | None, seed: int,
-                    as_json: bool) -> int:
-    r = bench_query(docs, queries, shards=shards, k=k, workdir=workdir, seed=seed)
-    if as_json:
-        print(json.dumps(r))
-    else:
-        print(f"{r['docs']} docs, shards {r['shards']}, {r['queries']} queries, k={r['k']}: "
-              f"p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms (mean {r['mean_ms']}, max {r['max_ms']})")
     return 0
 
 

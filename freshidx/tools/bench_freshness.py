@@ -1,7 +1,7 @@
 """``freshidx bench freshness`` and ``freshidx bench soak``: end-to-end latency and server endurance.
 
 ``freshidx bench freshness [--partitions N] [--window-docs D] [--modes connect,local] [--json]``
-    A real end-to-end measurement through ``dagster dev`` (webserver + daemon, the repository's
+    A real end-to-end measurement through ``dagster dev`` (webserver + daemon, the packaged
     ``dagster.yaml``) on a temporary local store, once with a supervised Spark Connect server
     (:class:`~freshidx.spark.supervisor.SparkConnectSupervisor`, runs take leases from it) and once with
     local-mode Spark (a ``SparkSession`` per run), in one invocation.

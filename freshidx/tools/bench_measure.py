@@ -350,7 +350,7 @@ def _run_mode(
     import dagster as dg
 
     from freshidx.store import StoreConfig, open_store
-    from freshidx.tools.devserver import REPO_ROOT, DagsterDev, prepare_home, repo_dagster_yaml
+    from freshidx.tools.devserver import DagsterDev, packaged_dagster_yaml, prepare_home
 
     out: dict[str, Any] = {"mode": mode, "partitions": partitions, "phase": "setup"}
     mdir = root / mode
@@ -359,9 +359,9 @@ def _run_mode(
     uri = store_dir.as_uri()
     store = open_store(StoreConfig(uri=uri))
     out["spark"] = server.url if server else "local[2] (a SparkSession per run)"
-    home = prepare_home(mdir / "dagster_home", repo_dagster_yaml())
+    home = prepare_home(mdir / "dagster_home", packaged_dagster_yaml())
     dev = DagsterDev(home=home, module="freshidx.definitions", env=_dev_env(uri, server, window_minutes),
-                     cwd=REPO_ROOT, log_path=mdir / "dagster-dev.log")
+                     log_path=mdir / "dagster-dev.log")
     instance: Any = None
     loads: list[float] = []
     try:
@@ -425,7 +425,7 @@ def bench_freshness(
     defaults: 15 s, 3 in a row); its ``SELECT 1`` probe needs a free task slot, so a long build on a
     saturated ``local[2]`` server can fail it and get the server restarted mid-run.
     """
-    from freshidx.tools.devserver import repo_dagster_yaml
+    from freshidx.tools.devserver import packaged_dagster_yaml
 
     for m in modes:
         if m not in MODES:
@@ -440,7 +440,7 @@ def bench_freshness(
         "partitions": partitions, "window_docs": window_docs, "modes": list(modes), "seed": seed,
         "max_delay_s": max_delay_s, "timeout_s": timeout_s, "window_minutes": window_minutes,
         "generator": {"ads": cfg.ads, "products": cfg.products, "changes_per_partition": cfg.changes_per_partition},
-        "dagster_yaml": str(repo_dagster_yaml()), "cores": os.cpu_count(), "workdir": str(root),
+        "dagster_yaml": str(packaged_dagster_yaml()), "cores": os.cpu_count(), "workdir": str(root),
         "percentiles": "linear interpolation",
         "spark_server_health": {"timeout_s": health_timeout_s, "failures": health_failures},
         "full_warmup": full_warmup,

@@ -30,7 +30,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from freshidx.settings import Settings, SettingsError
 from freshidx.store import open_store
-from freshidx.tools.devserver import REPO_ROOT, DagsterDev, WaitAborted, prepare_home, repo_dagster_yaml
+from freshidx.tools.devserver import DagsterDev, WaitAborted, packaged_dagster_yaml, prepare_home
 
 if TYPE_CHECKING:
     import dagster as dg
@@ -80,7 +80,7 @@ def cmd_demo(**options: Any) -> int:
         print(exc, file=sys.stderr)
         return 2
     home.mkdir(parents=True, exist_ok=True)
-    dagster_home = prepare_home(home / "dagster_home", repo_dagster_yaml())
+    dagster_home = prepare_home(home / "dagster_home", packaged_dagster_yaml())
     demo_id = os.environ.get(DEMO_ID_ENV) or uuid.uuid4().hex
     env = {"FRESHIDX_STORE": settings.store, DEMO_ID_ENV: demo_id}
     env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or sys.executable)
@@ -99,7 +99,7 @@ def cmd_demo(**options: Any) -> int:
         env["FRESHIDX_SPARK_REMOTE"] = f"sc://127.0.0.1:{args.spark_port}"
         env["FRESHIDX_SPARK_SERVER_STATE"] = str(state_dir)
     dev = DagsterDev(home=dagster_home, port=args.port, module="freshidx.definitions",
-                     env=env, cwd=REPO_ROOT, log_path=home / "dagster-dev.log")
+                     env=env, log_path=home / "dagster-dev.log")
     gen_log = open(home / "generator.log", "ab")  # noqa: SIM115 - lives as long as the demo
     try:
         if stopping():
@@ -243,7 +243,8 @@ class Watcher:
                 doc_count=pointer.doc_count, lag_seconds=round(lag, 1), newest=newest.path if newest else None)
 
     def _catchup(self) -> None:
-        from freshidx.catchup import ASSET, CatchupState
+        from freshidx.catchup import ASSET
+        from freshidx.catchup_ledger import CatchupState
 
         state, etag = CatchupState.load(self.store, ASSET)
         now = (state.frontier, tuple(state.parked))

@@ -20,13 +20,14 @@ import atexit
 import contextlib
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -48,7 +49,6 @@ from freshidx.tools.devserver_graphql import (
 __all__ = [
     "ASSET_JOB_NAME",
     "BACKFILL_TERMINAL_STATUSES",
-    "REPO_ROOT",
     "RUN_TERMINAL_STATUSES",
     "CodeLocationLoadError",
     "DagsterDev",
@@ -57,13 +57,10 @@ __all__ = [
     "GraphQLError",
     "WaitAborted",
     "free_port",
+    "packaged_dagster_yaml",
     "prepare_home",
     "process_group_pids",
-    "repo_dagster_yaml",
 ]
-
-#: The source checkout this package runs from (the demo and the benchmark start ``dagster dev`` there).
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _MINIMAL_DAGSTER_YAML = "telemetry:\n  enabled: false\n"
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -80,25 +77,26 @@ class WaitAborted(DagsterDevError):
 # --------------------------------------------------------------------------------------------- helpers
 
 
-def prepare_home(home: Path, dagster_yaml: Path | None) -> Path:
+def prepare_home(home: Path, dagster_yaml: Path | Traversable | None) -> Path:
     """Create ``home`` (a DAGSTER_HOME) and put a dagster.yaml in it.
 
-    ``dagster_yaml`` is copied as is; with ``None`` a minimal instance config (telemetry off) is written.
+    ``dagster_yaml`` (a file, or package data such as :func:`packaged_dagster_yaml`) is copied as is;
+    with ``None`` a minimal instance config (telemetry off) is written.
     """
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
     target = home / "dagster.yaml"
     if dagster_yaml is None:
         target.write_text(_MINIMAL_DAGSTER_YAML)
-    elif Path(dagster_yaml).resolve() != target.resolve():
-        shutil.copyfile(dagster_yaml, target)
+    elif not (isinstance(dagster_yaml, Path) and dagster_yaml.resolve() == target.resolve()):
+        target.write_bytes(dagster_yaml.read_bytes())
     return home
 
 
-def repo_dagster_yaml() -> Path | None:
-    """The checkout's ``dagster.yaml`` (the one-machine instance config), None outside a checkout."""
-    p = REPO_ROOT / "dagster.yaml"
-    return p if p.exists() else None
+def packaged_dagster_yaml() -> Traversable:
+    """The one-machine instance config (``freshidx/dagster_home/dagster.yaml``, package data: the same
+    in a source checkout and an installed wheel; identical to the checkout's top-level ``dagster.yaml``)."""
+    return files("freshidx") / "dagster_home" / "dagster.yaml"
 
 
 def free_port(host: str = "127.0.0.1") -> int:

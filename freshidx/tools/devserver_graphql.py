@@ -2,12 +2,13 @@
 
 Readiness questions (workspace loaded, daemons healthy), runs like the UI's Materialize and
 Terminate buttons, partition backfills like its partition dialog, and sensors. Run status goes
-through ``dagster_graphql.DagsterGraphQLClient``; the rest is hand-written because the client has
-no call for it: workspace load errors, daemon health, backfills, sensors, and launching an asset
-run with an empty asset-check selection (the client's ``submit_job_execution`` cannot pass
-``assetCheckSelection``, and leaving it out would run every check of the selected assets too).
-``terminate_runs`` uses the client's mutation document but not its call, which raises when one run
-had already ended; here that is a per-run result.
+through ``dagster_graphql.DagsterGraphQLClient``; the rest is hand-written (the documents:
+:mod:`freshidx.tools.devserver_graphql_documents`) because the client has no call for it: workspace
+load errors, daemon health, backfills, sensors, and launching an asset run with an empty
+asset-check selection (the client's ``submit_job_execution`` cannot pass ``assetCheckSelection``,
+and leaving it out would run every check of the selected assets too). ``terminate_runs`` uses the
+client's mutation document but not its call, which raises when one run had already ended; here
+that is a per-run result.
 """
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ import requests
 from dagster_graphql import DagsterGraphQLClient
 from dagster_graphql.client.client_queries import TERMINATE_RUNS_JOB_MUTATION
 from dagster_graphql.client.query import LAUNCH_PARTITION_BACKFILL_MUTATION
+
+from freshidx.tools.devserver_graphql_documents import (
+    BACKFILL_QUERY,
+    CANCEL_BACKFILL_MUTATION,
+    DAEMON_HEALTH_QUERY,
+    LAUNCH_RUN_MUTATION,
+    SENSOR_QUERY,
+    START_SENSOR_MUTATION,
+    STOP_SENSOR_MUTATION,
+    WORKSPACE_QUERY,
+)
 
 __all__ = [
     "ASSET_JOB_NAME",
@@ -87,121 +99,7 @@ def _check_union(result: dict[str, Any] | None, ok_typename: str, what: str) -> 
     return result
 
 
-# ----------------------------------------------------------------------------------------------- queries
-
-_WORKSPACE_QUERY = """
-query FreshidxWorkspace {
-  workspaceOrError {
-    __typename
-    ... on Workspace {
-      locationEntries {
-        name
-        loadStatus
-        locationOrLoadError {
-          __typename
-          ... on RepositoryLocation { name repositories { name } }
-          ... on PythonError {
-            message
-            stack
-            className
-            errorChain { isExplicitLink error { message stack className } }
-          }
-        }
-      }
-    }
-    ... on PythonError { message stack }
-  }
-}
-"""
-
-_DAEMON_HEALTH_QUERY = """
-query FreshidxDaemonHealth {
-  instance {
-    daemonHealth {
-      allDaemonStatuses { daemonType required healthy lastHeartbeatErrors { message } }
-    }
-  }
-}
-"""
-
-_LAUNCH_RUN_MUTATION = """
-mutation FreshidxLaunchRun($executionParams: ExecutionParams!) {
-  launchRun(executionParams: $executionParams) {
-    __typename
-    ... on LaunchRunSuccess { run { runId status } }
-    ... on RunConfigValidationInvalid { errors { message path reason } }
-    ... on Error { message }
-    ... on PythonError { stack }
-  }
-}
-"""
-
-_BACKFILL_QUERY = """
-query FreshidxBackfill($backfillId: String!) {
-  partitionBackfillOrError(backfillId: $backfillId) {
-    __typename
-    ... on PartitionBackfill {
-      id
-      status
-      numPartitions
-      partitionNames
-      error { message stack }
-      runs(limit: 1000) { runId status tags { key value } }
-    }
-    ... on Error { message }
-  }
-}
-"""
-
-_CANCEL_BACKFILL_MUTATION = """
-mutation FreshidxCancelBackfill($backfillId: String!) {
-  cancelPartitionBackfill(backfillId: $backfillId) {
-    __typename
-    ... on CancelBackfillSuccess { backfillId }
-    ... on Error { message }
-    ... on PythonError { stack }
-  }
-}
-"""
-
-_SENSOR_FIELDS = """
-  __typename
-  ... on Sensor {
-    name
-    minIntervalSeconds
-    sensorState {
-      id
-      selectorId
-      status
-      ticks(limit: $tickLimit) {
-        tickId status timestamp runIds runKeys skipReason error { message }
-      }
-    }
-  }
-  ... on Error { message }
-  ... on PythonError { stack }
-"""
-
-_SENSOR_QUERY = (
-    "query FreshidxSensor($sensorSelector: SensorSelector!, $tickLimit: Int) {\n"
-    "  sensorOrError(sensorSelector: $sensorSelector) {" + _SENSOR_FIELDS + "}\n}\n"
-)
-
-_START_SENSOR_MUTATION = (
-    "mutation FreshidxStartSensor($sensorSelector: SensorSelector!, $tickLimit: Int) {\n"
-    "  startSensor(sensorSelector: $sensorSelector) {" + _SENSOR_FIELDS + "}\n}\n"
-)
-
-_STOP_SENSOR_MUTATION = """
-mutation FreshidxStopSensor($id: String!) {
-  stopSensor(id: $id) {
-    __typename
-    ... on StopSensorMutationResult { instigationState { id status } }
-    ... on Error { message }
-    ... on PythonError { stack }
-  }
-}
-"""
+# ----------------------------------------------------------------------------------------------- client
 
 
 class WebserverClient:
@@ -311,7 +209,7 @@ class WebserverClient:
             "mode": "default",
             "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
         }
-        data = self.graphql(_LAUNCH_RUN_MUTATION, {"executionParams": params})
+        data = self.graphql(LAUNCH_RUN_MUTATION, {"executionParams": params})
         result = _check_union(data["launchRun"], "LaunchRunSuccess", f"materialize {asset_keys}")
         return str(result["run"]["runId"])
 
@@ -379,12 +277,12 @@ class WebserverClient:
 
     def backfill_status(self, backfill_id: str) -> dict[str, Any]:
         """``{id, status, numPartitions, partitionNames, error, runs: [{runId, status, tags}]}``."""
-        data = self.graphql(_BACKFILL_QUERY, {"backfillId": backfill_id})
+        data = self.graphql(BACKFILL_QUERY, {"backfillId": backfill_id})
         return _check_union(data["partitionBackfillOrError"], "PartitionBackfill", f"backfill {backfill_id}")
 
     def cancel_backfill(self, backfill_id: str) -> dict[str, Any]:
         """Cancel a backfill (``cancelPartitionBackfill``); return :meth:`backfill_status`."""
-        data = self.graphql(_CANCEL_BACKFILL_MUTATION, {"backfillId": backfill_id})
+        data = self.graphql(CANCEL_BACKFILL_MUTATION, {"backfillId": backfill_id})
         _check_union(data["cancelPartitionBackfill"], "CancelBackfillSuccess", f"cancel {backfill_id}")
         return self.backfill_status(backfill_id)
 
@@ -397,14 +295,14 @@ class WebserverClient:
         ``tickId status timestamp runIds runKeys skipReason error``.
         """
         variables = {"sensorSelector": self._sensor_selector(name), "tickLimit": tick_limit}
-        data = self.graphql(_SENSOR_QUERY, variables)
+        data = self.graphql(SENSOR_QUERY, variables)
         return _flatten_sensor(_check_union(data["sensorOrError"], "Sensor", f"sensor {name}"))
 
     def start_sensor(self, name: str, timeout: float = 120) -> dict[str, Any]:
         """Start (enable) a sensor; return its :meth:`sensor_state` once the status holds."""
         def start() -> None:
             variables = {"sensorSelector": self._sensor_selector(name), "tickLimit": 0}
-            _check_union(self.graphql(_START_SENSOR_MUTATION, variables)["startSensor"], "Sensor",
+            _check_union(self.graphql(START_SENSOR_MUTATION, variables)["startSensor"], "Sensor",
                          f"start sensor {name}")
 
         return self._set_sensor_status(name, "RUNNING", start, timeout)
@@ -413,7 +311,7 @@ class WebserverClient:
         """Stop (disable) a sensor; return its :meth:`sensor_state` once the status holds."""
         def stop() -> None:
             state_id = self.sensor_state(name, tick_limit=0)["id"]
-            _check_union(self.graphql(_STOP_SENSOR_MUTATION, {"id": state_id})["stopSensor"],
+            _check_union(self.graphql(STOP_SENSOR_MUTATION, {"id": state_id})["stopSensor"],
                          "StopSensorMutationResult", f"stop sensor {name}")
 
         return self._set_sensor_status(name, "STOPPED", stop, timeout)
@@ -457,7 +355,7 @@ class WebserverClient:
 
         Raises :class:`CodeLocationLoadError` for the first location that reports a PythonError.
         """
-        data = self.graphql(_WORKSPACE_QUERY)
+        data = self.graphql(WORKSPACE_QUERY)
         ws = data["workspaceOrError"]
         if ws.get("__typename") != "Workspace":
             raise GraphQLError(f"workspace query failed: {ws.get('__typename')}: {ws.get('message')}")
@@ -478,7 +376,7 @@ class WebserverClient:
         return pending
 
     def unhealthy_daemons(self) -> list[str]:
-        data = self.graphql(_DAEMON_HEALTH_QUERY)
+        data = self.graphql(DAEMON_HEALTH_QUERY)
         statuses = data["instance"]["daemonHealth"]["allDaemonStatuses"]
         unhealthy = []
         for s in statuses:
@@ -486,7 +384,6 @@ class WebserverClient:
                 errors = [e.get("message", "") for e in s.get("lastHeartbeatErrors") or []]
                 unhealthy.append(f"{s['daemonType']}{' (' + '; '.join(errors) + ')' if errors else ''}")
         return unhealthy
-
 
 
 def _key_path(asset_key: str) -> list[str]:
