@@ -7,16 +7,17 @@ messages; reading, validation, quarantine and shard writing run on executors.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from freshidx import transform
 from freshidx.index_format import FORMAT
 from freshidx.records import DEFAULT_MAX_FUTURE_SKEW_SECONDS
-from freshidx.spark.index_shards import read_version_state, write_index_shards
+from freshidx.spark.index_shards import write_index_shards
 from freshidx.spark.quarantine_once import ConflictReport, quarantined_files, report_conflicts
 from freshidx.spark.raw_source import read_raw_lines
 from freshidx.spark.shards import QuarantineCommit, ShardCommit, write_quarantine
@@ -67,7 +68,7 @@ def build_version(
     run_id: str,
     quarantine_after: str | bool | None,
     max_read_tasks: int = 0,
-    full_manifest: dict[str, Any] | None = None,
+    to_rows: Callable[[DataFrame], DataFrame] | None = None,
     max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS,
 ) -> BuildResult:
     """Build and stage one version of tantivy shards (``index_format.FORMAT``).
@@ -76,10 +77,11 @@ def build_version(
     ``None`` for all, ``False`` for none (counted only). Either way a raw file whose invalid records
     an earlier build quarantined is not written again, and each copy of an ``(ad_id, version)`` read
     with different contents is reported once (:mod:`freshidx.spark.quarantine_once`); the conflict's
-    winner is what :func:`freshidx.transform.latest_per_ad` keeps. ``full_manifest``: for a delta build, the
-    serving full version, whose documents supply the untouched ads of every product the window
-    touched (seed 000: a product's grouped features are never half-updated), and whose kill-list
-    keeps an ad hidden when the full version holds a higher, inactive version of it.
+    winner is what :func:`freshidx.transform.latest_per_ad` keeps. ``to_rows``: turns the latest row per
+    ad of what was read into the rows to index (a delta build adds the untouched ads of every product
+    it touched from what is already published, ``transform.expand_to_products`` /
+    ``transform.segment_rows``: seed 000, a product's grouped features are never half-updated);
+    ``None`` indexes what was read (a full build).
     """
     t0 = time.monotonic()
     lines = read_raw_lines(spark, store_config, files, max_partitions=max_read_tasks)
@@ -107,8 +109,8 @@ def build_version(
                                            quarantine_after or None, once=True)
         conflicts = report_conflicts(transform.version_conflicts(parsed), store_config, source,
                                      write=quarantine_after is not False)
-        full_state = read_version_state(spark, store_config, full_manifest) if full_manifest else None
-        rows = transform.index_rows(transform.latest_per_ad(valid), full_state)
+        latest = transform.latest_per_ad(valid)
+        rows = to_rows(latest) if to_rows is not None else latest.select(*transform.TYPED_FIELDS)
         commits = write_index_shards(rows, store_config, index, version, num_shards)
     finally:
         parsed.unpersist()  # classic mode: drop the checkpoint's blocks now, not at garbage collection

@@ -1,4 +1,13 @@
-"""Build one delta version for trigger partition P: window (P − window, P] → staged shards → draft."""
+"""Build one delta version for trigger partition P (DESIGN §9).
+
+Incremental (the usual case): read only the files no kept segment consumed and the full index does not
+hold (every partition in (watermark, P], and late files), merge them with what the serving full version
+and the kept segments know, and index the touched products as one new segment with its kill-list. The
+new version lists the kept segments (their files stay where they are) and the new one.
+
+Window rebuild (the fallback, :class:`freshidx.segments.RebuildReason` says why): read the whole window
+(P − window, P] and index it as a single segment, as every delta version was built before §9.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
-from freshidx import listing
+from freshidx import listing, segments, transform
 from freshidx.build import FORMAT, build_version
 from freshidx.partitions import PartitionId
-from freshidx.publish import DraftManifest, iso, new_version, read_manifest, read_pointer
+from freshidx.publish import DraftManifest, iso, new_version, parse_iso, read_manifest, read_pointer, utcnow
+from freshidx.segments import BuildKind, FullBase, Segment
 from freshidx.settings import Settings
-from freshidx.store import ObjectStore, StoreConfig
+from freshidx.spark.index_shards import read_version_state
+from freshidx.store import NotFound, ObjectInfo, ObjectStore, StoreConfig
 
 log = logging.getLogger(__name__)
 INDEX = "delta"
@@ -28,6 +39,29 @@ class DeltaPlan:
     watermark: PartitionId | None  # the serving delta's partition when the run started
     run_id: str
     run_info: dict[str, Any]
+    force_rebuild: bool = False
+
+
+def _full_base(store: ObjectStore) -> tuple[FullBase | None, dict[str, Any] | None]:
+    pointer, _ = read_pointer(store, "full")
+    if pointer is None:
+        return None, None
+    manifest = read_manifest(store, "full", pointer.version)
+    listed = manifest.get("inputs", {}).get("listed_at")
+    cutoff = parse_iso(pointer.cutoff or pointer.position)
+    return FullBase(pointer.version, cutoff, parse_iso(listed) if listed else None), manifest
+
+
+def _previous_segments(store: ObjectStore) -> tuple[str | None, list[Segment] | None]:
+    """The serving delta version and its segments (``None``: not segmented or unreadable)."""
+    pointer, _ = read_pointer(store, INDEX)
+    if pointer is None:
+        return None, None
+    try:
+        return pointer.version, segments.segments_of(read_manifest(store, INDEX, pointer.version))
+    except (NotFound, KeyError, TypeError, ValueError) as exc:
+        log.warning("delta: serving manifest %s unreadable (%s): window rebuild", pointer.version, exc)
+        return pointer.version, None
 
 
 def build_delta(
@@ -40,25 +74,42 @@ def build_delta(
     on_stage: Callable[[str, float], None] | None = None,
 ) -> DraftManifest:
     p = plan.partition
-    window_start = p.at - settings.window
+    full, full_manifest = _full_base(store)
+    serving, previous = _previous_segments(store)
+    mb = segments.plan(p, settings.window, full, previous, has_previous_delta=serving is not None,
+                       max_segments=settings.delta_max_segments,
+                       force_rebuild=plan.force_rebuild or settings.delta_build == "window")
     t0 = time.monotonic()
-    files, ignored = listing.files_in_window(store, settings.source, window_start, p)
+    listed_at = utcnow()  # before listing: whatever is visible now is in the listing
+    files, ignored = listing.files_in_window(store, settings.source, mb.window_start, p)
+    if mb.kind is BuildKind.INCREMENTAL:
+        assert full is not None
+        to_read = segments.files_to_read(files, full, mb.kept)
+    else:
+        to_read = files
     list_seconds = round(time.monotonic() - t0, 3)
-    file_list = [(o.key, pid.path) for pid, objs in files.items() for o in objs]
-    log.info("delta %s: %d partitions, %d files in window", p.path, len(files), len(file_list))
+    file_list = [(o.key, pid.path) for pid, objs in to_read.items() for o in objs]
+    log.info("delta %s (%s%s): %d of %d partitions, %d files to read, %d segments kept", p.path, mb.kind,
+             f": {mb.reason}" if mb.reason else "", len(to_read), len(files), len(file_list), len(mb.kept))
     if on_stage:
         on_stage("list_seconds", list_seconds)
 
     version = new_version(p.at)
-    full_pointer, _ = read_pointer(store, "full")
-    full_manifest = read_manifest(store, "full", full_pointer.version) if full_pointer else None
+    state_manifest: dict[str, Any] | None
+    if mb.kind is BuildKind.INCREMENTAL:
+        state_manifest = {"shards": [*(full_manifest or {}).get("shards", []),
+                                     *(sh for s in mb.kept for sh in s.shards)]}
+    else:
+        state_manifest = full_manifest
+    to_rows = _rows_for(spark, store_config, mb.kind, state_manifest)
     result = build_version(
         spark, store_config, index=INDEX, version=version, files=file_list,
-        num_shards=settings.delta_shards, source=settings.source, run_id=plan.run_id,
-        # Every file of the window not quarantined yet, late partitions behind the watermark included
-        # (files an earlier build quarantined have a done marker: freshidx.spark.quarantine_once).
+        num_shards=settings.delta_shards if mb.kind is BuildKind.REBUILD else settings.delta_segment_shards,
+        source=settings.source, run_id=plan.run_id,
+        # Every file read not quarantined yet, late ones included (files an earlier build quarantined
+        # have a done marker: freshidx.spark.quarantine_once).
         quarantine_after=None,
-        full_manifest=full_manifest,
+        to_rows=to_rows,
         # A few files per task: one Python task per 5-minute file costs more in task start-up than
         # in reading (60 files in a 5 h window).
         max_read_tasks=READ_TASKS,
@@ -66,29 +117,70 @@ def build_delta(
     )
     if on_stage:
         on_stage("build_seconds", result.seconds)
+    shards = [c.to_dict() for c in result.commits]
+    new_segment = Segment(
+        version=version, position=iso(p.at), kind=str(mb.kind), shards=shards, doc_count=result.doc_count,
+        covered_count=result.covered_count, files=[k for k, _ in file_list], listed_at=iso(listed_at),
+        extra={"partitions": len(to_read), "reason": mb.reason},
+    )
+    all_segments = [*mb.kept, new_segment]
     return DraftManifest(
         index=INDEX,
         version=version,
         position=iso(p.at),
         run_id=plan.run_id,
-        shards=[c.to_dict() for c in result.commits],
-        doc_count=result.doc_count,
-        num_shards=settings.delta_shards,
+        shards=shards,
+        doc_count=sum(s.doc_count for s in all_segments),
+        num_shards=len(shards),
         source_partition=p.path,
-        window_start=iso(window_start),
+        window_start=iso(mb.window_start),
         window_end=iso(p.at),
-        covered_count=result.covered_count,
+        covered_count=sum(s.covered_count for s in all_segments),
+        segments=[s.to_dict() for s in all_segments],
         inputs={
             "source": settings.source,
-            "partitions": [pid.path for pid in files],
-            "files": [{"key": o.key, "etag": o.etag, "size": o.size} for objs in files.values() for o in objs],
+            "build": str(mb.kind),
+            # Publication requires this version to still serve (publish.stale_base): None for a rebuild.
+            "based_on": serving if mb.kind is BuildKind.INCREMENTAL else None,
+            "rebuild_reason": mb.reason or None,
+            "partitions": [pid.path for pid in to_read],
+            "files": [_file_entry(o) for objs in to_read.values() for o in objs],
+            "listed_partitions": len(files),
             "ignored": [{"key": i.key, "reason": i.reason} for i in ignored],
-            "full_version": full_pointer.version if full_pointer else None,
+            "full_version": full.version if full else None,
+            "full_cutoff": iso(full.cutoff) if full else None,
+            "segments_kept": len(mb.kept),
+            "segments_dropped": mb.dropped,
             "format": FORMAT,
-            "kill_list": "covered.parquet of every shard (every ad id this delta covers)",
+            "kill_list": "covered.parquet of every shard of every segment; a newer segment's hides older "
+                         "segments and the full version",
         },
         invalid=result.invalid_summary(),
         stats={"list_seconds": list_seconds, "build_seconds": result.seconds,
-               "total_build_seconds": round(list_seconds + result.seconds, 3)},
-        run=plan.run_info,
+               "total_build_seconds": round(list_seconds + result.seconds, 3),
+               "files_read": len(file_list), "segments": len(all_segments)},
+        run=_run_record(plan.run_info, mb.kind),
     )
+
+
+def _rows_for(spark: SparkSession, store_config: StoreConfig, kind: BuildKind,
+              state_manifest: dict[str, Any] | None) -> Callable[[DataFrame], DataFrame] | None:
+    """How the latest rows read become the segment's rows (see ``transform.segment_rows``)."""
+    if state_manifest is None:
+        return None  # a rebuild without a full version: the window is all there is
+    # A few files per task: a delta version can list dozens of small segment files.
+    state = read_version_state(spark, store_config, state_manifest, max_tasks=READ_TASKS)
+    if kind is BuildKind.INCREMENTAL:
+        return lambda latest: transform.segment_rows(latest, state)
+    return lambda latest: transform.expand_to_products(latest, state)
+
+
+def _run_record(run_info: dict[str, Any], kind: BuildKind) -> dict[str, Any]:
+    # The drop guard compares a version's documents with the serving one's. A window rebuild stands
+    # alone, so a collapse means a broken build; an incremental version shrinks legitimately when a
+    # full index takes over its oldest segments.
+    return run_info if kind is BuildKind.REBUILD else {**run_info, "max_drop_fraction": None}
+
+
+def _file_entry(o: ObjectInfo) -> dict[str, Any]:
+    return {"key": o.key, "etag": o.etag, "size": o.size}

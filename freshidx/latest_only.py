@@ -143,17 +143,17 @@ def _plan_skipped(plan: TickPlan, runs: RunIndex, settings: Settings, found: Lis
     is still in flight is not ours to decide: its run publishes it, or the publication that passes it
     records why not (ledger.settle_publication)."""
     skipped = [p for p in found.partitions[:-1] if p.path not in targets]
-    why = f"superseded by {newest.path}" if watermark else \
-        f"superseded by {newest.path} (no watermark: first start or reset, jumped to the newest)"
+    why = f"folded into the micro-batch for {newest.path}" if watermark else \
+        f"folded into the micro-batch for {newest.path} (no watermark: first start or reset, jumped to the newest)"
     # The partition our last run was for, if that run ended without publishing: say how it ended.
     last = plan.cursor.get("last_requested")
     how = runs.ended_how(last) if skipped and last and last.startswith(f"{PIPELINE}:") else None
     ended_for = last.split(":")[1] if how else None
     for p in skipped:
         plan.records.append(Record(
-            p, TriggerId(p.compact), Decision.SUPERSEDED, f"{why}; {how}" if p.compact == ended_for else why,
-            {"extra": {"superseded_by": newest.path}},
-            {"decision": Decision.SUPERSEDED.value, "superseded_by": newest.path}))
+            p, TriggerId(p.compact), Decision.FOLDED, f"{why}; {how}" if p.compact == ended_for else why,
+            {"extra": {"folded_into": newest.path}},
+            {"decision": Decision.FOLDED.value, "folded_into": newest.path}))
     if found.unlisted_before is not None:
         plan.gap = (found.unlisted_before, watermark,
                     (f"more than {settings.scan_hours} h behind the newest partition {newest.path}"

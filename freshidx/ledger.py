@@ -7,7 +7,8 @@ sensors (or a sensor and a retry) racing on the same trigger cannot both win.
 Trigger ids the delta pipeline writes, for partition ``P`` (compact form ``20261121T1405``; the
 grammar, the decisions and the attempt state are :mod:`freshidx.lifecycle`):
 
-* ``P``               the partition's final decision: ``superseded`` / ``published`` / ``refused``
+* ``P``               the partition's final decision: ``folded`` (read by the micro-batch for a newer
+                      partition) / ``superseded`` / ``published`` / ``refused``
 * ``P.aN``            attempt ``N`` accepted: a run was requested for it (run key ``delta:<P>:aN``)
 * ``P.aN.run``        the run that executes attempt ``N`` (its run id)
 * ``P.aN.lost``       that run's worker died (run health): ``failed``
@@ -47,6 +48,7 @@ from freshidx.store import NotFound, ObjectStore, PreconditionFailed
 # Short names for the decisions this module's callers (and tests) use most; the values are
 # :class:`~freshidx.lifecycle.Decision`'s.
 SUPERSEDED = Decision.SUPERSEDED
+FOLDED = Decision.FOLDED
 ACCEPTED = Decision.ACCEPTED
 PUBLISHED = Decision.PUBLISHED
 REFUSED = Decision.REFUSED
@@ -321,9 +323,9 @@ def settle_publication(store: ObjectStore, pipeline: str, source: str, published
     list a final decision (create-once: what the sensor or another run already decided stays):
 
     * partitions in (``previous``, ``published``): the run jumped over them (a UI/CLI materialize, a
-      run requested while they arrived under overlap ``queue``, a parked partition): ``superseded``;
+      run requested while they arrived under overlap ``queue``, a parked partition): ``folded``;
     * partitions in the window (``window_start``, ``previous``] without a decision: they became
-      visible after the watermark had passed them and this delta read them: ``superseded`` (late);
+      visible after the watermark had passed them and this delta read them: ``folded`` (late);
     * without a previous watermark (first publication), only the last ``scan_hours`` are listed and
       the rest is one ``.gap`` entry, as the sensor does.
 
@@ -341,14 +343,15 @@ def settle_publication(store: ObjectStore, pipeline: str, source: str, published
         if p >= published or p.compact in ex.final:
             continue
         if previous is None or p > previous:
-            why = (f"superseded by {published.path}: published by run {run_id[:8]} (version {version}), which "
-                   "jumped over it (a manual materialize, or a run requested before it arrived)")
-            extra: dict[str, Any] = {"superseded_by": published.path, "version": version}
+            why = (f"folded into the micro-batch for {published.path}: read by run {run_id[:8]} (version "
+                   f"{version}), which was requested for a newer partition (a manual materialize, or a run "
+                   "requested before it arrived)")
+            extra: dict[str, Any] = {"folded_into": published.path, "version": version}
         else:
             why = (f"late: visible only after the delta had passed it; read by the delta of {published.path} "
                    f"(version {version}, run {run_id[:8]})")
-            extra = {"superseded_by": published.path, "version": version, "late": True}
-        if record_partition(store, pipeline, p, SUPERSEDED, why, run_id=run_id, extra=extra):
+            extra = {"folded_into": published.path, "version": version, "late": True}
+        if record_partition(store, pipeline, p, FOLDED, why, run_id=run_id, extra=extra):
             done.append(p.compact)
     if found.unlisted_before is not None:
         record_gap(store, pipeline, found.unlisted_before, previous,

@@ -45,6 +45,7 @@ class Decision(StrEnum):
     CORRECTED = "corrected"  # catch-up: a correction version is published
     REBUILT = "rebuilt"  # a backfill / manual run republished an hour
     SUPERSEDED = "superseded"  # a newer trigger made this one moot (never built)
+    FOLDED = "folded"  # delta: no run of its own; the micro-batch for a newer partition read it
     REFUSED = "refused"  # built (or probed), but not newer than what serves
     VALIDATION_FAILED = "validation_failed"  # the validation gate refused the version (retried)
     FAILED = "failed"
@@ -61,7 +62,8 @@ class Decision(StrEnum):
 
 
 #: Final decisions that say a partition was dealt with (``parked`` is not final but explains it too).
-FINAL = frozenset({Decision.SUPERSEDED, Decision.PUBLISHED, Decision.REFUSED, Decision.VALIDATION_FAILED})
+FINAL = frozenset({Decision.SUPERSEDED, Decision.FOLDED, Decision.PUBLISHED, Decision.REFUSED,
+                   Decision.VALIDATION_FAILED})
 
 #: What :func:`freshidx.publish.publish` can answer.
 PublishOutcome = Literal["published", "superseded", "unchanged", "invalid"]

@@ -74,6 +74,9 @@ class DraftManifest:
     window_end: str | None = None  # inclusive (delta)
     cutoff: str | None = None  # (full)
     covered_count: int = 0
+    #: A segment-built delta version: every segment it serves, oldest first (``freshidx.segments``);
+    #: ``shards`` are the newest segment's, the files this version wrote.
+    segments: list[dict[str, Any]] | None = None
     inputs: dict[str, Any] = field(default_factory=dict)
     invalid: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
@@ -169,7 +172,8 @@ def validate_draft(store: ObjectStore, draft: DraftManifest, *, allow_empty: boo
         problems.append("shard numbers are not 0..n-1 exactly once")
     if draft.doc_count <= 0 and not allow_empty:
         problems.append("empty document set")
-    if sum(int(s["doc_count"]) for s in draft.shards) != draft.doc_count:
+    served = [sh for seg in draft.segments for sh in seg["shards"]] if draft.segments else draft.shards
+    if sum(int(s["doc_count"]) for s in served) != draft.doc_count:
         problems.append("doc_count does not equal the sum over shards")
     for s in draft.shards:
         for f in s["files"]:
@@ -248,6 +252,21 @@ def compare_to_serving(store: ObjectStore, draft: DraftManifest, current: Pointe
                           f"not newer than those of serving version {current.version} (listed {their_listing})")
 
 
+def stale_base(draft: DraftManifest, current: Pointer | None) -> str:
+    """Why an incremental delta must not be published over ``current`` ("" = it may).
+
+    An incremental version carries the segments of the version it was built on (``inputs.based_on``);
+    published over any other version it would drop that version's newest segment. It is refused like
+    a failed validation (not final): the retry builds on what serves then (a commit requirement, as in
+    Iceberg's table commits, with the retry one level above the single attempt).
+    """
+    base = draft.inputs.get("based_on")
+    if not draft.segments or base is None or current is None or current.version == base:
+        return ""
+    return (f"validation failed: base changed: built on delta version {base}, but {current.version} serves "
+            f"now (published meanwhile by run {current.run_id}); the next attempt builds on it")
+
+
 def _inputs_text(inputs: dict[str, Any]) -> str:
     return f"{inputs.get('files', '?')} files in {inputs.get('partitions', '?')} partitions"
 
@@ -314,6 +333,10 @@ def publish(
             record_refusal(store, draft, "superseded", reason, current)
             return PublishResult("superseded", draft.version, reason, current, attempt,
                                  time.monotonic() - t0)
+        stale = stale_base(draft, current)
+        if stale:
+            record_refusal(store, draft, "invalid", stale, current)
+            return PublishResult("invalid", draft.version, stale, current, attempt, time.monotonic() - t0)
         verdict, why = compare_to_serving(store, draft, current)
         if verdict != "newer":
             record_refusal(store, draft, verdict, why, current)

@@ -15,6 +15,9 @@ newer than *that* proceeds (monotonicity is checked against what readers see).
   Spark tasks) of versions with a manifest, once older than ``grace``. Files a manifest lists are
   never deleted from a kept version, the current one included.
 
+A delta version's segments live under the versions that built them (``freshidx.segments``): a version
+whose segment a kept version serves is kept too, with its manifest (a rollback target needs both).
+
 "Older than ``grace``" is measured from the newest object under the version's prefix *and*, for
 versions that ever were served, from the time they stopped being served, so a reader that resolved
 the pointer just before it moved can still download. The latter is bounded conservatively: a
@@ -94,7 +97,9 @@ def missing_files(store: ObjectStore, index: str, version: str) -> list[str]:
     except NotFound:
         return [layout.manifest_key(index, version)]
     problems: list[str] = []
-    for s in manifest.get("shards", []):
+    shards = [sh for seg in manifest["segments"] for sh in seg["shards"]] if manifest.get("segments") \
+        else manifest.get("shards", [])
+    for s in shards:
         for f in s.get("files", []):
             try:
                 info = store.head(f["key"])
@@ -241,7 +246,7 @@ def gc(
                 break
             kept.append(e.version)
         oldest_kept_entry = e
-    protected = set(kept)
+    protected = set(kept) | _segment_versions(store, index, kept)
     # A version not protected stopped being served no later than this (None: never served).
     served_until = parse_iso(oldest_kept_entry.published_at) if oldest_kept_entry else None
     report = GcReport(index=index, dry_run=dry_run, current=current, kept=kept)
@@ -289,6 +294,18 @@ def gc(
                     store.delete(o.key)
             _prune_local_dirs(store, vp)
     return report
+
+
+def _segment_versions(store: ObjectStore, index: str, versions: list[str]) -> set[str]:
+    """Versions that built a segment one of ``versions`` serves (their files must stay)."""
+    out: set[str] = set()
+    for version in versions:
+        try:
+            manifest = store.get_json(layout.manifest_key(index, version))[0]
+        except NotFound:
+            continue
+        out.update(str(seg["version"]) for seg in manifest.get("segments") or [])
+    return out
 
 
 def _sweep_orphans(

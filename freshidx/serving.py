@@ -13,10 +13,15 @@ completely (download into a temp dir, verify, rename, open) before swapping that
 A search therefore always sees exactly one version of each index, never a mix. Cached versions
 that are no longer current are deleted once the last search still using them finishes.
 
-A delta is applied only while it is newer than the full version (its position, the source partition
-it covers, is later than the full version's cutoff). Once a full rebuild with a later cutoff is
-published, the older delta holds nothing the full version lacks, and possibly stale states, so it is
-ignored until the next delta arrives.
+A delta version is a list of segments, oldest first (``freshidx.segments``); each is downloaded once
+into ``cache_dir/delta/<version that built it>/`` and shared by every delta version that lists it, so
+a new delta version costs the download of its newest segment only. A segment's hits are dropped when a
+newer segment's kill-list holds the ad; full-index hits when any applied segment's does.
+
+A segment is applied only while it is newer than the full version (its position, the newest source
+partition it consumed, is later than the full version's cutoff). Once a full rebuild with a later
+cutoff is published, the older segments hold nothing the full version lacks, and possibly stale
+states, so they are ignored until the next delta version drops them.
 
 One ``cache_dir`` per Searcher: it deletes what it does not serve.
 """
@@ -82,16 +87,34 @@ class Shard:
 
 
 @dataclass
-class LoadedVersion:
-    """One published version, downloaded and opened."""
+class Part:
+    """The shards one version wrote, downloaded and opened: a full version, or one delta segment."""
 
-    index: str
-    version: str
+    version: str  # the version that wrote the files (the cache directory's name)
     position: str
     path: Path
     shards: list[Shard]
     covered: frozenset[str]  # the kill-list (loaded for the delta only)
+
+
+@dataclass
+class LoadedVersion:
+    """One published version, downloaded and opened: its parts, oldest first (one for a full version
+    or a delta built before segments)."""
+
+    index: str
+    version: str
+    position: str
+    parts: list[Part]
     pointer: Pointer
+
+    @property
+    def shards(self) -> list[Shard]:
+        return [sh for part in self.parts for sh in part.shards]
+
+    @property
+    def covered(self) -> frozenset[str]:
+        return frozenset().union(*(part.covered for part in self.parts))
 
 
 @dataclass(eq=False)
@@ -115,9 +138,31 @@ class VersionSet:
         return self.delta
 
     @property
-    def kill_list(self) -> frozenset[str]:
+    def applied_segments(self) -> list[Part]:
+        """The delta's segments newer than the full version, oldest first."""
         delta = self.active_delta
-        return delta.covered if delta is not None else frozenset()
+        if delta is None:
+            return []
+        return [p for p in delta.parts if self.full is None or p.position > self.full.position]
+
+    @property
+    def kill_list(self) -> frozenset[str]:
+        """What hides full-index hits: every applied segment's kill-list."""
+        return frozenset().union(*(p.covered for p in self.applied_segments))
+
+    def searched(self) -> list[tuple[str, str, Part, frozenset[str]]]:
+        """(index, version, part, kill-list of the part) for every part a search reads."""
+        out: list[tuple[str, str, Part, frozenset[str]]] = []
+        hidden: frozenset[str] = frozenset()
+        delta = self.active_delta
+        for part in reversed(self.applied_segments):  # newest first: each is hidden by the newer ones
+            assert delta is not None
+            out.append(("delta", delta.version, part, hidden))
+            hidden = hidden | part.covered
+        if self.full is not None:
+            for part in self.full.parts:
+                out.append(("full", self.full.version, part, hidden))
+        return out
 
     def versions(self) -> dict[str, str | None]:
         return {
@@ -177,8 +222,6 @@ class Searcher:
                     elif have is not None and have.version == ptr.version:
                         loaded[name] = have
                     else:
-                        with self._lock:
-                            self._loading.add((name, ptr.version))
                         loaded[name] = self._load(name, ptr)
                 if all(loaded[n] is getattr(current, n) for n in INDEXES):
                     return False
@@ -199,16 +242,26 @@ class Searcher:
 
     def _load(self, index: str, pointer: Pointer) -> LoadedVersion:
         manifest = read_manifest(self.store, index, pointer.version)
-        final = self._version_dir(index, pointer.version)
+        listed = manifest.get("segments") if index == "delta" else None
+        pieces = [(str(seg["version"]), str(seg["position"]), {"shards": seg["shards"]}) for seg in listed] \
+            if listed else [(pointer.version, pointer.position, manifest)]
+        parts = [self._load_part(index, version, position, files) for version, position, files in pieces]
+        return LoadedVersion(index=index, version=pointer.version, position=pointer.position, parts=parts,
+                             pointer=pointer)
+
+    def _load_part(self, index: str, version: str, position: str, manifest: dict[str, Any]) -> Part:
+        with self._lock:
+            self._loading.add((index, version))
+        final = self._version_dir(index, version)
         if not final.is_dir():
-            self._download(index, pointer.version, manifest, final)
+            self._download(index, version, manifest, final)
         try:
-            return self._open_version(index, pointer, manifest, final)
+            return self._open_part(index, version, position, manifest, final)
         except Exception:
             shutil.rmtree(final, ignore_errors=True)  # unusable: do not keep it in the cache
             raise
 
-    def _open_version(self, index: str, pointer: Pointer, manifest: dict[str, Any], final: Path) -> LoadedVersion:
+    def _open_part(self, index: str, version: str, position: str, manifest: dict[str, Any], final: Path) -> Part:
         shards: list[Shard] = []
         covered: set[str] = set()
         for s in sorted(manifest["shards"], key=lambda s: int(s["shard"])):
@@ -216,7 +269,7 @@ class Searcher:
             idx_dir = shard_dir / INDEX_DIR.rstrip("/")
             if not (idx_dir / "meta.json").is_file():
                 raise ServingError(
-                    f"{index} version {pointer.version} shard {s['shard']} has no tantivy index "
+                    f"{index} version {version} shard {s['shard']} has no tantivy index "
                     f"(built by a writer without index files?)"
                 )
             idx = open_index(str(idx_dir))
@@ -227,10 +280,7 @@ class Searcher:
                     x for x in pq.read_table(shard_dir / COVERED_FILE, columns=["ad_id"]).column(0).to_pylist()
                     if x is not None
                 )
-        return LoadedVersion(
-            index=index, version=pointer.version, position=pointer.position, path=final, shards=shards,
-            covered=frozenset(covered), pointer=pointer,
-        )
+        return Part(version=version, position=position, path=final, shards=shards, covered=frozenset(covered))
 
     def _wanted_files(self, index: str, version: str, manifest: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
         """(file entry, path relative to the version dir) of every file serving needs."""
@@ -319,7 +369,7 @@ class Searcher:
                 for s in [self._current, *self._retired]:
                     for lv in (s.full, s.delta):
                         if lv is not None:
-                            keep.add((lv.index, lv.version))
+                            keep.update((lv.index, part.version) for part in lv.parts)
             for name in INDEXES:
                 d = self.cache_dir / name
                 if not d.is_dir():
@@ -370,14 +420,11 @@ class Searcher:
 
 def _search_set(snap: VersionSet, q: tantivy.Query, k: int) -> list[Hit]:
     """Lazy k-way merge of per-shard top lists; stored docs are fetched only for hits we may return."""
-    kill = snap.kill_list
     streams: list[_Stream] = []
-    for lv in (snap.active_delta, snap.full):
-        if lv is None:
-            continue
-        for sh in lv.shards:
+    for index, version, part, kill in snap.searched():
+        for sh in part.shards:
             if sh.doc_count:
-                streams.append(_Stream(lv, sh, q, k, kill if lv.index == "full" else frozenset()))
+                streams.append(_Stream(index, version, sh, q, k, kill))
     heap: list[tuple[float, int, int]] = []
     for i, st in enumerate(streams):
         top = st.peek()
@@ -410,8 +457,9 @@ class _Stream:
     """The hits of one shard in score order, fetched ``limit`` at a time (growing if the kill-list
     eats into them)."""
 
-    def __init__(self, lv: LoadedVersion, shard: Shard, q: tantivy.Query, k: int, kill: frozenset[str]) -> None:
-        self.lv, self.shard, self.q, self.kill = lv, shard, q, kill
+    def __init__(self, index: str, version: str, shard: Shard, q: tantivy.Query, k: int,
+                 kill: frozenset[str]) -> None:
+        self.index, self.version, self.shard, self.q, self.kill = index, version, shard, q, kill
         self.limit = k
         self.pos = 0
         self.hits = self._run()
@@ -435,7 +483,7 @@ class _Stream:
         if ad_id in self.kill:
             return None
         return Hit(
-            ad_id=str(ad_id), score=float(score), index=self.lv.index, version=self.lv.version,
+            ad_id=str(ad_id), score=float(score), index=self.index, version=self.version,
             title=str(doc.get_first("title") or ""), product_id=str(doc.get_first("product_id") or ""),
             bid=float(doc.get_first("bid") or 0.0),
         )

@@ -74,6 +74,14 @@ class PipelineSettings(BaseModel):
     )
     max_attempts: int = Field(3, ge=1, le=100, description="runs per partition before it is parked")
     delta_shards: int = Field(2, ge=1, le=4096, description="output shards of the delta index")
+    delta_build: str = Field(
+        "incremental", pattern=r"^(incremental|window)$",
+        description="delta micro-batches: incremental (append a segment of what changed) | window (rebuild "
+        "the window every time)")
+    delta_segment_shards: int = Field(1, ge=1, le=4096, description="output shards of one incremental segment")
+    delta_max_segments: int = Field(
+        24, ge=1, le=1000,
+        description="segments one delta version may hold before a micro-batch rebuilds the window instead")
     full_shards: int = Field(2, ge=1, le=4096, description="output shards of the full index")
     delta_max_drop_fraction: float = Field(0.9, ge=0, le=1, description="refuse a delta that shrank more")
     full_max_drop_fraction: float = Field(0.5, ge=0, le=1, description="refuse a full index that shrank more")

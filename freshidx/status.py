@@ -27,7 +27,29 @@ def index_status(store: ObjectStore, index: str, now: dt.datetime) -> dict[str, 
     out = pointer.to_dict()
     out["lag_seconds"] = round((now - parse_iso(pointer.position)).total_seconds(), 3)
     out["age_seconds"] = round((now - parse_iso(pointer.published_at)).total_seconds(), 3)
+    if index == "delta":
+        out.update(delta_segments(store, pointer.version))
     return out
+
+
+def delta_segments(store: ObjectStore, version: str) -> dict[str, Any]:
+    """How the serving delta version was built and what it serves: its segments, oldest first."""
+    from freshidx.publish import read_manifest
+
+    try:
+        manifest = read_manifest(store, "delta", version)
+    except NotFound:
+        return {"build": None, "segments": None}
+    inputs = manifest.get("inputs") or {}
+    segs = manifest.get("segments")
+    return {
+        "build": inputs.get("build") or "window",
+        "rebuild_reason": inputs.get("rebuild_reason"),
+        "full_version": inputs.get("full_version"),
+        "segments": None if segs is None else [
+            {"version": g["version"], "position": g["position"], "kind": g["kind"], "docs": g["doc_count"],
+             "kill_list": g["covered_count"], "files": len(g["files"])} for g in segs],
+    }
 
 
 def recent_decisions(store: ObjectStore, pipeline: str, now: dt.datetime,
@@ -147,7 +169,8 @@ def collect(store: ObjectStore, source: str, now: dt.datetime | None = None,
         "seconds_behind_newest": behind,
         "delta": delta,
         "full": index_status(store, "full", now),
-        "recent_skipped": recent_decisions(store, "delta", now, {Decision.SUPERSEDED, Decision.NOT_LISTED}),
+        "recent_skipped": recent_decisions(store, "delta", now,
+                                           {Decision.SUPERSEDED, Decision.FOLDED, Decision.NOT_LISTED}),
         "recent_refused": recent_decisions(store, "delta", now, {Decision.REFUSED}),
         "spark_server": spark_server(spark_server_state),
         "spark_server_found_by": spark_server_found_by or ("given" if spark_server_state else "none"),
@@ -157,7 +180,8 @@ def collect(store: ObjectStore, source: str, now: dt.datetime | None = None,
 
 def catchup_status(store: ObjectStore) -> dict[str, Any] | None:
     """The catch-up frontier (every hour before it is processed or parked) and the parked hours."""
-    from freshidx.catchup import ASSET, CatchupState
+    from freshidx.catchup import ASSET
+    from freshidx.catchup_ledger import CatchupState
 
     state, etag = CatchupState.load(store, ASSET)
     if etag is None:
@@ -184,6 +208,11 @@ def render(s: dict[str, Any]) -> str:
         )
         if idx.get("window_start"):
             lines.append(f"        window ({idx['window_start']}, {_v(idx.get('window_end'))}]")
+        if name == "delta" and idx.get("segments") is not None:
+            why = f" ({idx['rebuild_reason']})" if idx.get("rebuild_reason") else ""
+            segs = ", ".join(f"{g['position'][11:16]} {g['kind'][:3]} {g['docs']} docs" for g in idx["segments"])
+            lines.append(f"        built {idx['build']}{why}; {len(idx['segments'])} segments over full "
+                         f"{_v(idx.get('full_version'))}: {segs}")
     if s["seconds_behind_newest"] is not None:
         lines.append(f"delta is {s['seconds_behind_newest']:.0f}s of partitions behind the newest visible one")
     lines += _render_server(s.get("spark_server"), s.get("spark_server_found_by"))

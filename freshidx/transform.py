@@ -355,3 +355,40 @@ def index_rows(latest: DataFrame, full_state: DataFrame | None = None) -> DataFr
     that costs no shuffle.
     """
     return latest.select(*TYPED_FIELDS) if full_state is None else expand_to_products(latest, full_state)
+
+
+def segment_rows(batch: DataFrame, state: DataFrame) -> DataFrame:
+    """An incremental micro-batch's rows (DESIGN §9): every ad of every product the batch touched, at its
+    latest state over ``state`` and ``batch``, plus each batch ad's latest row whatever its status.
+
+    * ``batch``: the new records, one row per ad (:func:`latest_per_ad` of what the micro-batch read);
+    * ``state``: what is known before it: the serving full version's state and every kept segment's
+      (``read_version_state`` of each), several rows per ad allowed, any order.
+
+    A product is touched when a batch ad belongs to it now or belonged to it (active) before: an ad that
+    moved leaves its old product, whose features change too. Every ad whose latest row is in a touched
+    product comes out, so the shard tasks see whole products (seed 000) and the kill-list (every ad id
+    of the result) hides all older copies. A batch row never beats a higher version already known: a
+    deleted or paused v10 keeps a late active v5 hidden (the ad comes out inactive: kill-list only).
+
+    The state is scanned on the executors with the (small) batch-derived key sets broadcast; only the
+    rows of touched products and batch ads take part in the final per-ad reduction.
+    """
+    batch = batch.select(*TYPED_FIELDS)
+    state = state.select(*TYPED_FIELDS)
+    batch_ids = batch.select("ad_id").distinct()
+    prior = latest_per_ad(state.join(F.broadcast(batch_ids), "ad_id", "left_semi"))
+    touched = (
+        batch.select("product_id")
+        .unionByName(prior.filter(F.col("status") == F.lit(ACTIVE)).select("product_id"))
+        .distinct()
+    )
+    candidates = (
+        state.join(F.broadcast(touched), "product_id", "left_semi").select("ad_id")
+        .unionByName(batch_ids)
+        .distinct()
+    )
+    resolved = latest_per_ad(state.join(F.broadcast(candidates), "ad_id", "left_semi").unionByName(batch))
+    in_touched = resolved.join(F.broadcast(touched.withColumn("_t", F.lit(True))), "product_id", "left")
+    in_batch = in_touched.join(F.broadcast(batch_ids.withColumn("_b", F.lit(True))), "ad_id", "left")
+    return in_batch.filter(F.col("_t").isNotNull() | F.col("_b").isNotNull()).select(*TYPED_FIELDS)

@@ -105,10 +105,10 @@ def test_newest_only_every_skipped_partition_explained(local_store_config: Store
     assert applied.request.run_key == f"delta:{at(10).compact}:a1" and applied.request.skipped == 2
     for m in (0, 5):
         entry = decision(s, m)
-        assert entry is not None and entry["decision"] == "superseded"
-        assert entry["reason"].startswith(f"superseded by {at(10).path} (no watermark")
+        assert entry is not None and entry["decision"] == "folded"
+        assert entry["reason"].startswith(f"folded into the micro-batch for {at(10).path} (no watermark")
     decisions = [(p, meta["decision"]) for p, meta in applied.observations]
-    assert decisions == [(at(0), "superseded"), (at(5), "superseded"), (at(10), "accepted")]
+    assert decisions == [(at(0), "folded"), (at(5), "folded"), (at(10), "accepted")]
     entries = ledger.partition_entries(s.store, "delta", at(10))
     assert entries["a1"]["decision"] == "accepted" and entries["a1"]["run_key"] == applied.request.run_key
     assert s.cursor["last_requested"] == applied.request.run_key

@@ -139,7 +139,7 @@ def test_ledger_explains_every_visible_partition(policy_harness: Harness, spark:
         h.write(m)
     assert h.run(dg.RunRequest(run_config=_manual(35), asset_selection=[DELTA])).success
     jumped = ledger.decision(h.store, "delta", at(30))
-    assert jumped is not None and jumped["decision"] == "superseded" and at(35).path in jumped["reason"]
+    assert jumped is not None and jumped["decision"] == "folded" and at(35).path in jumped["reason"]
     fourth = h.tick()
     assert _requested(fourth) == [at(40).path]
     assert h.run(fourth.run_requests[0]).success

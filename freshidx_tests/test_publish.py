@@ -219,3 +219,32 @@ def test_publishing_the_serving_draft_again_is_published_not_superseded(store: O
     assert again.outcome == "published" and again.pointer is not None and again.pointer.seq == 1
     assert [h["version"] for h in history(store)] == [d.version]
     assert not store.exists(layout.refusal_key("delta", d.version))
+
+
+def _segmented(store: ObjectStore, minutes: int, base: DraftManifest | None) -> DraftManifest:
+    """An incremental draft: the base's segments plus a new one (a rebuild when ``base`` is None)."""
+    d = draft(store, minutes)
+    seg = {"version": d.version, "position": d.position, "kind": "incremental" if base else "rebuild",
+           "shards": d.shards, "doc_count": d.doc_count, "covered_count": d.doc_count, "files": [],
+           "listed_at": d.position}
+    earlier = list(base.segments or []) if base else []
+    return dataclasses.replace(d, segments=[*earlier, seg], doc_count=d.doc_count * (len(earlier) + 1),
+                               inputs={"based_on": base.version if base else None})
+
+
+def test_two_micro_batches_on_the_same_base_never_lose_a_segment(store: ObjectStore) -> None:
+    """Both extend version A; B publishes first. C (newer partition) must not replace B with a version that
+    lacks B's segment: it is refused as not final (validation), and the retry builds on B."""
+    a = _segmented(store, 0, None)
+    assert publish(store, a).outcome == "published"
+    b = _segmented(store, 5, a)
+    c = _segmented(store, 10, a)
+    assert publish(store, b).outcome == "published"
+    refused = publish(store, c)
+    assert refused.outcome == "invalid" and "base changed" in refused.reason, refused
+    pointer, _ = read_pointer(store, "delta")
+    assert pointer is not None and pointer.version == b.version
+    retried = _segmented(store, 10, b)
+    assert publish(store, retried).outcome == "published"
+    manifest = store.get_json(layout.manifest_key("delta", retried.version))[0]
+    assert [s["version"] for s in manifest["segments"]] == [a.version, b.version, retried.version]

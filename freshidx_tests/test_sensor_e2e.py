@@ -70,7 +70,7 @@ def test_latest_only_end_to_end(harness: Harness, spark: Any) -> None:
     assert req.tags["freshidx/source_partition"] == at(25).path  # restart = jump to latest
     assert req.tags["freshidx/skipped_count"] == "5"  # the rest of the scan window, recorded:
     for m in range(0, 25, 5):
-        assert ledger.decision(h.store, "delta", at(m))["decision"] == "superseded"  # type: ignore[index]
+        assert ledger.decision(h.store, "delta", at(m))["decision"] == "folded"  # type: ignore[index]
     result = h.run(req)
     assert result.success
     ptr, _ = read_pointer(h.store, "delta")
@@ -102,10 +102,10 @@ def test_latest_only_end_to_end(harness: Harness, spark: Any) -> None:
     assert second.run_requests[0].tags["freshidx/skipped_count"] == "2"
     for m in (30, 35):
         entry = ledger.decision(h.store, "delta", at(m))
-        assert entry is not None and entry["decision"] == "superseded"
-        assert entry["reason"] == f"superseded by {at(40).path}"
+        assert entry is not None and entry["decision"] == "folded"
+        assert entry["reason"] == f"folded into the micro-batch for {at(40).path}"
     observed = [e.metadata.get("decision") for e in second.asset_events]
-    assert observed.count(dg.TextMetadataValue("superseded")) + observed.count("superseded") == 2
+    assert observed.count(dg.TextMetadataValue("folded")) + observed.count("folded") == 2
     assert h.run(second.run_requests[0]).success
     ptr2, _ = read_pointer(h.store, "delta")
     assert ptr2 is not None and ptr2.source_partition == at(40).path and ptr2.previous_version == ptr.version
@@ -117,7 +117,7 @@ def test_latest_only_end_to_end(harness: Harness, spark: Any) -> None:
     assert st["delta"]["doc_count"] == ptr2.doc_count and st["delta"]["lag_seconds"] == 90
     assert st["newest_visible_partition"] == at(40).path and st["seconds_behind_newest"] == 0
     skipped = {e["partition"]: e["reason"] for e in st["recent_skipped"]}
-    assert skipped[at(35).path] == skipped[at(30).path] == f"superseded by {at(40).path}"
+    assert skipped[at(35).path] == skipped[at(30).path] == f"folded into the micro-batch for {at(40).path}"
     json.dumps(st)  # what --json prints
 
     # Nothing new → no run; the same skips are not recorded twice.

@@ -151,7 +151,7 @@ def test_every_partition_is_in_the_ledger_exactly_once(harness: Harness, spark: 
     out = subprocess.run([sys.executable, "-m", "freshidx.cli", "ledger", "--pipeline", "delta", "--json"],
                          env=env, capture_output=True, text=True, timeout=120, check=True).stdout
     entries = json.loads(out)
-    final = [e for e in entries if e["decision"] in {"published", "superseded", "not_ready"}]
+    final = [e for e in entries if e["decision"] in {"published", "superseded", "folded", "not_ready"}]
     counts = Counter(e["partition"] for e in final)
     assert set(counts) == {p.path for p in produced}
     assert all(n == 1 for n in counts.values()), counts

@@ -1,8 +1,8 @@
 """``freshidx bench {build|query|freshness|soak}``: the benchmarks' options.
 
-The benchmarks: :mod:`freshidx.tools.bench` (build, query) and :mod:`freshidx.tools.bench_freshness`
-(freshness, soak); ``python -m freshidx.tools.bench`` and ``python -m freshidx.tools.bench_freshness`` run the
-same commands.
+The benchmarks: :mod:`freshidx.tools.bench` (build), :mod:`freshidx.tools.bench_query` (query) and
+:mod:`freshidx.tools.bench_freshness` (freshness, soak); ``python -m freshidx.tools.bench`` and
+``python -m freshidx.tools.bench_freshness`` run the same commands.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ build = LazyCommand(
 )
 
 query = LazyCommand(
-    "query", "freshidx.tools.bench:cmd_bench_query",
+    "query", "freshidx.tools.bench_query:cmd_bench_query",
     _opt("--docs", type=int, default=1_000_000),
     _opt("--queries", type=int, default=300),
     _opt("--shards", type=int, default=4),
@@ -118,9 +118,20 @@ soak = LazyCommand(
     help="many micro-batches against one supervised Spark Connect server: heap/RSS and restarts",
 )
 
+delta = LazyCommand(
+    "delta", "freshidx.tools.bench_delta:cmd_bench_delta",
+    _opt("--window-docs", type=int, default=None,
+         help="documents in the window (default: 100000, 400000 and 1000000 in turn)"),
+    _opt("--changes", type=int, default=1000, help="records in the measured new partition (default 1000)"),
+    _opt("--remote", help="a Spark Connect server (sc://host:port) instead of local Spark in this process"),
+    *_common("keep the stores here instead of a temp dir"),
+    help="one micro-batch: incremental segment vs window rebuild, at several window sizes",
+)
+
 bench_group = LazyGroup(
-    "bench", [build, query, freshness, soak],
-    help="benchmarks: index build throughput, query latency, end-to-end freshness, Connect soak",
+    "bench", [build, query, delta, freshness, soak],
+    help="benchmarks: index build throughput, query latency, incremental delta cost, end-to-end freshness, "
+         "Connect soak",
 )
 #: ``python -m freshidx.tools.bench_freshness``: the two end-to-end benchmarks alone.
 freshness_group = LazyGroup(

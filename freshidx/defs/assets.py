@@ -108,6 +108,14 @@ class DeltaIndexConfig(dg.Config):
             "one is still refused. Example: force: true"
         ),
     )
+    rebuild: bool = Field(
+        default=False,
+        description=(
+            "Rebuild the delta from the whole window (P - window, P] as one segment instead of appending "
+            "a segment of what is new since the serving delta (use it after repairing raw data in place). "
+            "Example: rebuild: true"
+        ),
+    )
 
 
 # What every published index asset shares: the publishing IO manager and where it sits in the UI.
@@ -123,10 +131,12 @@ INDEX_ASSET: dict = {
 @dg.asset(
     name="delta_index",
     description=(
-        "Delta index over the sliding window (P − window, P] ending at trigger partition P: latest "
-        "version per ad, deletes/pauses as kill-list entries. Built on Spark executors, staged under "
-        "a fresh version and published by compare-and-swap of indexes/delta/CURRENT (the pointer is "
-        "also the watermark). A publish that is not newer than what is serving is refused and recorded."
+        "Delta index: every change after the full index's cutoff, up to trigger partition P (at most the "
+        "window). Each run appends one segment: the products its new partitions touched, with a kill-list "
+        "that hides their older copies (a window rebuild when there is nothing to append to). Built on "
+        "Spark executors, staged under a fresh version and published by compare-and-swap of "
+        "indexes/delta/CURRENT (the pointer is also the watermark). A publish that is not newer than what "
+        "is serving is refused and recorded."
     ),
     **INDEX_ASSET,
     tags={"freshidx/lane": "delta"},
@@ -171,7 +181,8 @@ def delta_index(
     with spark.session() as session:
         draft = build_delta(
             session, st, store.store_config(), settings,
-            DeltaPlan(partition=partition, watermark=watermark, run_id=context.run_id, run_info=run_info),
+            DeltaPlan(partition=partition, watermark=watermark, run_id=context.run_id, run_info=run_info,
+                      force_rebuild=config.rebuild),
             on_stage=lambda name, s: context.log.info(f"{name}: {s:.2f}s"),
         )
     yield from _output_if_newer(context, st, draft)

@@ -3,7 +3,7 @@
 The rule itself is :mod:`freshidx.latest_only` (tested without Dagster); this module observes runs
 from the instance and turns the plan into a ``SensorResult``. Every tick: read the delta pointer
 (= watermark), list partitions newer than it (bounded), and request ONE run for the newest. Every
-intermediate partition gets a durable ``superseded by P`` record in the ledger and an observation
+intermediate partition gets a durable ``folded into the micro-batch for P`` record in the ledger and an observation
 on ``raw_ad_updates`` that the UI shows. No run is requested while one for the pipeline is queued
 or running (overlap policy: wait, then jump to the newest). Attempts are numbered in the ledger so
 a failed partition is retried explicitly (run key ``delta:<P>:aN``) instead of being swallowed by
@@ -102,7 +102,7 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
         minimum_interval_seconds=minimum,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Latest-only trigger of delta_index: processes the newest visible partition, "
-        "records every skipped one as superseded.",
+        "records every partition in between as folded into it.",
     )
     def delta_index_sensor(
         context: dg.SensorEvaluationContext, store: ObjectStoreResource, freshidx: FreshidxSettings

@@ -190,11 +190,13 @@ def read_version_docs(spark: SparkSession, store_config: StoreConfig, manifest: 
     return _read_version_files(spark, store_config, [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)])
 
 
-def _read_version_files(spark: SparkSession, store_config: StoreConfig, keys: list[tuple[str, str]]) -> DataFrame:
-    """``(key, file name)`` pairs of a version read on the executors (:func:`_read_state_task`)."""
+def _read_version_files(spark: SparkSession, store_config: StoreConfig, keys: list[tuple[str, str]],
+                        max_tasks: int | None = None) -> DataFrame:
+    """``(key, file name)`` pairs of a version read on the executors (:func:`_read_state_task`), in at most
+    ``max_tasks`` tasks (default one per file)."""
     if not keys:
         return spark.createDataFrame([], DOCS_DDL)
-    files = spark.createDataFrame(keys, "key string, kind string").repartition(len(keys))
+    files = spark.createDataFrame(keys, "key string, kind string").repartition(min(len(keys), max_tasks or len(keys)))
     return files.mapInArrow(_read_state_task(store_to_json(store_config)), DOCS_DDL)
 
 
@@ -224,7 +226,8 @@ def _widen(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def read_version_state(spark: SparkSession, store_config: StoreConfig, manifest: dict[str, Any]) -> DataFrame:
+def read_version_state(spark: SparkSession, store_config: StoreConfig, manifest: dict[str, Any],
+                       max_tasks: int | None = None) -> DataFrame:
     """Everything a published version knows about its ads, read on the executors: the active ads as
     whole records (``docs.parquet``) and the paused/deleted ones from the kill-list files
     (``covered.parquet``: ``ad_id, status, version, updated_at``, other columns null).
@@ -235,4 +238,4 @@ def read_version_state(spark: SparkSession, store_config: StoreConfig, manifest:
     """
     keys = [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)]
     keys += [(k, COVERED_FILE) for k in version_files(manifest, COVERED_FILE)]
-    return _read_version_files(spark, store_config, keys)
+    return _read_version_files(spark, store_config, keys, max_tasks)

@@ -1,0 +1,125 @@
+"""``freshidx bench delta``: does a micro-batch cost the change or the window? (DESIGN §9)
+
+For each window size D (100k, 400k and 1M documents unless ``--window-docs`` is given), in a fresh
+local store: write a 5 h window of raw partitions holding ~D distinct ads (one partition every 5
+minutes), build and publish the full index, publish a first delta (a window rebuild: nothing to
+append to yet), then drop one new partition of a fixed size (``--changes`` records, the same at every
+D) and time
+
+* ``incremental_s``: the micro-batch for it (build_delta's listing + Spark work, the usual path), and
+* ``rebuild_s``: a window rebuild for the next such partition (``rebuild: true``), for comparison.
+
+Publication (a few small writes) is not part of either number. Spark runs in this process
+(``local[N]``) unless ``--remote sc://…`` names a Spark Connect server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from freshidx.partitions import PartitionId
+from freshidx.tools.bench_common import generator_config_for, log, seed_history
+
+SIZES = (100_000, 400_000, 1_000_000)
+CHANGES = 1_000
+WINDOW_MINUTES = 300
+
+
+def _session(remote: str | None) -> Any:
+    from pyspark.sql import SparkSession
+
+    if remote:
+        return SparkSession.builder.remote(remote).create()
+    from freshidx.tools.bench_data import bench_session
+
+    return bench_session()[0]
+
+
+def _publish(store: Any, draft: Any) -> None:
+    from freshidx.publish import publish
+
+    result = publish(store, draft, max_drop_fraction=None)
+    if result.outcome != "published":
+        raise RuntimeError(f"{draft.index} {draft.version}: {result.outcome}: {result.reason}")
+
+
+def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int) -> dict[str, Any]:
+    from freshidx.delta import DeltaPlan, build_delta
+    from freshidx.full import build_full
+    from freshidx.settings import Settings
+    from freshidx.store import StoreConfig, open_store
+    from freshidx.tools.generate import write_partition
+
+    store_dir = workdir / f"store-{docs}"
+    cfg = generator_config_for(docs, seed=seed, window_minutes=WINDOW_MINUTES)
+    now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0) - dt.timedelta(minutes=15)
+    records, write_s = seed_history(store_dir, cfg, now, WINDOW_MINUTES)
+    log(f"D={docs}: wrote {records} records in {write_s}s")
+    sc = StoreConfig(uri=store_dir.as_uri())
+    store = open_store(sc)
+    settings = Settings.from_env({}, store=sc.uri, window_minutes=WINDOW_MINUTES)
+    newest = PartitionId(now - dt.timedelta(minutes=now.minute % 5))
+    t0 = time.monotonic()
+    _publish(store, build_full(spark, store, sc, settings, cutoff=newest, run_id="bench-full", run_info={}))
+    full_s = round(time.monotonic() - t0, 2)
+
+    def micro_batch(minutes: int, rebuild: bool) -> dict[str, float]:
+        p = PartitionId(newest.at + dt.timedelta(minutes=minutes))
+        write_partition(store, dataclasses.replace(cfg, changes_per_partition=changes), p)
+        stages: dict[str, float] = {}
+        t = time.monotonic()
+        draft = build_delta(spark, store, sc, settings,
+                            DeltaPlan(partition=p, watermark=None, run_id=f"bench-{minutes}", run_info={},
+                                      force_rebuild=rebuild),
+                            on_stage=lambda name, s: stages.__setitem__(name, s))
+        wall = round(time.monotonic() - t, 3)
+        _publish(store, draft)
+        return {"wall_s": wall, "spark_s": stages.get("build_seconds", 0.0), "files_read": draft.stats["files_read"],
+                "docs": sum(int(s["doc_count"]) for s in draft.shards)}
+
+    micro_batch(1, rebuild=True)  # the first delta: nothing to append to yet
+    micro_batch(2, rebuild=False)  # warm-up of the incremental path (plans, Python workers)
+    inc = micro_batch(3, rebuild=False)
+    reb = micro_batch(4, rebuild=True)
+    return {"records": records, "full_s": full_s, "incremental_s": inc["wall_s"], "incremental_spark_s": inc["spark_s"],
+            "incremental_docs": inc["docs"], "rebuild_s": reb["wall_s"], "rebuild_spark_s": reb["spark_s"],
+            "rebuild_docs": reb["docs"]}
+
+
+def table(sizes: dict[str, dict[str, Any]]) -> str:
+    rows = ["window docs | incremental s (Spark s, docs) | rebuild s (Spark s, docs) | ratio"]
+    for d, r in sizes.items():
+        ratio = r["rebuild_s"] / r["incremental_s"] if r["incremental_s"] else float("nan")
+        rows.append(f"{int(d):>11} | {r['incremental_s']:>7.2f} ({r['incremental_spark_s']:.2f}, "
+                    f"{r['incremental_docs']}) | {r['rebuild_s']:>7.2f} ({r['rebuild_spark_s']:.2f}, "
+                    f"{r['rebuild_docs']}) | {ratio:.1f}x")
+    return "\n".join(rows)
+
+
+def cmd_bench_delta(*, window_docs: int | None, changes: int, remote: str | None, seed: int,
+                    workdir: str | None, keep: bool, as_json: bool) -> int:
+    sizes = (window_docs,) if window_docs else SIZES
+    root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="freshidx-bench-delta-"))
+    root.mkdir(parents=True, exist_ok=True)
+    spark = _session(remote)
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        for d in sizes:
+            out[str(d)] = measure(spark, root, d, changes, seed)
+            log(f"D={d}: {json.dumps(out[str(d)])}")
+    finally:
+        spark.stop()
+        if not keep and not workdir:
+            shutil.rmtree(root, ignore_errors=True)
+    print(table(out), file=sys.stderr)
+    if as_json:
+        print(json.dumps({"changes": changes, "sizes": out}, indent=2))
+    return 0
