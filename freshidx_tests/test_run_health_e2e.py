@@ -4,6 +4,9 @@ The run is marked FAILURE within a minute (by the code server's orphan check whi
 ``freshidx_run_health_sensor`` from the recorded worker pid — either way, never left STARTED), and
 the delta sensor then jumps to the newest partition, with the killed run named in the ledger entry
 of the partition it gave up on.
+
+One ``dagster dev`` is shared by the tests of this module, in file order: the last one kills it
+(with its run worker) and starts a second one on the same instance and store.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -24,21 +26,33 @@ from freshidx.store import StoreConfig, open_store
 from freshidx.tools.devserver import DagsterDev, prepare_home
 from freshidx.tools.generate import write_partition
 from freshidx_tests.polling import poll_until
-from freshidx_tests.test_daemon_e2e import GEN, REPO, at, env_for, pointer_at
+from freshidx_tests.test_daemon_e2e import (
+    GEN,
+    REPO,
+    SLA_SENSOR,
+    assert_stopped_before_start,
+    at,
+    env_for,
+    pointer_at,
+    stop_sensors_before_start,
+)
 
 
-@pytest.fixture
-def dev(tmp_path: Path, local_store_config: StoreConfig,
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory: pytest.TempPathFactory,
         shared_spark_connect: dict[str, str]) -> Iterator[tuple[DagsterDev, StoreConfig]]:
-    home = prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml")
-    d = DagsterDev(home=home, module="freshidx.definitions", env=env_for(local_store_config, shared_spark_connect),
-                   cwd=REPO)
+    root = tmp_path_factory.mktemp("run-health-e2e")
+    cfg = StoreConfig(uri=(root / "store").as_uri())
+    home = prepare_home(root / "dagster_home", REPO / "dagster.yaml")
+    stop_sensors_before_start(home, SLA_SENSOR)  # its full_index build is not under test here
+    d = DagsterDev(home=home, module="freshidx.definitions", env=env_for(cfg, shared_spark_connect), cwd=REPO)
     d.start()
     try:
         d.wait_ready(timeout=240)
-        yield d, local_store_config
+        assert_stopped_before_start(d, SLA_SENSOR)
+        yield d, cfg
     finally:
-        d.stop()
+        d.stop()  # idempotent: the last test has killed it already
 
 
 @pytest.mark.daemon
@@ -83,8 +97,8 @@ def test_killed_run_worker_is_failed_fast_and_the_sensor_jumps_to_the_newest(
         # The sensor jumps to the newest partition and says why it gave up on the killed one.
         poll_until(lambda: pointer_at(cfg) == at(30).path, timeout=300, interval=1, what="jump to the newest")
         entry = ledger.decision(store, "delta", at(25))
-        assert entry is not None and entry["decision"] == "superseded", entry
-        assert entry["reason"].startswith(f"superseded by {at(30).path}"), entry
+        assert entry is not None and entry["decision"] == "folded", entry
+        assert entry["reason"].startswith(f"folded into the micro-batch for {at(30).path}"), entry
         assert f"its run {run.run_id[:8]}" in entry["reason"], entry
         assert "ended FAILURE" in entry["reason"], entry
     finally:
@@ -93,31 +107,28 @@ def test_killed_run_worker_is_failed_fast_and_the_sensor_jumps_to_the_newest(
 
 @pytest.mark.daemon
 def test_run_left_started_by_a_killed_dagster_dev_is_failed_by_run_health_after_restart(
-        tmp_path: Path, local_store_config: StoreConfig, shared_spark_connect: dict[str, str]) -> None:
+        dev: tuple[DagsterDev, StoreConfig], shared_spark_connect: dict[str, str]) -> None:
     """Issue 17 item 2: nothing reports a run whose code server died with it; the next dagster dev's
     freshidx_run_health_sensor finds its recorded worker pid gone, fails it, and the delta moves on."""
-    cfg = local_store_config
+    first, cfg = dev  # the module's dagster dev (the test above left the delta serving at(30), if it ran)
     store = open_store(cfg)
-    home = prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml")
-    for m in range(0, 30, 5):
-        write_partition(store, GEN, at(m))
-    first = DagsterDev(home=home, module="freshidx.definitions", env=env_for(cfg, shared_spark_connect), cwd=REPO)
+    home = first.home
+    gave_up, newest = at(35), at(40)  # newer than anything the test above wrote
+    write_partition(store, GEN, gave_up)
     second = DagsterDev(home=home, module="freshidx.definitions", env=env_for(cfg, shared_spark_connect), cwd=REPO)
     instance = dg.DagsterInstance.from_config(str(home))
     try:
-        first.start()
-        first.wait_ready(timeout=240)
-
         def worker() -> tuple[dg.DagsterRun, int] | None:
-            for r in instance.get_runs(dg.RunsFilter(tags={"freshidx/pipeline": "delta"}, statuses=[
-                    dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED])):
+            for r in instance.get_runs(dg.RunsFilter(
+                    tags={"freshidx/pipeline": "delta", "freshidx/source_partition": gave_up.path},
+                    statuses=[dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED])):
                 pid = run_facts(instance, r).pid
                 if pid is not None:
                     return r, pid
             return None
 
         run, pid = poll_until(worker, timeout=240, interval=0.2, what="a delta run with a worker pid")
-        write_partition(store, GEN, at(30))
+        write_partition(store, GEN, newest)
         # dagster dev, its daemon, code server and the run worker die at once, like a crash.
         assert first.pid is not None
         os.killpg(first.pid, signal.SIGKILL)
@@ -141,12 +152,12 @@ def test_run_left_started_by_a_killed_dagster_dev_is_failed_by_run_health_after_
         print(f"orphaned run {run.run_id[:8]} marked {final.status.value} {detected_s:.1f}s after ready: {reason}")
         assert final.status == dg.DagsterRunStatus.FAILURE and f"run worker (pid {pid}) is gone" in reason
         assert detected_s < 60
-        lost = ledger.partition_entries(store, "delta", at(25))["a1.lost"]
+        lost = ledger.partition_entries(store, "delta", gave_up)["a1.lost"]
         assert lost["run_id"] == run.run_id
 
-        poll_until(lambda: pointer_at(cfg) == at(30).path, timeout=300, interval=1, what="jump to the newest")
-        entry = ledger.decision(store, "delta", at(25))
-        assert entry is not None and entry["decision"] == "superseded", entry
+        poll_until(lambda: pointer_at(cfg) == newest.path, timeout=300, interval=1, what="jump to the newest")
+        entry = ledger.decision(store, "delta", gave_up)
+        assert entry is not None and entry["decision"] == "folded", entry
         assert f"its run {run.run_id[:8]}" in entry["reason"] and f"pid {pid}" in entry["reason"], entry
     finally:
         second.stop()
