@@ -33,6 +33,8 @@ class BuildResult:
     quarantined: list[QuarantineCommit] = field(default_factory=list)
     seconds: float = 0.0
     conflicts: ConflictReport = field(default_factory=ConflictReport)
+    #: Seconds per step (read_parse, invalid_counts, quarantine, conflicts, index): where a build's time goes.
+    stages: dict[str, float] = field(default_factory=dict)
 
     @property
     def doc_count(self) -> int:
@@ -90,6 +92,16 @@ def build_version(
     # data source, so a persisted plan never matches and each action re-read the whole window
     # (measured: 6 read stages per delta build); a checkpoint is referenced by id and cut the lineage.
     parsed = transform.parse_records(lines, max_future_skew_seconds).localCheckpoint(eager=True)
+    stages: dict[str, float] = {}
+    mark = time.monotonic()
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        stages[name] = round(now - mark, 3)
+        mark = now
+
+    stages["read_parse"] = round(mark - t0, 3)
     try:
         valid, invalid = transform.split_valid(parsed)
         # Counted per file (one small row per file and reason): which files hold invalid records, so
@@ -99,6 +111,7 @@ def build_version(
         for r in invalid.groupBy("file", "reason").agg(F.count(F.lit(1)).alias("n")).collect():
             reasons[r["reason"]] = reasons.get(r["reason"], 0) + int(r["n"])
             bad_files.add(r["file"])
+        lap("invalid_counts")
         quarantined: list[QuarantineCommit] = []
         todo: list[str] = []
         if quarantine_after is not False and bad_files:
@@ -107,11 +120,14 @@ def build_version(
         if todo:
             quarantined = write_quarantine(invalid.filter(F.col("file").isin(todo)), store_config, source, run_id,
                                            quarantine_after or None, once=True)
+        lap("quarantine")
         conflicts = report_conflicts(transform.version_conflicts(parsed), store_config, source,
                                      write=quarantine_after is not False)
+        lap("conflicts")
         latest = transform.latest_per_ad(valid)
         rows = to_rows(latest) if to_rows is not None else latest.select(*transform.TYPED_FIELDS)
         commits = write_index_shards(rows, store_config, index, version, num_shards)
+        lap("index")
     finally:
         parsed.unpersist()  # classic mode: drop the checkpoint's blocks now, not at garbage collection
-    return BuildResult(commits, reasons, quarantined, round(time.monotonic() - t0, 3), conflicts)
+    return BuildResult(commits, reasons, quarantined, round(time.monotonic() - t0, 3), conflicts, stages)

@@ -165,7 +165,8 @@ def build_delta(
         invalid=result.invalid_summary(),
         stats={"list_seconds": list_seconds, "build_seconds": build_seconds, "state_seconds": state_seconds,
                "total_build_seconds": round(list_seconds + build_seconds, 3),
-               "files_read": len(file_list), "segments": len(all_segments)},
+               "files_read": len(file_list), "segments": len(all_segments),
+               **{f"{k}_seconds": v for k, v in result.stages.items()}},
         run=_run_record(plan.run_info, mb.kind),
     )
 

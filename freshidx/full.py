@@ -113,6 +113,7 @@ def build_full(
         },
         invalid=result.invalid_summary(),
         stats={"list_seconds": list_seconds, "build_seconds": result.seconds,
-               "total_build_seconds": round(list_seconds + result.seconds, 3)},
+               "total_build_seconds": round(list_seconds + result.seconds, 3),
+               **{f"{k}_seconds": v for k, v in result.stages.items()}},
         run=run_info,
     )

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import pytest
 
 from freshidx import layout, segments
 from freshidx.publish import read_manifest, read_pointer
@@ -150,20 +149,19 @@ def rebuilt_answers(src: StoreConfig, tmp: Path) -> dict[str, set[str]]:
             h.close()
 
 
-@pytest.mark.parametrize("seed", [11, 12])
-def test_incremental_equals_rebuild_local(tmp_path: Path, spark: Any, seed: int) -> None:
+def test_incremental_equals_rebuild_local(tmp_path: Path, spark: Any) -> None:
     cfg = StoreConfig(uri=(tmp_path / "store").as_uri())
-    # seed 12 also exercises the segment limit (a window rebuild, then appending again)
-    seen = scenario(cfg, tmp_path, seed, steps=9, delta_max_segments=3 if seed == 12 else 24)
+    # At most 3 segments per version: the sequence also goes through a window rebuild (segment limit)
+    # and appends again after it.
+    seen = scenario(cfg, tmp_path, 12, steps=8, delta_max_segments=3)
     assert "incremental" in seen["builds"], seen["builds"]
-    if seed == 12:
-        assert seen["builds"].count("rebuild") >= 1, seen["builds"]
+    assert seen["builds"].count("rebuild") >= 2, seen["builds"]  # the first delta, then the segment limit
     assert rebuilt_answers(cfg, tmp_path) == seen["answers"]
 
 
 def test_incremental_equals_rebuild_s3(tmp_path: Path, spark: Any, moto_endpoint: str) -> None:
     cfg = make_s3_config(moto_endpoint)
-    seen = scenario(cfg, tmp_path, 13, steps=6)
+    seen = scenario(cfg, tmp_path, 13, steps=5)
     assert "incremental" in seen["builds"], seen["builds"]
     assert rebuilt_answers(cfg, tmp_path) == seen["answers"]
 
