@@ -101,15 +101,15 @@ def test_daemon_latest_only_and_ui_materialize(cpu_load: list, dev: tuple[Dagste
         assert at(30).path not in tagged and at(35).path not in tagged
         for m in (30, 35):
             entry = ledger.decision(store, "delta", at(m))
-            assert entry is not None and entry["decision"] == "superseded"
-            assert entry["reason"] == f"superseded by {at(40).path}"
+            assert entry is not None and entry["decision"] == "folded"
+            assert entry["reason"] == f"folded into the micro-batch for {at(40).path}"
         # Observations on raw_ad_updates record every decision (runless events in the instance).
         obs = instance.fetch_observations(dg.AssetKey("raw_ad_updates"), limit=100).records
         decisions = {
             (o.asset_observation.metadata["partition"].value, o.asset_observation.metadata["decision"].value)
             for o in obs if o.asset_observation and "decision" in o.asset_observation.metadata
         }
-        assert {(at(30).path, "superseded"), (at(35).path, "superseded"), (at(40).path, "accepted")} <= decisions
+        assert {(at(30).path, "folded"), (at(35).path, "folded"), (at(40).path, "accepted")} <= decisions
     finally:
         instance.dispose()
 
