@@ -30,23 +30,26 @@ SLOW_MODULES = frozenset({
     "test_connect_retry", "test_delta_versions", "test_demo_stop", "test_full_late_inputs", "test_hourly_build",
     "test_index_shards", "test_launchpad_validation", "test_no_green_noop", "test_overlap", "test_product_features",
     "test_quarantine_replay", "test_retention", "test_run_health", "test_search_e2e", "test_sensor_e2e",
-    "test_serving", "test_shards", "test_sla", "test_spark_server", "test_spark_source", "test_supervisor_progress",
-    "test_supervisor_stop", "test_transform",
+    "test_serving", "test_shards", "test_sla", "test_spark_server", "test_spark_source", "test_supervisor_stop",
+    "test_transform",
 })
 
 
-#: Seconds per module in a full run (junit XML of a clean-clone run, 2 workers; relative sizes are what
-#: matter). ``scripts/test.sh`` runs with ``--dist loadfile --no-loadscope-reorder`` and the modules
-#: are handed out longest first, so the two workers end together instead of one running a 4-minute
-#: end-to-end test alone at the end (xdist's default order puts single-test modules last).
+#: Seconds per module (junit XML, each module run on its own, one worker, on the shared 2-core box at
+#: load 4-8; relative sizes are what matter). ``scripts/test.sh`` runs with ``--dist loadfile
+#: --no-loadscope-reorder`` and the modules are handed out longest first, so the two workers end
+#: together instead of one running a 4-minute end-to-end test alone at the end (xdist's default order
+#: puts single-test modules last). Modules not listed here take a few seconds each and go last.
 MODULE_SECONDS = {
-    "test_backfill_e2e": 820, "test_daemon_e2e": 640, "test_run_health_e2e": 550, "test_connect_retry": 320,
-    "test_supervisor_progress": 270, "test_spark_server": 220, "test_bench_freshness": 170,
-    "test_ledger_explains": 160, "test_catchup": 150, "test_demo_stop": 120, "test_delta_versions": 110,
-    "test_sensor_e2e": 100, "test_supervisor_stop": 100, "test_launchpad_graphql": 90, "test_sla": 80,
-    "test_quarantine_replay": 70, "test_devserver": 70, "test_version_conflicts": 60, "test_hourly_build": 55,
-    "test_search_e2e": 55, "test_listing": 40, "test_no_green_noop": 40, "test_spark_source": 35,
-    "test_checks_graphql": 30, "test_bench": 25,
+    "test_spark_server": 340, "test_catchup": 260, "test_daemon_e2e": 230, "test_backfill_e2e": 210,
+    "test_ledger_explains": 200, "test_run_health_e2e": 175, "test_connect_retry": 150,
+    "test_incremental_equivalence": 125, "test_sensor_e2e": 105, "test_supervisor_stop": 105,
+    "test_delta_versions": 90, "test_launchpad_graphql": 80, "test_devserver": 70, "test_version_conflicts": 68,
+    "test_sla": 67, "test_demo_stop": 60, "test_quarantine_replay": 45, "test_listing": 42, "test_search_e2e": 39,
+    "test_hourly_build": 27, "test_launchpad_validation": 24, "test_checks_graphql": 23, "test_no_green_noop": 19,
+    "test_full_late_inputs": 19, "test_bench": 17, "test_overlap": 16, "test_transform": 14,
+    "test_ambiguous_commit": 13, "test_run_health": 13, "test_publish": 12, "test_checks_hourly_metadata": 11,
+    "test_generate": 11,
 }
 
 

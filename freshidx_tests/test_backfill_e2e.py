@@ -21,10 +21,21 @@ from freshidx.store import ObjectStore, StoreConfig, open_store
 from freshidx.tools.devserver import BACKFILL_TERMINAL_STATUSES, DagsterDev, prepare_home
 from freshidx.tools.generate import GeneratorConfig, write_partition
 from freshidx_tests.polling import poll_until
-from freshidx_tests.test_daemon_e2e import REPO, env_for
+from freshidx_tests.test_daemon_e2e import (
+    REPO,
+    SLA_SENSOR,
+    assert_stopped_before_start,
+    env_for,
+    stop_sensors_before_start,
+)
 
 GEN = GeneratorConfig(seed=5, ads=300, products=50, changes_per_partition=25)
-H0 = catchup.floor_hour(dt.datetime.now(dt.UTC)) - dt.timedelta(hours=5)
+# Hours 0-1 carry the closed hours to rebuild; hour 2 is the previous hour, where the live batches land.
+H0 = catchup.floor_hour(dt.datetime.now(dt.UTC)) - dt.timedelta(hours=3)
+#: Hours 0-1 ended over an hour ago, so they are closed; the live hour 2 ended less than an hour ago
+#: and stays open, so the catch-up sensor processes exactly the 2 hours under test (no empty hours,
+#: no live hour and its late-data corrections queued in the one heavy slot before the backfill).
+CLOSE_GRACE_S = 3600
 
 
 def hour(i: int) -> dt.datetime:
@@ -40,14 +51,16 @@ def delta_history(store: ObjectStore) -> list[dict]:
 def dev(tmp_path: Path, local_store_config: StoreConfig,
         shared_spark_connect: dict[str, str]) -> Iterator[tuple[DagsterDev, StoreConfig]]:
     home = prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml")
+    stop_sensors_before_start(home, SLA_SENSOR)  # its full_index build is not under test here
     env = {**env_for(local_store_config, shared_spark_connect), "FRESHIDX_CATCHUP_AUTOSTART": "true",
-           "FRESHIDX_HOURLY_SENSOR_INTERVAL_SECONDS": "5", "FRESHIDX_CLOSE_GRACE_SECONDS": "0",
+           "FRESHIDX_HOURLY_SENSOR_INTERVAL_SECONDS": "5", "FRESHIDX_CLOSE_GRACE_SECONDS": str(CLOSE_GRACE_S),
            # one hour per run: the backfill is 2 runs, long enough for live publications to land inside it
            "FRESHIDX_HOURLY_MAX_HOURS_PER_RUN": "1"}
     d = DagsterDev(home=home, module="freshidx.definitions", env=env, cwd=REPO)
     d.start()
     try:
         d.wait_ready(timeout=300)
+        assert_stopped_before_start(d, SLA_SENSOR)
         yield d, local_store_config
     finally:
         d.stop()
@@ -63,7 +76,7 @@ def test_ui_backfill_rebuilds_hours_while_delta_only_moves_forward(
     for i in range(2):  # two closed hours (a range, as the UI selects it), two batches each
         for m in (10, 40):
             write_partition(store, GEN, PartitionId(hour(i) + dt.timedelta(minutes=m)))
-    live = [PartitionId(hour(4) + dt.timedelta(minutes=m)) for m in range(0, 60, 3)]
+    live = [PartitionId(hour(2) + dt.timedelta(minutes=m)) for m in range(0, 60, 3)]
     write_partition(store, GEN, live.pop(0))
 
     # The catch-up sensor processes the closed hours once; the delta sensor publishes the newest.

@@ -93,27 +93,35 @@ def bucket_rows(store: ObjectStore, cfg: StoreConfig, hid: str) -> list[dict[str
 # --------------------------------------------------------------------------- exactly once, capped, outage
 
 
-def test_24_hours_with_outage_each_hour_exactly_once_in_capped_runs(make_harness: Any) -> None:
+#: Live hours before the outage, hours written during it, hours arriving one per tick after it. The
+#: outage is longer than a run's cap (the backlog needs more than one capped run); the other phases
+#: only need a few hours each (every run is a real Spark pass).
+LIVE, OUTAGE, ARRIVING = 3, 6, 3
+
+
+def test_hours_with_outage_each_hour_exactly_once_in_capped_runs(make_harness: Any) -> None:
     n = 4
+    assert n < OUTAGE  # the backlog needs more than one capped run
+    total = LIVE + OUTAGE + ARRIVING
     h = make_harness(hourly_max_hours_per_run=n, hourly_late_checks_per_tick=0)
-    # Live: hours 0-8 arrive one at a time and the consumer keeps up, an hour per run.
+    # Live: the first hours arrive one at a time and the consumer keeps up, an hour per run.
     before: list[list[str]] = []
-    for i in range(0, 9):
+    for i in range(0, LIVE):
         write_hours(h, range(i, i + 1))
         before += drain(h)
-    assert before == [[layout.hour_id(hour(i))] for i in range(9)]
+    assert before == [[layout.hour_id(hour(i))] for i in range(LIVE)]
     meta = h.instance.get_latest_materialization_event(HOURLY_KEY).asset_materialization.metadata
     assert meta["build_seconds"].value > 0 and meta["publish_seconds"].value > 0
     assert meta["lag_seconds"].value > 0  # the hours are days old: plotted, large
 
     # A 6-hour outage in the middle: the consumer is down (no ticks, its Dagster instance lost)
-    # while upstream writes hours 9-14.
-    write_hours(h, range(9, 15))
+    # while upstream writes the next hours.
+    write_hours(h, range(LIVE, LIVE + OUTAGE))
     h2 = make_harness(hourly_max_hours_per_run=n, hourly_late_checks_per_tick=0)
-    # Restarted, it drains the backlog in capped runs, oldest first, while hours 15-23 keep
+    # Restarted, it drains the backlog in capped runs, oldest first, while later hours keep
     # arriving, one per tick: new hours queue behind the backlog, never ahead of it.
     after: list[list[str]] = []
-    for i in range(15, 24):
+    for i in range(LIVE + OUTAGE, total):
         write_hours(h2, range(i, i + 1))
         data = tick(h2)
         assert len(data.run_requests or []) == 1, data.skip_reason
@@ -121,17 +129,17 @@ def test_24_hours_with_outage_each_hour_exactly_once_in_capped_runs(make_harness
         after.append(sorted(json.loads(req.tags[catchup.TAG_CLAIMS])))
         assert h2.run(req, raise_on_error=False).success
     after += drain(h2)
-    assert after[0] == [layout.hour_id(hour(i)) for i in range(9, 9 + n)], "backlog first, a full capped run"
+    assert after[0] == [layout.hour_id(hour(i)) for i in range(LIVE, LIVE + n)], "backlog first, a full capped run"
     # ... built in one Spark pass: every bucket of that run carries the time of the same pass
     passes = {read_manifest(h2.store, name, read_pointer(h2.store, name)[0].version)["stats"]["build_seconds"]
               for name in (f"buckets/ads_hourly/{hid}" for hid in after[0])}
     assert len(passes) == 1, passes
-    assert [b for bs in after for b in bs] == [layout.hour_id(hour(i)) for i in range(9, 24)], "oldest first"
-    assert len(after) >= (24 - 9 + n - 1) // n
+    assert [b for bs in after for b in bs] == [layout.hour_id(hour(i)) for i in range(LIVE, total)], "oldest first"
+    assert len(after) >= (total - LIVE + n - 1) // n
 
     for batch in before + after:
         assert 1 <= len(batch) <= n, batch
-    for i in range(24):
+    for i in range(total):
         hid = layout.hour_id(hour(i))
         assert len(history(h.store, hid)) == 1, f"{hid}: one published version"
         assert claims(h.store, hid) == ["a1"], f"{hid}: one claim"

@@ -51,6 +51,41 @@ def env_for(cfg: StoreConfig, spark: dict[str, str] | None = None) -> dict[str, 
     return env
 
 
+#: The SLA sensor (RUNNING by default) remediates the missing full index with a full_index build as
+#: soon as the daemon starts. Tests that do not check the SLA sensor stop it before ``dagster dev``
+#: starts: on 2 cores that build (60-90 s on the shared Connect server, one heavy slot) slowed every
+#: run under test. The SLA sensor is tested in test_sla.py, test_checks_graphql.py and test_run_health.py.
+SLA_SENSOR = "freshidx_sla_sensor"
+
+
+def stop_sensors_before_start(home: Path, *names: str, location: str = "freshidx.definitions") -> None:
+    """Record ``names`` as STOPPED in the instance at ``home`` before ``dagster dev`` first loads the
+    code location (stopping them through the UI would race their first tick). The daemon looks sensor
+    states up by selector (code location, repository, name), which is all that is stored here."""
+    from dagster._core.remote_origin import (
+        RegisteredCodeLocationOrigin,
+        RemoteInstigatorOrigin,
+        RemoteRepositoryOrigin,
+    )
+    from dagster._core.scheduler.instigation import InstigatorState, InstigatorStatus, InstigatorType
+
+    repo = RemoteRepositoryOrigin(RegisteredCodeLocationOrigin(location), "__repository__")
+    instance = dg.DagsterInstance.from_config(str(home))
+    try:
+        for name in names:
+            instance.add_instigator_state(InstigatorState(
+                RemoteInstigatorOrigin(repo, name), InstigatorType.SENSOR, InstigatorStatus.STOPPED))
+    finally:
+        instance.dispose()
+
+
+def assert_stopped_before_start(d: DagsterDev, *names: str) -> None:
+    """What :func:`stop_sensors_before_start` recorded took effect: stopped, never ticked."""
+    for name in names:
+        st = d.sensor_state(name)
+        assert st["status"] == "STOPPED" and not st["ticks"], st
+
+
 def pointer_at(cfg: StoreConfig) -> str | None:
     ptr, _ = read_pointer(open_store(cfg), "delta")
     return ptr.source_partition if ptr else None
@@ -63,11 +98,13 @@ def dev(tmp_path: Path, local_store_config: StoreConfig,
     # runs against both local files and moto S3 in test_sensor_e2e.py.
     store_config = local_store_config
     home = prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml")
+    stop_sensors_before_start(home, SLA_SENSOR)  # the full index is materialized from the UI below
     d = DagsterDev(home=home, module="freshidx.definitions", env=env_for(store_config, shared_spark_connect),
                    cwd=REPO)
     d.start()
     try:
         d.wait_ready(timeout=300)
+        assert_stopped_before_start(d, SLA_SENSOR)
         yield d, store_config
     finally:
         d.stop()
@@ -135,8 +172,8 @@ def test_daemon_latest_only_and_ui_materialize(cpu_load: list, dev: tuple[Dagste
     assert d.wait_run(run_id, timeout=420) == "SUCCESS"
     assert pointer_at(cfg) == at(45).path
 
-    # The full index, materialized from the UI as well (the SLA sensor may have built one already):
-    # its freshness state is evaluated and shown, like the delta's.
+    # The full index, materialized from the UI as well: its freshness state is evaluated and shown,
+    # like the delta's.
     run_id = d.materialize(["full_index"])
     assert d.wait_run(run_id, timeout=600) == "SUCCESS"
     poll_until(
