@@ -20,7 +20,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from freshidx import listing, segments, transform
-from freshidx.build import FORMAT, build_version
+from freshidx.build import FORMAT, BuildResult, build_version
 from freshidx.partitions import PartitionId
 from freshidx.publish import DraftManifest, iso, new_version, parse_iso, read_manifest, read_pointer, utcnow
 from freshidx.segments import BuildKind, FullBase, Segment
@@ -101,26 +101,8 @@ def build_delta(
                                      *(sh for s in mb.kept for sh in s.shards)]}
     else:
         state_manifest = full_manifest
-    t_state = time.monotonic()
-    state = _state(spark, store_config, mb.kind, state_manifest)
-    state_seconds = round(time.monotonic() - t_state, 3)
-    try:
-        result = build_version(
-            spark, store_config, index=INDEX, version=version, files=file_list,
-            num_shards=settings.delta_shards if mb.kind is BuildKind.REBUILD else settings.delta_segment_shards,
-            source=settings.source, run_id=plan.run_id,
-            # Every file read not quarantined yet, late ones included (files an earlier build quarantined
-            # have a done marker: freshidx.spark.quarantine_once).
-            quarantine_after=None,
-            to_rows=_rows_for(mb.kind, state),
-            # A few files per task: one Python task per 5-minute file costs more in task start-up than
-            # in reading (60 files in a 5 h window).
-            max_read_tasks=READ_TASKS,
-            max_future_skew_seconds=settings.max_future_skew_seconds,
-        )
-    finally:
-        if state is not None:
-            state.unpersist()  # classic mode: drop the checkpoint's blocks now
+    result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, file_list,
+                                   state_manifest)
     build_seconds = round(state_seconds + result.seconds, 3)
     if on_stage:
         on_stage("build_seconds", build_seconds)
@@ -144,24 +126,7 @@ def build_delta(
         window_end=iso(p.at),
         covered_count=sum(s.covered_count for s in all_segments),
         segments=[s.to_dict() for s in all_segments],
-        inputs={
-            "source": settings.source,
-            "build": str(mb.kind),
-            # Publication requires this version to still serve (publish.stale_base): None for a rebuild.
-            "based_on": serving if mb.kind is BuildKind.INCREMENTAL else None,
-            "rebuild_reason": mb.reason or None,
-            "partitions": [pid.path for pid in to_read],
-            "files": [_file_entry(o) for objs in to_read.values() for o in objs],
-            "listed_partitions": len(files),
-            "ignored": [{"key": i.key, "reason": i.reason} for i in ignored],
-            "full_version": full.version if full else None,
-            "full_cutoff": iso(full.cutoff) if full else None,
-            "segments_kept": len(mb.kept),
-            "segments_dropped": mb.dropped,
-            "format": FORMAT,
-            "kill_list": "covered.parquet of every shard of every segment; a newer segment's hides older "
-                         "segments and the full version",
-        },
+        inputs=_inputs(settings.source, mb, serving, full, to_read, len(files), ignored),
         invalid=result.invalid_summary(),
         stats={"list_seconds": list_seconds, "build_seconds": build_seconds, "state_seconds": state_seconds,
                "total_build_seconds": round(list_seconds + build_seconds, 3),
@@ -169,6 +134,56 @@ def build_delta(
                **{f"{k}_seconds": v for k, v in result.stages.items()}},
         run=_run_record(plan.run_info, mb.kind),
     )
+
+
+def _inputs(source: str, mb: segments.MicroBatchPlan, serving: str | None, full: FullBase | None,
+            to_read: dict[PartitionId, list[ObjectInfo]], listed: int, ignored: list[Any]) -> dict[str, Any]:
+    """The manifest's ``inputs``: what the micro-batch read, how it was built, what it rests on."""
+    return {
+        "source": source,
+        "build": str(mb.kind),
+        "rebuild_reason": mb.reason or None,
+        # Publication requires this version to still serve (publish.stale_base): None for a rebuild.
+        "based_on": serving if mb.kind is BuildKind.INCREMENTAL else None,
+        "partitions": [pid.path for pid in to_read],
+        "files": [_file_entry(o) for objs in to_read.values() for o in objs],
+        "listed_partitions": listed,
+        "ignored": [{"key": i.key, "reason": i.reason} for i in ignored],
+        "full_version": full.version if full else None,
+        "full_cutoff": iso(full.cutoff) if full else None,
+        "segments_kept": len(mb.kept),
+        "segments_dropped": mb.dropped,
+        "format": FORMAT,
+        "kill_list": "covered.parquet of every shard of every segment; a newer segment's hides older "
+                     "segments and the full version",
+    }
+
+
+def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, run_id: str, kind: BuildKind,
+           version: str, file_list: list[tuple[str, str]], state_manifest: dict[str, Any] | None
+           ) -> tuple[BuildResult, float]:
+    """The Spark part: read what is known, build and stage the segment. Returns (result, state seconds)."""
+    t_state = time.monotonic()
+    state = _state(spark, store_config, kind, state_manifest)
+    state_seconds = round(time.monotonic() - t_state, 3)
+    try:
+        result = build_version(
+            spark, store_config, index=INDEX, version=version, files=file_list,
+            num_shards=settings.delta_shards if kind is BuildKind.REBUILD else settings.delta_segment_shards,
+            source=settings.source, run_id=run_id,
+            # Every file read not quarantined yet, late ones included (files an earlier build quarantined
+            # have a done marker: freshidx.spark.quarantine_once).
+            quarantine_after=None,
+            to_rows=_rows_for(kind, state),
+            # A few files per task: one Python task per 5-minute file costs more in task start-up than
+            # in reading (60 files in a 5 h window).
+            max_read_tasks=READ_TASKS,
+            max_future_skew_seconds=settings.max_future_skew_seconds,
+        )
+    finally:
+        if state is not None:
+            state.unpersist()  # classic mode: drop the checkpoint's blocks now
+    return result, state_seconds
 
 
 def _state(spark: SparkSession, store_config: StoreConfig, kind: BuildKind,

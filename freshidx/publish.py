@@ -285,6 +285,18 @@ def _applied(store: ObjectStore, draft: DraftManifest, current: Pointer, seq: in
     return bool(entry.get("version") == draft.version)
 
 
+def next_pointer(draft: DraftManifest, current: Pointer | None) -> Pointer:
+    """The pointer that publishes ``draft`` over ``current``."""
+    return Pointer(
+        index=draft.index, version=draft.version, seq=(current.seq + 1) if current else 1,
+        position=draft.position, manifest=layout.manifest_key(draft.index, draft.version),
+        doc_count=draft.doc_count, published_at=iso(utcnow()), run_id=draft.run_id,
+        source_partition=draft.source_partition, window_start=draft.window_start,
+        window_end=draft.window_end, cutoff=draft.cutoff,
+        previous_version=current.version if current else None,
+    )
+
+
 def publish(
     store: ObjectStore,
     draft: DraftManifest,
@@ -341,14 +353,7 @@ def publish(
         if verdict != "newer":
             record_refusal(store, draft, verdict, why, current)
             return PublishResult(verdict, draft.version, why, current, attempt, time.monotonic() - t0)
-        pointer = Pointer(
-            index=draft.index, version=draft.version, seq=(current.seq + 1) if current else 1,
-            position=draft.position, manifest=layout.manifest_key(draft.index, draft.version),
-            doc_count=draft.doc_count, published_at=iso(utcnow()), run_id=draft.run_id,
-            source_partition=draft.source_partition, window_start=draft.window_start,
-            window_end=draft.window_end, cutoff=draft.cutoff,
-            previous_version=current.version if current else None,
-        )
+        pointer = next_pointer(draft, current)
         if before_swap is not None:
             before_swap(current)
         try:
