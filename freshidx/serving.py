@@ -29,6 +29,7 @@ One ``cache_dir`` per Searcher: it deletes what it does not serve.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import heapq
 import json
@@ -112,9 +113,6 @@ class LoadedVersion:
     def shards(self) -> list[Shard]:
         return [sh for part in self.parts for sh in part.shards]
 
-    @property
-    def covered(self) -> frozenset[str]:
-        return frozenset().union(*(part.covered for part in self.parts))
 
 
 @dataclass(eq=False)
@@ -137,7 +135,7 @@ class VersionSet:
             return None
         return self.delta
 
-    @property
+    @functools.cached_property
     def applied_segments(self) -> list[Part]:
         """The delta's segments newer than the full version, oldest first."""
         delta = self.active_delta
@@ -145,20 +143,22 @@ class VersionSet:
             return []
         return [p for p in delta.parts if self.full is None or p.position > self.full.position]
 
-    @property
+    @functools.cached_property
     def kill_list(self) -> frozenset[str]:
         """What hides full-index hits: every applied segment's kill-list."""
         return frozenset().union(*(p.covered for p in self.applied_segments))
 
+    @functools.cached_property
     def searched(self) -> list[tuple[str, str, Part, frozenset[str]]]:
-        """(index, version, part, kill-list of the part) for every part a search reads."""
+        """(index, version, part, kill-list of the part) for every part a search reads. Computed once per
+        version set (it never changes after the swap), not per query."""
         out: list[tuple[str, str, Part, frozenset[str]]] = []
         hidden: frozenset[str] = frozenset()
         delta = self.active_delta
-        for part in reversed(self.applied_segments):  # newest first: each is hidden by the newer ones
-            assert delta is not None
-            out.append(("delta", delta.version, part, hidden))
-            hidden = hidden | part.covered
+        if delta is not None:
+            for part in reversed(self.applied_segments):  # newest first: each is hidden by the newer ones
+                out.append(("delta", delta.version, part, hidden))
+                hidden = hidden | part.covered
         if self.full is not None:
             for part in self.full.parts:
                 out.append(("full", self.full.version, part, hidden))
@@ -222,7 +222,7 @@ class Searcher:
                     elif have is not None and have.version == ptr.version:
                         loaded[name] = have
                     else:
-                        loaded[name] = self._load(name, ptr)
+                        loaded[name] = self._load(name, ptr, have)
                 if all(loaded[n] is getattr(current, n) for n in INDEXES):
                     return False
                 new = VersionSet(full=loaded["full"], delta=loaded["delta"])
@@ -240,12 +240,15 @@ class Searcher:
     def _version_dir(self, index: str, version: str) -> Path:
         return self.cache_dir / index / version
 
-    def _load(self, index: str, pointer: Pointer) -> LoadedVersion:
+    def _load(self, index: str, pointer: Pointer, have: LoadedVersion | None = None) -> LoadedVersion:
         manifest = read_manifest(self.store, index, pointer.version)
         listed = manifest.get("segments") if index == "delta" else None
         pieces = [(str(seg["version"]), str(seg["position"]), {"shards": seg["shards"]}) for seg in listed] \
             if listed else [(pointer.version, pointer.position, manifest)]
-        parts = [self._load_part(index, version, position, files) for version, position, files in pieces]
+        # Segments the serving version already has open are shared, not downloaded or opened again.
+        open_parts = {part.version: part for part in have.parts} if have is not None else {}
+        parts = [open_parts.get(version) or self._load_part(index, version, position, files)
+                 for version, position, files in pieces]
         return LoadedVersion(index=index, version=pointer.version, position=pointer.position, parts=parts,
                              pointer=pointer)
 
@@ -421,7 +424,7 @@ class Searcher:
 def _search_set(snap: VersionSet, q: tantivy.Query, k: int) -> list[Hit]:
     """Lazy k-way merge of per-shard top lists; stored docs are fetched only for hits we may return."""
     streams: list[_Stream] = []
-    for index, version, part, kill in snap.searched():
+    for index, version, part, kill in snap.searched:
         for sh in part.shards:
             if sh.doc_count:
                 streams.append(_Stream(index, version, sh, q, k, kill))
