@@ -347,6 +347,8 @@ def test_failing_hour_is_retried_then_parked_and_an_operator_retry_processes_it(
         assert json.loads(req.tags[catchup.TAG_CLAIMS]) == {hid: f"a{attempt}"}
         result = h.run(req, raise_on_error=False)
         assert not result.success
+        # A refused hour fails the run once (the sensor retries it as a new attempt): no step retry.
+        assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
     data = tick(h)
     assert not data.run_requests
     entries = catchup.hour_entries(h.store, "ads_hourly", hour(0))

@@ -162,7 +162,7 @@ class BucketIOManager(PublishingIOManager):
             # hours built in one Spark pass share its time: keep the largest, not a sum
             "build_seconds": dg.MetadataValue.float(round(max(
                 (float(d.stats.get("build_seconds") or 0.0) for _, d, _ in attempted), default=0.0), 3)),
-            "publish_seconds": dg.MetadataValue.float(round(sum(r.seconds for _, _, r in attempted), 3)),
+            "publish_seconds": dg.MetadataValue.float(round(sum((r.seconds for _, _, r in attempted), 0.0), 3)),
         }
         if versions:  # how long after its hour closed the newest bucket became visible
             newest_end = max(catchup.parse_hour_id(h) for h in versions) + catchup.HOUR
