@@ -22,7 +22,16 @@ from pyspark.sql import DataFrame, SparkSession
 from freshidx import listing, segments, transform
 from freshidx.build import FORMAT, BuildResult, build_version
 from freshidx.partitions import PartitionId
-from freshidx.publish import DraftManifest, iso, new_version, parse_iso, read_manifest, read_pointer, utcnow
+from freshidx.publish import (
+    DraftManifest,
+    crash_point,
+    iso,
+    new_version,
+    parse_iso,
+    read_manifest,
+    read_pointer,
+    utcnow,
+)
 from freshidx.segments import BuildKind, FullBase, Segment
 from freshidx.settings import Settings
 from freshidx.spark.index_shards import read_version_state
@@ -93,6 +102,7 @@ def build_delta(
              f": {mb.reason}" if mb.reason else "", len(to_read), len(files), len(file_list), len(mb.kept))
     if on_stage:
         on_stage("list_seconds", list_seconds)
+    crash_point("delta_listed")  # tests: a kill -9 here (nothing written yet)
 
     version = new_version(p.at)
     state_manifest: dict[str, Any] | None
@@ -106,6 +116,7 @@ def build_delta(
     build_seconds = round(state_seconds + result.seconds, 3)
     if on_stage:
         on_stage("build_seconds", build_seconds)
+    crash_point("delta_staged")  # tests: a kill -9 here (segment shards staged, no manifest)
     shards = [c.to_dict() for c in result.commits]
     new_segment = Segment(
         version=version, position=iso(p.at), kind=str(mb.kind), shards=shards, doc_count=result.doc_count,

@@ -35,21 +35,21 @@ SLOW_MODULES = frozenset({
 })
 
 
-#: Seconds per module (junit XML, each module run on its own, one worker, on the shared 2-core box at
-#: load 4-8; relative sizes are what matter). ``scripts/test.sh`` runs with ``--dist loadfile
-#: --no-loadscope-reorder`` and the modules are handed out longest first, so the two workers end
-#: together instead of one running a 4-minute end-to-end test alone at the end (xdist's default order
-#: puts single-test modules last). Modules not listed here take a few seconds each and go last.
+#: Seconds per module in a full run (junit XML of ``scripts/test.sh``'s pytest command, 2 workers, quiet
+#: 2-core box, 2026-11-24: 22:02; relative sizes are what matter). ``scripts/test.sh`` runs with
+#: ``--dist loadfile --no-loadscope-reorder`` and the modules are handed out longest first, so the two
+#: workers end together instead of one running a 4-minute end-to-end test alone at the end (xdist's
+#: default order puts single-test modules last). Modules not listed take a few seconds and go last.
 MODULE_SECONDS = {
-    "test_spark_server": 340, "test_catchup": 260, "test_daemon_e2e": 230, "test_backfill_e2e": 210,
-    "test_ledger_explains": 200, "test_run_health_e2e": 175, "test_connect_retry": 150,
-    "test_incremental_equivalence": 125, "test_sensor_e2e": 105, "test_supervisor_stop": 105,
-    "test_delta_versions": 90, "test_launchpad_graphql": 80, "test_devserver": 70, "test_version_conflicts": 68,
-    "test_sla": 67, "test_demo_stop": 60, "test_quarantine_replay": 45, "test_listing": 42, "test_search_e2e": 39,
-    "test_hourly_build": 27, "test_launchpad_validation": 24, "test_checks_graphql": 23, "test_no_green_noop": 19,
-    "test_full_late_inputs": 19, "test_bench": 17, "test_overlap": 16, "test_transform": 14,
-    "test_ambiguous_commit": 13, "test_run_health": 13, "test_publish": 12, "test_checks_hourly_metadata": 11,
-    "test_generate": 11,
+    "test_spark_server": 283, "test_daemon_e2e": 241, "test_backfill_e2e": 237, "test_ledger_explains": 210,
+    "test_catchup": 160, "test_incremental_equivalence": 143, "test_connect_retry": 128, "test_micro_batch_crash": 110,
+    "test_supervisor_stop": 127, "test_sensor_e2e": 116, "test_run_health_e2e": 101, "test_delta_versions": 75,
+    "test_devserver": 67, "test_demo_stop": 61, "test_search_e2e": 57, "test_version_conflicts": 56,
+    "test_sla": 55, "test_quarantine_replay": 51, "test_launchpad_graphql": 42, "test_listing": 40,
+    "test_hourly_build": 30, "test_checks_graphql": 21, "test_launchpad_validation": 21, "test_bench": 17,
+    "test_run_health": 17, "test_overlap": 14, "test_ambiguous_commit": 13, "test_publish": 13,
+    "test_full_late_inputs": 13, "test_no_green_noop": 13, "test_serving": 13, "test_readiness": 12,
+    "test_spark_source": 11, "test_store_contract": 10, "test_transform": 10, "test_generate": 10,
 }
 
 
@@ -224,6 +224,16 @@ def cpu_load() -> Iterator[list[subprocess.Popen[bytes]]]:
             h.wait(30)
 
 
+#: Driver JVM options of the Spark Connect servers the tests start: C1 only. Those JVMs live for
+#: minutes and run small jobs, where C2 compiler threads cost more CPU than they save (measured on the
+#: 2-core box: start to ready 29 → 15 CPU-s, a delta micro-batch 9-15 → 6-8 CPU-s on the server), the
+#: reason the local session's defaults do the same (freshidx.spark.session.LOCAL_DEFAULTS). GC, heap
+#: sampling and everything else stay as in production. Prepended to the supervisor's own (CDS) options.
+TEST_JVM_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"}
+#: The same as ``freshidx spark-server`` arguments.
+TEST_JVM_ARGS = [arg for key, value in TEST_JVM_CONF.items() for arg in ("--conf", f"{key}={value}")]
+
+
 def stop_spark_server(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM a ``freshidx spark-server`` started in its own session (it drains and stops its JVM);
     SIGKILL its whole session if it is not gone within 90 s."""
@@ -255,7 +265,7 @@ def shared_spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
     with open(root / "spark-server.out", "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "freshidx.spark.server", "--port", str(port), "--state-dir", str(state_dir),
-             "--driver-memory", "1g", "--no-class-data-sharing"],
+             "--driver-memory", "1g", "--no-class-data-sharing", *TEST_JVM_ARGS],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable},
         )

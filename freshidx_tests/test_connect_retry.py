@@ -34,7 +34,7 @@ from freshidx.spark.server_state import read_state
 from freshidx.store import StoreConfig, open_store
 from freshidx.tools.devserver import prepare_home
 from freshidx.tools.generate import GeneratorConfig, write_partition
-from freshidx_tests.conftest import CONNECT_ENV, free_port, stop_spark_server
+from freshidx_tests.conftest import CONNECT_ENV, TEST_JVM_ARGS, free_port, stop_spark_server
 from freshidx_tests.harness import at
 from freshidx_tests.polling import poll_until
 
@@ -54,7 +54,7 @@ def spark_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path
         proc = subprocess.Popen(
             [sys.executable, "-m", "freshidx.spark.server", "--port", str(free_port()), "--state-dir", str(state_dir),
              "--driver-memory", "1g", "--drain-timeout", "600", "--cds-dir", str(tmp_path / "cds"), "--no-warm-up",
-             "--json"],
+             "--json", *TEST_JVM_ARGS],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
         )
     try:

@@ -194,10 +194,24 @@ def _history(store: ObjectStore, index: str) -> list[dict[str, Any]]:
     return [store.get_json(o.key)[0] for o in store.iter_objects(layout.index_root(index) + "history/")]
 
 
-def test_late_hour_behind_the_catchup_start_is_processed_or_out_of_range(make_harness: Any, spark: Any) -> None:
+@pytest.fixture
+def catchup_harness(request: pytest.FixtureRequest, local_store_config: StoreConfig) -> Iterator[Harness]:
+    """A catch-up harness on the local store or on moto S3."""
+    cfg = make_s3_config(request.getfixturevalue("moto_endpoint")) if request.param == "s3" else local_store_config
+    with dg.instance_for_test() as instance:
+        h = Harness(cfg, instance, hourly_late_checks_per_tick=24, hourly_max_hours_per_run=4)
+        try:
+            yield h
+        finally:
+            h.close()
+
+
+@pytest.mark.parametrize("catchup_harness", ["local", "s3"], indirect=True)
+def test_late_hour_behind_the_catchup_start_is_processed_or_out_of_range(catchup_harness: Harness,
+                                                                         spark: Any) -> None:
     """Late data for a closed hour inside the lookback: before the consumer's first hour it is processed;
     before FRESHIDX_PARTITIONS_START (not an ads_hourly partition) it is recorded as out of range."""
-    h = make_harness(hourly_late_checks_per_tick=24, hourly_max_hours_per_run=4)
+    h = catchup_harness
     # The harness fixes partitions_start; this test needs it at the day the data starts.
     h.settings = h.settings.model_copy(update={"partitions_start": "2026-11-20"})
     h.defs = build_definitions(h.settings)

@@ -133,10 +133,16 @@ def test_checks_skipped_by_a_run_with_nothing_new_are_reported_again_at_once(har
 
 
 def test_every_partition_is_in_the_ledger_exactly_once(harness: Harness, spark: Any, tmp_path: Any) -> None:
+    """Issue 13: every partition of a ≥30-partition run is explained once (processed, folded or late),
+    with the run that consumed it."""
     h = harness
     minute = 0
     produced: list[PartitionId] = []
+    late: list[PartitionId] = []
     for batch in (4, 1, 7, 3, 6, 9):  # 30 partitions, 1–9 landing between ticks
+        if produced:  # upstream delivers, late, a partition just before the watermark
+            h.write(minute - 7)
+            late.append(at(minute - 7))
         for _ in range(batch):
             h.write(minute)
             produced.append(at(minute))
@@ -153,11 +159,20 @@ def test_every_partition_is_in_the_ledger_exactly_once(harness: Harness, spark: 
     entries = json.loads(out)
     final = [e for e in entries if e["decision"] in {"published", "superseded", "folded", "not_ready"}]
     counts = Counter(e["partition"] for e in final)
-    assert set(counts) == {p.path for p in produced}
+    assert set(counts) == {p.path for p in produced + late}
     assert all(n == 1 for n in counts.values()), counts
     for e in entries:
         assert {"pipeline", "decision", "reason", "at"} <= set(e) and (e.get("partition") or e.get("scope"))
-    published = [e for e in final if e["decision"] == "published"]
-    assert len(published) == 6 and all(e["run_id"] for e in published)
+    published = {e["partition"]: e for e in final if e["decision"] == "published"}
+    assert len(published) == 6 and all(e["run_id"] for e in published.values())
     accepted = [e for e in entries if e["decision"] == "accepted"]
     assert len(accepted) == 6 and all(e["run_id"] for e in accepted)  # linked to the run that ran it
+    folded = [e for e in final if e["decision"] == "folded"]
+    assert len(folded) == len(produced) - 6 + len(late)
+    for e in folded:  # each names the micro-batch that read it, and that one names its run
+        into = (e.get("extra") or {}).get("folded_into") or e.get("folded_into")
+        assert into in published, e
+    by_partition = {e["partition"]: e for e in folded}
+    for p in late:
+        e = by_partition[p.path]
+        assert "late" in e["reason"] and e["run_id"] == published[(e.get("extra") or e)["folded_into"]]["run_id"]

@@ -44,7 +44,7 @@ from freshidx.spark.server_config import SERVER_CLASS, ServerConfig, parse_memor
 from freshidx.spark.server_process import StateDirBusy
 from freshidx.spark.server_state import HOSTNAME, read_state
 from freshidx.spark.supervisor import SparkConnectSupervisor
-from freshidx_tests.conftest import free_port
+from freshidx_tests.conftest import TEST_JVM_ARGS, TEST_JVM_CONF, free_port
 from freshidx_tests.polling import poll_until
 
 START_DEADLINE = 240.0  # spawn → warm-up done; ~10 s quiet, 20–40 s under load
@@ -131,7 +131,7 @@ def cds_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def supervised(tmp_path_factory: pytest.TempPathFactory, cds_dir: Path) -> Iterator[Supervised]:
     cfg = ServerConfig(
         port=free_port(), state_dir=tmp_path_factory.mktemp("spark-server"), driver_memory="1g", cds_dir=cds_dir,
-        health_interval_s=2.0, heap_check_interval_s=3600.0, drain_timeout_s=60.0,
+        conf=dict(TEST_JVM_CONF), health_interval_s=2.0, heap_check_interval_s=3600.0, drain_timeout_s=60.0,
         start_timeout_s=LOADED_START_DEADLINE,
     )
     sup = SparkConnectSupervisor(cfg)
@@ -611,7 +611,7 @@ def test_cli_runs_in_foreground_and_cleans_up_on_sigterm(tmp_path: Path, cds_dir
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "freshidx.spark.server", "--port", str(port), "--state-dir", str(state_dir),
-             "--driver-memory", "1g", "--cds-dir", str(cds_dir), "--no-warm-up", "--json"],
+             "--driver-memory", "1g", "--cds-dir", str(cds_dir), "--no-warm-up", "--json", *TEST_JVM_ARGS],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:

@@ -28,7 +28,7 @@ from freshidx import procs
 from freshidx.spark.lease import acquire_lease
 from freshidx.spark.server_launch import port_accepts
 from freshidx.spark.server_state import read_state
-from freshidx_tests.conftest import free_port
+from freshidx_tests.conftest import TEST_JVM_ARGS, free_port
 from freshidx_tests.polling import poll_until
 
 START_DEADLINE = 420.0  # spawn → warm-up done: ~40 s here, >250 s seen at load average 40
@@ -57,7 +57,7 @@ class Cli:
         self.port = free_port()
         self.jvms: set[int] = set()
         args = [sys.executable, "-m", "freshidx.spark.server", "--port", str(self.port), "--state-dir",
-                str(self.state_dir), "--driver-memory", "1g", "--health-interval", "2", "--json"]
+                str(self.state_dir), "--driver-memory", "1g", "--health-interval", "2", "--json", *TEST_JVM_ARGS]
         # (the dump follows the warm-up; without it the dump starts as soon as the port opens, which a
         # loaded box reaches well within the CLI's start timeout)
         args += ["--cds-dir", str(tmp / "cds"), "--no-warm-up"] if cds else ["--no-class-data-sharing"]
