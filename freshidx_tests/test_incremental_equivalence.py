@@ -79,7 +79,13 @@ def _write(h: Harness, minutes: int, records: list[dict[str, Any]], name: str = 
 def _micro_batch(h: Harness) -> None:
     reqs = h.tick().run_requests
     assert len(reqs) == 1, "the sensor must request one delta run for the newest partition"
-    assert h.run(reqs[0]).success
+    result = h.run(reqs[0])
+    assert result.success
+    # The materialization says how the version was built, as its manifest does (issue 13.6).
+    (mat,) = result.asset_materializations_for_node("delta_index")
+    build, count = _delta_build(h)
+    assert mat.metadata["build"].value == build and mat.metadata["segments"].value == count
+    assert mat.metadata["step_index_seconds"].value > 0 and mat.metadata["folded_partitions"].value >= 0
 
 
 def _delta_build(h: Harness) -> tuple[str, int]:

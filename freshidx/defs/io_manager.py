@@ -124,6 +124,16 @@ def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResu
         meta["lag_seconds"] = dg.MetadataValue.float(
             round((utcnow() - parse_iso(obj.position)).total_seconds(), 3)
         )
+    if obj.segments:  # a segment-built delta: how it was built and what each step cost (plottable)
+        meta["build"] = str(obj.inputs.get("build") or "")
+        if obj.inputs.get("rebuild_reason"):
+            meta["rebuild_reason"] = str(obj.inputs["rebuild_reason"])
+        meta["segments"] = dg.MetadataValue.int(len(obj.segments))
+        # Partitions this micro-batch read besides its own: bursts folded into it and late arrivals.
+        meta["folded_partitions"] = dg.MetadataValue.int(max(0, _count(obj.inputs.get("partitions")) - 1))
+        meta.update({f"step_{k}": dg.MetadataValue.float(round(float(v), 3)) for k, v in obj.stats.items()
+                     if k.endswith("_seconds") and k not in ("build_seconds", "total_build_seconds")
+                     and isinstance(v, int | float)})
     if obj.cutoff:
         meta["cutoff"] = obj.cutoff
         meta["cutoff_age_seconds"] = dg.MetadataValue.float(
