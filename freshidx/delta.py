@@ -35,6 +35,7 @@ from freshidx.publish import (
 from freshidx.segments import BuildKind, FullBase, Segment
 from freshidx.settings import Settings
 from freshidx.spark.index_shards import read_version_state
+from freshidx.spark.state_lookup import state_for_batch
 from freshidx.store import NotFound, ObjectInfo, ObjectStore, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,11 @@ def build_delta(
         state_manifest = full_manifest
     result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, file_list,
                                    state_manifest)
-    build_seconds = round(state_seconds + result.seconds, 3)
+    # An incremental build reads its state inside the build (once the batch is known): within "index".
+    inside = mb.kind is BuildKind.INCREMENTAL
+    build_seconds = round(result.seconds + (0.0 if inside else state_seconds), 3)
+    stages = {**result.stages, "index": round(result.stages.get("index", 0.0) - state_seconds, 3)} if inside \
+        else result.stages
     if on_stage:
         on_stage("build_seconds", build_seconds)
     crash_point("delta_staged")  # tests: a kill -9 here (segment shards staged, no manifest)
@@ -142,7 +147,7 @@ def build_delta(
         stats={"list_seconds": list_seconds, "build_seconds": build_seconds, "state_seconds": state_seconds,
                "total_build_seconds": round(list_seconds + build_seconds, 3),
                "files_read": len(file_list), "segments": len(all_segments),
-               **{f"{k}_seconds": v for k, v in result.stages.items()}},
+               **{f"{k}_seconds": v for k, v in stages.items()}},
         run=_run_record(plan.run_info, mb.kind),
     )
 
@@ -173,10 +178,9 @@ def _inputs(source: str, mb: segments.MicroBatchPlan, serving: str | None, full:
 def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, run_id: str, kind: BuildKind,
            version: str, file_list: list[tuple[str, str]], state_manifest: dict[str, Any] | None
            ) -> tuple[BuildResult, float]:
-    """The Spark part: read what is known, build and stage the segment. Returns (result, state seconds)."""
-    t_state = time.monotonic()
-    state = _state(spark, store_config, kind, state_manifest)
-    state_seconds = round(time.monotonic() - t_state, 3)
+    """The Spark part: read what is known, build and stage the segment. Returns (result, state seconds);
+    the state is read inside the build (once the batch is known) or, for a rebuild, before it."""
+    state = _StateRead(spark, store_config, kind, state_manifest)
     try:
         result = build_version(
             spark, store_config, index=INDEX, version=version, files=file_list,
@@ -185,39 +189,55 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
             # Every file read not quarantined yet, late ones included (files an earlier build quarantined
             # have a done marker: freshidx.spark.quarantine_once).
             quarantine_after=None,
-            to_rows=_rows_for(kind, state),
+            to_rows=state.rows_for() if state_manifest is not None else None,
             # A few files per task: one Python task per 5-minute file costs more in task start-up than
             # in reading (60 files in a 5 h window).
             max_read_tasks=READ_TASKS,
             max_future_skew_seconds=settings.max_future_skew_seconds,
         )
     finally:
-        if state is not None:
-            state.unpersist()  # classic mode: drop the checkpoint's blocks now
-    return result, state_seconds
+        state.release()
+    return result, state.seconds
 
 
-def _state(spark: SparkSession, store_config: StoreConfig, kind: BuildKind,
-           state_manifest: dict[str, Any] | None) -> DataFrame | None:
+class _StateRead:
     """What is known before this micro-batch (the full version's and kept segments' ``docs`` and
-    ``covered`` files), read once on the executors and checkpointed: the build uses it three times.
+    ``covered`` files), read once on the executors and checkpointed: the build uses it several times.
 
-    One task reads all the files. Without Python worker reuse (the Connect server, SPARK-54055) every
-    Python task costs ~0.5 s of worker start-up on this box, more than reading: measured, a 100k-doc
-    incremental micro-batch took 20.8 s reading the state in 4 tasks per use, 10.3 s like this.
+    Incremental: only the rows the batch needs (:func:`freshidx.spark.state_lookup.state_for_batch`), read
+    when the batch is known. Rebuild: everything, before the build (the window is read whole anyway).
+    One task reads all the files: without Python worker reuse (the Connect server, SPARK-54055) every
+    Python task costs ~0.5 s of worker start-up on this box, more than reading.
     """
-    if state_manifest is None:
-        return None  # a rebuild without a full version: the window is all there is
-    return read_version_state(spark, store_config, state_manifest, max_tasks=1).localCheckpoint(eager=True)
 
+    def __init__(self, spark: SparkSession, store_config: StoreConfig, kind: BuildKind,
+                 manifest: dict[str, Any] | None) -> None:
+        self.spark, self.store_config, self.kind, self.manifest = spark, store_config, kind, manifest
+        self.seconds = 0.0
+        self.frame: DataFrame | None = None
+        if manifest is not None and kind is BuildKind.REBUILD:
+            self._read(lambda: read_version_state(spark, store_config, manifest, max_tasks=1))
 
-def _rows_for(kind: BuildKind, state: DataFrame | None) -> Callable[[DataFrame], DataFrame] | None:
-    """How the latest rows read become the segment's rows (see ``transform.segment_rows``)."""
-    if state is None:
-        return None
-    if kind is BuildKind.INCREMENTAL:
-        return lambda latest: transform.segment_rows(latest, state)
-    return lambda latest: transform.expand_to_products(latest, state)
+    def _read(self, frame: Callable[[], DataFrame]) -> DataFrame:
+        t0 = time.monotonic()
+        self.frame = frame().localCheckpoint(eager=True)
+        self.seconds = round(self.seconds + time.monotonic() - t0, 3)
+        return self.frame
+
+    def rows_for(self) -> Callable[[DataFrame], DataFrame]:
+        """How the latest rows read become the segment's rows (see ``transform.segment_rows``)."""
+        if self.kind is BuildKind.INCREMENTAL:
+            assert self.manifest is not None
+            manifest = self.manifest
+            return lambda latest: transform.segment_rows(latest, self._read(
+                lambda: state_for_batch(self.spark, self.store_config, manifest, latest)))
+        assert self.frame is not None
+        frame = self.frame
+        return lambda latest: transform.expand_to_products(latest, frame)
+
+    def release(self) -> None:
+        if self.frame is not None:
+            self.frame.unpersist()  # classic mode: drop the checkpoint's blocks now
 
 
 def _run_record(run_info: dict[str, Any], kind: BuildKind) -> dict[str, Any]:

@@ -213,12 +213,12 @@ def _read_state_task(store_json: str) -> Callable[[Iterator[pa.RecordBatch]], It
                             continue
                         inactive = b.filter(pc.not_equal(b.column("status"), ACTIVE))
                         if inactive.num_rows:
-                            yield _widen(inactive, DOCS_ARROW_SCHEMA)
+                            yield widen(inactive, DOCS_ARROW_SCHEMA)
 
     return run
 
 
-def _widen(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+def widen(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """``batch`` in ``schema``: its own columns cast, the missing ones null (older covered files)."""
     names = set(batch.schema.names)
     arrays = [batch.column(f.name).cast(f.type) if f.name in names else pa.nulls(batch.num_rows, f.type)
