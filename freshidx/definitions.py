@@ -22,6 +22,8 @@ from freshidx.defs.assets import (
     raw_ad_updates_spec,
 )
 from freshidx.defs.bucket_io_manager import BucketIOManager
+from freshidx.defs.compaction import delta_compaction, delta_compaction_job, make_compaction_sensor
+from freshidx.defs.continuous import delta_continuous, make_continuous_watchdog
 from freshidx.defs.hourly import HEAVY, make_ads_hourly, make_hourly_sensor
 from freshidx.defs.io_manager import IndexIOManager
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
@@ -89,7 +91,8 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     resources = build_resources(settings)
     ads_hourly = make_ads_hourly(settings)
     defs = dg.Definitions(
-        assets=[raw_ad_updates_spec(settings), delta_index, full_index, ads_hourly],
+        assets=[raw_ad_updates_spec(settings), delta_index, full_index, ads_hourly, delta_compaction],
+        jobs=[delta_compaction_job, delta_continuous],
         asset_checks=sla_checks(),
         schedules=[heavy_schedule(full_index_schedule(settings))],
         sensors=[
@@ -97,6 +100,8 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
             make_sla_sensor(settings.sla_interval_seconds),
             make_hourly_sensor(settings, ads_hourly),
             make_run_health_sensor(),
+            make_compaction_sensor(settings),
+            make_continuous_watchdog(settings),
         ],
         resources=resources,
         # Spark steps run inside the run worker: saves a process spawn (~1-2 s) per run and keeps

@@ -83,5 +83,11 @@ def runtime_record_key(name: str) -> str:
     return f"runtime/{name}.json"
 
 
+def continuous_heartbeat_key(pipeline: str = "delta") -> str:
+    """The heartbeat a continuous-mode run overwrites in place (run id, start, planned restart, last
+    tick): what ``freshidx status`` shows about the live run. Not history."""
+    return f"continuous/{pipeline}/heartbeat.json"
+
+
 def quarantine_prefix(source: str, partition: PartitionId, run_id: str) -> str:
     return f"quarantine/{source}/{partition.path}/{run_id}/"

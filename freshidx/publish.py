@@ -21,6 +21,7 @@ create-once objects compare content instead (:meth:`ObjectStore.create_or_same`)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import os
 import random
@@ -39,6 +40,8 @@ Outcome = PublishOutcome
 Verdict = Literal["newer", "superseded", "unchanged"]
 
 CAS_MAX_ATTEMPTS = 8
+#: ``inputs.build`` of a delta version published by a background compaction (:mod:`freshidx.compaction`).
+COMPACTION = "compaction"
 
 
 def utcnow() -> dt.datetime:
@@ -227,6 +230,11 @@ def compare_to_serving(store: ObjectStore, draft: DraftManifest, current: Pointe
     """
     if current is None:
         return "newer", "nothing published yet"
+    if (draft.inputs.get("build") == COMPACTION and draft.inputs.get("based_on") == current.version
+            and draft.position == current.position):
+        # A compaction (freshidx.compaction) rewrites how the serving version stores its segments, not
+        # what it covers: newer than exactly the version it compacted (stale_base refuses any other).
+        return "newer", f"compaction of serving version {current.version} (position {current.position})"
     if draft.position > current.position:
         return "newer", f"position {draft.position} is newer than published {current.position}"
     not_newer = (f"superseded: position {draft.position} is not newer than published "
@@ -265,6 +273,43 @@ def stale_base(draft: DraftManifest, current: Pointer | None) -> str:
         return ""
     return (f"validation failed: base changed: built on delta version {base}, but {current.version} serves "
             f"now (published meanwhile by run {current.run_id}); the next attempt builds on it")
+
+
+def rebase_after_compaction(store: ObjectStore, draft: DraftManifest, current: Pointer | None) -> DraftManifest:
+    """``draft`` moved onto ``current`` when ``current`` is a compaction of the version the draft was
+    built on (a background compaction published while the micro-batch was building): the same segments
+    stored differently, so the new segment is appended to them instead of failing on a changed base
+    (:func:`freshidx.compaction.rebase_after_compaction` decides, conservatively). Otherwise ``draft``.
+
+    Done before the manifest is written (create-once): a compaction that lands between this read and
+    the compare-and-swap is still refused as a changed base, and the next attempt builds on it.
+    """
+    if current is None or not draft.segments or draft.inputs.get("build") == COMPACTION \
+            or not stale_base(draft, current):
+        return draft
+    from freshidx import compaction
+    from freshidx.segments import Segment, segments_of
+
+    try:
+        serving = read_manifest(store, draft.index, current.version)
+    except NotFound:
+        return draft
+    serving_segments = segments_of(serving)
+    if (serving.get("inputs") or {}).get("build") != COMPACTION or serving_segments is None:
+        return draft
+    cutoff = draft.inputs.get("full_cutoff")
+    rebased = compaction.rebase_after_compaction(
+        [Segment.from_dict(s) for s in draft.segments], draft.version, serving_segments,
+        parse_iso(cutoff) if cutoff else None)
+    if rebased is None:
+        return draft
+    return dataclasses.replace(
+        draft, segments=[s.to_dict() for s in rebased], doc_count=sum(s.doc_count for s in rebased),
+        covered_count=sum(s.covered_count for s in rebased),
+        inputs={**draft.inputs, "based_on": current.version, "rebased_from": draft.inputs.get("based_on"),
+                "segments_kept": len(rebased) - 1},
+        stats={**draft.stats, "segments": len(rebased)},
+    )
 
 
 def _inputs_text(inputs: dict[str, Any]) -> str:
@@ -317,6 +362,7 @@ def publish(
     """
     t0 = time.monotonic()
     current, _ = read_pointer(store, draft.index)
+    draft = rebase_after_compaction(store, draft, current)
     problems = validate_draft(store, draft, allow_empty=allow_empty, max_drop_fraction=max_drop_fraction,
                               current=current)
     if problems:
@@ -371,5 +417,7 @@ def publish(
         ensure_history(store, pointer)
         # Say why when it is not obvious: the same cutoff published again (late inputs).
         said = f"published: {why}" if current is not None and draft.position == current.position else "published"
+        if draft.inputs.get("rebased_from") and current is not None:
+            said += f" (rebased from {draft.inputs['rebased_from']} onto its compaction {current.version})"
         return PublishResult("published", draft.version, said, pointer, attempt, time.monotonic() - t0)
     raise PublishError(f"{draft.index}: gave up after {CAS_MAX_ATTEMPTS} compare-and-swap attempts")

@@ -50,6 +50,22 @@ def parse_readiness(text: str) -> tuple[str, dict[str, str]]:
     return default, per_source
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
+
+
+def parse_duration(text: str) -> float:
+    """``"86400"``, ``"90s"``, ``"30m"``, ``"24h"`` or ``"1h30m"`` → seconds."""
+    t = text.strip().lower()
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(t)
+    if not parts or "".join(n + u for n, u in parts) != t:
+        raise ValueError(f"not a duration: {text!r} (seconds, or like 90s, 30m, 24h, 1h30m)")
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+
+
 class SettingsError(ValueError):
     """A configuration value is invalid; the message names the field and its variable."""
 
@@ -82,6 +98,10 @@ class PipelineSettings(BaseModel):
     delta_max_segments: int = Field(
         24, ge=1, le=1000,
         description="segments one delta version may hold before a micro-batch rebuilds the window instead")
+    delta_compact_segments: int = Field(
+        8, ge=2, le=1000,
+        description="background compaction (delta_compaction) merges consecutive small segments when the "
+        "serving delta holds more than this many (keep it below delta_max_segments)")
     full_shards: int = Field(2, ge=1, le=4096, description="output shards of the full index")
     delta_max_drop_fraction: float = Field(0.9, ge=0, le=1, description="refuse a delta that shrank more")
     full_max_drop_fraction: float = Field(0.5, ge=0, le=1, description="refuse a full index that shrank more")
@@ -123,6 +143,24 @@ class PipelineSettings(BaseModel):
                                 "serialize (wait for the catch-up run; backfills run alongside) | skip (no "
                                 "request while any ads_hourly run, backfills included, is in flight) | queue "
                                 "(request now; dagster.yaml runs them one at a time)")
+    # Continuous mode (DESIGN §10, issue 14): one long-lived run evaluates the latest-only rule every few seconds.
+    delta_mode: str = Field(
+        "sensor", pattern=r"^(sensor|continuous)$",
+        description="how delta micro-batches are triggered: sensor (delta_index_sensor requests one run per "
+        "micro-batch) | continuous (one long-lived delta_continuous run, started by its watchdog sensor)")
+    continuous_trigger_seconds: float = Field(
+        1.0, gt=0, le=3600, description="continuous mode: seconds between two evaluations of the latest-only rule")
+    continuous_max_runtime: float = Field(
+        24 * 3600.0, gt=0, le=31 * 24 * 3600,
+        description="continuous mode: planned restart after this many seconds (also '90s', '30m', '24h', '1h30m')")
+    continuous_max_rss_mb: int = Field(
+        2048, ge=64, le=1024 * 1024,
+        description="continuous mode: planned restart once the run process's resident memory passes this (MiB)")
+
+    @field_validator("continuous_max_runtime", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        return parse_duration(v) if isinstance(v, str) else v
 
     @field_validator("partitions_start")
     @classmethod

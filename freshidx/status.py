@@ -152,8 +152,20 @@ def spark_server(state_dir: str | None) -> dict[str, Any] | None:
     return out
 
 
+def continuous_status(store: ObjectStore, now: dt.datetime) -> dict[str, Any] | None:
+    """The continuous run's heartbeat (``continuous/delta/heartbeat.json``), as status shows it."""
+    from freshidx.continuous import describe_heartbeat
+
+    try:
+        hb = store.get_json(layout.continuous_heartbeat_key("delta"))[0]
+    except NotFound:
+        return None
+    return describe_heartbeat(hb if isinstance(hb, dict) else None, now)
+
+
 def collect(store: ObjectStore, source: str, now: dt.datetime | None = None,
-            spark_server_state: str | None = None, spark_server_found_by: str | None = None) -> dict[str, Any]:
+            spark_server_state: str | None = None, spark_server_found_by: str | None = None,
+            delta_mode: str | None = None) -> dict[str, Any]:
     now = now or utcnow()
     newest, ignored = newest_partition(store, source)
     delta = index_status(store, "delta", now)
@@ -175,6 +187,8 @@ def collect(store: ObjectStore, source: str, now: dt.datetime | None = None,
         "spark_server": spark_server(spark_server_state),
         "spark_server_found_by": spark_server_found_by or ("given" if spark_server_state else "none"),
         "ads_hourly": catchup_status(store),
+        "delta_mode": delta_mode,
+        "continuous": continuous_status(store, now),
     }
 
 
@@ -213,6 +227,7 @@ def render(s: dict[str, Any]) -> str:
             segs = ", ".join(f"{g['position'][11:16]} {g['kind'][:3]} {g['docs']} docs" for g in idx["segments"])
             lines.append(f"        built {idx['build']}{why}; {len(idx['segments'])} segments over full "
                          f"{_v(idx.get('full_version'))}: {segs}")
+    lines += _render_mode(s.get("delta_mode"), s.get("continuous"))
     if s["seconds_behind_newest"] is not None:
         lines.append(f"delta is {s['seconds_behind_newest']:.0f}s of partitions behind the newest visible one")
     lines += _render_server(s.get("spark_server"), s.get("spark_server_found_by"))
@@ -227,6 +242,22 @@ def render(s: dict[str, Any]) -> str:
         lines.append("recently refused:")
         lines += [f"  {_v(e.get('partition'))}: {e['decision']}: {e['reason']}" for e in s["recent_refused"]]
     return "\n".join(lines)
+
+
+def _render_mode(mode: str | None, run: dict[str, Any] | None) -> list[str]:
+    """The delta trigger mode and, when a continuous run left a heartbeat, that run."""
+    if mode is None and run is None:
+        return []
+    head = f"mode    {_v(mode)}"
+    if run is None:
+        return [head + ("  (no continuous run has written a heartbeat yet)" if mode == "continuous" else "")]
+    ended = run.get("ended") or {}
+    what = (f"ended ({ended.get('reason')}: {ended.get('detail')})" if run["state"] == "ended" else
+            f"{run['state']}, last heartbeat {run['seconds_since_heartbeat']:.0f}s ago")
+    return [f"{head}  continuous run {str(run.get('run_id'))[:8]} {what}",
+            f"        age {run['age_seconds']:.0f}s  next planned restart {_v(run.get('planned_restart_at'))}  "
+            f"last tick {_v(run.get('last_tick'))}  micro-batches {_v(run.get('micro_batches'))} "
+            f"(published {_v(run.get('published'))})  rss {_v(run.get('rss_mb'))} MiB"]
 
 
 def _render_server(srv: dict[str, Any] | None, found_by: str | None) -> list[str]:

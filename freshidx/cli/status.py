@@ -18,7 +18,8 @@ def cmd_status(*, store: str | None, as_json: bool, spark_server_state: str | No
     st = open_store(settings.store_config())
     # The state must belong to this store: a CWD-relative default described some other demo's server.
     where = locate_spark_server_state(st, spark_server_state, settings.spark_server_state)
-    s = collect(st, settings.source, spark_server_state=where.state_dir, spark_server_found_by=where.found_by)
+    s = collect(st, settings.source, spark_server_state=where.state_dir, spark_server_found_by=where.found_by,
+                delta_mode=settings.delta_mode)
     print(json.dumps(s, indent=1, default=str) if as_json else render(s))
     return 0
 

@@ -109,6 +109,10 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
     ) -> dg.SensorResult | dg.SkipReason:
         # observe → plan (freshidx.latest_only, no Dagster) → act
         settings = freshidx.settings(store.uri, store.endpoint_url)
+        if settings.delta_mode == "continuous":
+            # Continuous mode (freshidx.defs.continuous): the long-lived run evaluates this same rule.
+            return dg.SkipReason("FRESHIDX_DELTA_MODE=continuous: the delta_continuous run (started by "
+                                 "delta_continuous_watchdog) triggers the delta; this sensor requests no runs")
         st = store.open()
         plan = plan_tick(st, settings, DagsterDeltaRuns(context.instance), utcnow(),
                          json.loads(context.cursor) if context.cursor else {})
