@@ -125,6 +125,9 @@ class PublishResult:
     pointer: Pointer | None  # the pointer readers see after this call
     cas_attempts: int = 0
     seconds: float = 0.0
+    #: The draft :func:`publish` validated and wrote: the caller's, or its rebase onto a compaction
+    #: (:func:`rebase_after_compaction`: other segments, doc and covered counts). None: not from publish().
+    draft: DraftManifest | None = None
 
 
 class PublishError(RuntimeError):
@@ -368,7 +371,7 @@ def publish(
     if problems:
         reason = "validation failed: " + "; ".join(problems)
         record_refusal(store, draft, "invalid", reason, current)
-        return PublishResult("invalid", draft.version, reason, current, 0, time.monotonic() - t0)
+        return PublishResult("invalid", draft.version, reason, current, 0, time.monotonic() - t0, draft)
 
     store.create_json(layout.manifest_key(draft.index, draft.version), draft.to_dict())
     crash_point("before_cas")
@@ -383,22 +386,24 @@ def publish(
                 ensure_history(store, current)
             reason = "published" if current.version == draft.version else \
                 f"published (then replaced by version {current.version})"
-            return PublishResult("published", draft.version, reason, current, attempt, time.monotonic() - t0)
+            return PublishResult("published", draft.version, reason, current, attempt, time.monotonic() - t0,
+                                 draft)
         if current is not None:
             ensure_history(store, current)
         if current is not None and only_if_absent:
             reason = f"superseded: already published as version {current.version} (run {current.run_id})"
             record_refusal(store, draft, "superseded", reason, current)
             return PublishResult("superseded", draft.version, reason, current, attempt,
-                                 time.monotonic() - t0)
+                                 time.monotonic() - t0, draft)
         stale = stale_base(draft, current)
         if stale:
             record_refusal(store, draft, "invalid", stale, current)
-            return PublishResult("invalid", draft.version, stale, current, attempt, time.monotonic() - t0)
+            return PublishResult("invalid", draft.version, stale, current, attempt, time.monotonic() - t0,
+                                 draft)
         verdict, why = compare_to_serving(store, draft, current)
         if verdict != "newer":
             record_refusal(store, draft, verdict, why, current)
-            return PublishResult(verdict, draft.version, why, current, attempt, time.monotonic() - t0)
+            return PublishResult(verdict, draft.version, why, current, attempt, time.monotonic() - t0, draft)
         pointer = next_pointer(draft, current)
         if before_swap is not None:
             before_swap(current)
@@ -419,5 +424,5 @@ def publish(
         said = f"published: {why}" if current is not None and draft.position == current.position else "published"
         if draft.inputs.get("rebased_from") and current is not None:
             said += f" (rebased from {draft.inputs['rebased_from']} onto its compaction {current.version})"
-        return PublishResult("published", draft.version, said, pointer, attempt, time.monotonic() - t0)
+        return PublishResult("published", draft.version, said, pointer, attempt, time.monotonic() - t0, draft)
     raise PublishError(f"{draft.index}: gave up after {CAS_MAX_ATTEMPTS} compare-and-swap attempts")

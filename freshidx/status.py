@@ -224,7 +224,7 @@ def render(s: dict[str, Any]) -> str:
             lines.append(f"        window ({idx['window_start']}, {_v(idx.get('window_end'))}]")
         if name == "delta" and idx.get("segments") is not None:
             why = f" ({idx['rebuild_reason']})" if idx.get("rebuild_reason") else ""
-            segs = ", ".join(f"{g['position'][11:16]} {g['kind'][:3]} {g['docs']} docs" for g in idx["segments"])
+            segs = ", ".join(f"{g['position'][11:16]} {g['kind']} {g['docs']} docs" for g in idx["segments"])
             lines.append(f"        built {idx['build']}{why}; {len(idx['segments'])} segments over full "
                          f"{_v(idx.get('full_version'))}: {segs}")
     lines += _render_mode(s.get("delta_mode"), s.get("continuous"))

@@ -123,3 +123,22 @@ def test_every_partition_example_in_operations_md_works(store: ObjectStore, loca
         assert code == 0, (example, out.err)
         if argv[1] != "retry":
             assert out.out, f"{example}: no entry printed"
+
+
+def test_delta_compaction_entries_are_listed(local_store_config: StoreConfig,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from freshidx import compact_delta
+
+    st = open_store(local_store_config)
+    # The compaction's own writer: ledger/delta_compaction/<date>/<time>-<run>.json, scope "delta <version>".
+    result = compact_delta.CompactionResult("published", "merged 3 segments", based_on="v-base", version="v-merged")
+    compact_delta._record(st, result, "run-compaction-1")
+    for args in (("--pipeline", "delta_compaction"), ()):
+        assert cli.main(["ledger", "--store", local_store_config.uri, "--json", *args]) == 0
+        listed = [r for r in json.loads(capsys.readouterr().out) if r["pipeline"] == compact_delta.PIPELINE]
+        assert len(listed) == 1, args
+        entry = listed[0]
+        assert (entry["decision"], entry["scope"], entry["run_id"]) == ("published", "delta v-base", "run-compaction-1")
+        assert entry["extra"]["version"] == "v-merged" and entry["trigger_id"].endswith("-run-comp")
+    assert cli.main(["ledger", "--store", local_store_config.uri]) == 0
+    assert "delta_compaction  delta v-base" in capsys.readouterr().out

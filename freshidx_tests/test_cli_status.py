@@ -144,3 +144,32 @@ def test_state_from_another_host_is_not_judged_by_local_pids(tmp_path: Path,
     assert cli.main(["status", "--store", (tmp_path / "st").as_uri(), "--spark-server-state", str(state_dir)]) == 0
     out = capsys.readouterr().out
     assert "connect server up" in out and "state written on host spark-box-7; liveness not checked" in out
+
+
+def test_merged_segment_kind_is_shown_in_full(local_store_config: StoreConfig, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from freshidx import compact_delta, compaction
+    from freshidx.publish import publish
+    from freshidx.settings import Settings
+    from freshidx_tests.test_compaction import _fake_merge
+    from freshidx_tests.test_publish import _segmented
+
+    st = open_store(local_store_config)
+    monkeypatch.setattr(compact_delta, "write_merged_segment", _fake_merge(st))
+    a = _segmented(st, 0, None)
+    b = _segmented(st, 5, a)
+    c = _segmented(st, 10, b)
+    for d in (a, b, c):
+        assert publish(st, d).outcome == "published"
+    settings = Settings.from_env({}, store=local_store_config.uri, delta_compact_segments=2)
+    done = compact_delta.compact_delta(None, st, local_store_config, settings, run_id="r")  # type: ignore[arg-type]
+    assert done.outcome == "published", done
+    assert publish(st, _segmented(st, 15, c)).outcome == "published"  # rebased onto the compaction
+
+    assert cli.main(["status", "--store", local_store_config.uri, "--json"]) == 0
+    segs = json.loads(capsys.readouterr().out)["delta"]["segments"]
+    assert [g["kind"] for g in segs] == [compaction.MERGED_KIND, "incremental"], segs
+    assert cli.main(["status", "--store", local_store_config.uri]) == 0
+    out = capsys.readouterr().out
+    assert f" {compaction.MERGED_KIND} {segs[0]['docs']} docs, " in out and " incremental " in out, out
+    assert " com " not in out and " inc " not in out

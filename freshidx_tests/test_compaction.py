@@ -213,6 +213,8 @@ def test_micro_batch_that_loses_to_a_compaction_appends_to_it(store_config: Stor
     assert [s["version"] for s in manifest["segments"]] == [done.version, micro.version]
     assert manifest["inputs"]["based_on"] == done.version and manifest["inputs"]["rebased_from"] == c.version
     assert manifest["doc_count"] == sum(s["doc_count"] for s in manifest["segments"])
+    # The result carries the draft publish() wrote (the rebased one), not the caller's.
+    assert result.draft is not None and result.draft.to_dict() == manifest and result.draft is not micro
     segs = segments_of(manifest)
     assert segs is not None and compaction.original_versions(segs) == [a.version, b.version, c.version, micro.version]
 
@@ -230,10 +232,12 @@ def test_job_with_nothing_to_compact_records_no_materialization(make_harness: An
 # --------------------------------------------------------------------------------------------- Spark
 
 
-def _micro_batch(h: Harness) -> None:
+def _micro_batch(h: Harness) -> dg.ExecuteInProcessResult:
     reqs = h.tick().run_requests
     assert len(reqs) == 1, "the sensor must request one delta run for the newest partition"
-    assert h.run(reqs[0]).success
+    result = h.run(reqs[0])
+    assert result.success
+    return result
 
 
 def _serving(h: Harness) -> tuple[str, list[Segment]]:
@@ -343,12 +347,17 @@ def test_compaction_keeps_answers_and_never_loses_a_segment(tmp_path: Path, spar
 
             monkeypatch.setattr(PublishingIOManager, "before_publish", compaction_first)
             w.write()
-            _micro_batch(h)
+            rebased_run = _micro_batch(h)
             monkeypatch.undo()
             version, segs = _serving(h)
             manifest = read_manifest(h.store, "delta", version)
             assert manifest["inputs"]["based_on"] == compacted[0], manifest["inputs"]
             assert manifest["inputs"]["rebased_from"] not in (None, compacted[0])
+            # The materialization describes what was published (the rebased draft), not the draft as built.
+            (mat,) = rebased_run.asset_materializations_for_node("delta_index")
+            assert mat.metadata["version"].value == version and mat.metadata["segments"].value == 2
+            assert mat.metadata["doc_count"].value == manifest["doc_count"], (mat.metadata, manifest["doc_count"])
+            assert mat.metadata["covered_ids"].value == manifest["covered_count"]
             assert [s.version for s in segs] == [compacted[0], version] and segs[-1].kind == "incremental"
             final = w.check("after a micro-batch rebased onto a compaction")
             assert rebuilt_answers(cfg, tmp_path) == final

@@ -14,7 +14,7 @@ from freshidx.cli.base import LazyCommand, LazyGroup, Parsed, json_option, store
 if TYPE_CHECKING:
     from freshidx.store import ObjectStore
 
-PIPELINES = ("delta", "full", "sla", "ads_hourly")
+PIPELINES = ("delta", "full", "sla", "ads_hourly", "delta_compaction")
 
 
 def _open(store: str | None) -> ObjectStore:
@@ -113,10 +113,11 @@ def cmd_ledger(*, store: str | None, pipeline: str, since: dt.date | None, until
     if as_json:
         print(json.dumps(rows, indent=1, default=str))
         return 0
+    width = max((len(r["pipeline"]) for r in rows), default=5)
     for r in rows:
         subject = r.get("partition") or r.get("scope") or r["trigger_id"]
         run = f"  run {r['run_id'][:8]}" if r.get("run_id") else ""
-        print(f"{r['at'][:19]}  {r['pipeline']:5}  {subject:45}  {r['decision']:18}{run}  {r['reason']}")
+        print(f"{r['at'][:19]}  {r['pipeline']:{width}}  {subject:45}  {r['decision']:18}{run}  {r['reason']}")
     if not rows and selector is not None:
         print(f"no ledger entry for {selector.path} ({', '.join(pipelines)}, {since or '…'} to {until or '…'})",
               file=sys.stderr)

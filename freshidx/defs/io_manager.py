@@ -96,10 +96,17 @@ def _single(publications: Sequence[Publication[DraftManifest]]) -> tuple[DraftMa
     return pub.subject, pub.result
 
 
+def published_draft(obj: DraftManifest, result: PublishResult) -> DraftManifest:
+    """The draft :func:`~freshidx.publish.publish` actually validated and wrote (a micro-batch rebased
+    onto a compaction serves other segments and counts than the asset's ``obj``), else ``obj``."""
+    return result.draft if result.draft is not None else obj
+
+
 def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResult, *,
                      skipped: str | None = None, manifest_written: bool = True) -> dict[str, Any]:
     """What the UI shows about one publication attempt (materialization or observation metadata);
     ``outcome`` and ``reason`` first, so they head the metadata table."""
+    obj = published_draft(obj, result)
     meta: dict[str, Any] = {
         "outcome": result.outcome,
         "reason": result.reason,
@@ -155,6 +162,7 @@ def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResu
 
 def outcome_tags(obj: DraftManifest, result: PublishResult) -> dict[str, str]:
     """Run tags: the outcome is the first thing the run list and run page show."""
+    obj = published_draft(obj, result)
     return {
         TAG_OUTCOME: result.outcome, "freshidx/version": obj.version,
         **({"freshidx/source_partition": obj.source_partition} if obj.source_partition else {}),
@@ -166,6 +174,7 @@ def record_outcome(store: ObjectStore, obj: DraftManifest, result: PublishResult
     """The ledger entries of one publication (create-once; a lost response to our own write counts
     as written, see ``ObjectStore.create_or_same``), then, when this run moved the pointer, the
     decisions of the partitions it settled (:func:`settle_after_publication`)."""
+    obj = published_draft(obj, result)
     partition = PartitionId.parse(obj.source_partition) if obj.source_partition else None
     pipeline = obj.index
     if partition is not None:
