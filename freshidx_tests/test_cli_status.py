@@ -151,16 +151,11 @@ def test_merged_segment_kind_is_shown_in_full(local_store_config: StoreConfig, c
     from freshidx import compact_delta, compaction
     from freshidx.publish import publish
     from freshidx.settings import Settings
-    from freshidx_tests.test_compaction import _fake_merge
+    from freshidx_tests.test_compaction import three_segments_published
     from freshidx_tests.test_publish import _segmented
 
     st = open_store(local_store_config)
-    monkeypatch.setattr(compact_delta, "write_merged_segment", _fake_merge(st))
-    a = _segmented(st, 0, None)
-    b = _segmented(st, 5, a)
-    c = _segmented(st, 10, b)
-    for d in (a, b, c):
-        assert publish(st, d).outcome == "published"
+    _, _, c = three_segments_published(st, monkeypatch)
     settings = Settings.from_env({}, store=local_store_config.uri, delta_compact_segments=2)
     done = compact_delta.compact_delta(None, st, local_store_config, settings, run_id="r")  # type: ignore[arg-type]
     assert done.outcome == "published", done

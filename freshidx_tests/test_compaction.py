@@ -142,6 +142,18 @@ def _fake_merge(store: ObjectStore) -> Any:
     return write
 
 
+def three_segments_published(store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+                             ) -> tuple[DraftManifest, DraftManifest, DraftManifest]:
+    """Three incremental versions a, b, c published (c serves 3 segments), the merge step faked."""
+    monkeypatch.setattr(cd, "write_merged_segment", _fake_merge(store))
+    a = _segmented(store, 0, None)
+    b = _segmented(store, 5, a)
+    c = _segmented(store, 10, b)
+    for d in (a, b, c):
+        assert publish(store, d).outcome == "published"
+    return a, b, c
+
+
 @pytest.mark.parametrize("meanwhile", ["micro_batch", "rebuild", "compaction"])
 def test_compaction_retries_over_a_micro_batch_or_gives_up(store_config: StoreConfig, meanwhile: str,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,12 +161,7 @@ def test_compaction_retries_over_a_micro_batch_or_gives_up(store_config: StoreCo
     rebuild or another compaction that replaced the run: the compaction gives up, recorded. Nothing is
     lost either way. On the local store and on the moto S3 server (conditional writes)."""
     store = open_store(store_config)
-    monkeypatch.setattr(cd, "write_merged_segment", _fake_merge(store))
-    a = _segmented(store, 0, None)
-    b = _segmented(store, 5, a)
-    c = _segmented(store, 10, b)
-    for d in (a, b, c):
-        assert publish(store, d).outcome == "published"
+    a, b, c = three_segments_published(store, monkeypatch)
     later: list[DraftManifest] = []
     settings = Settings.from_env({}, store=store_config.uri, delta_compact_segments=2)
 
@@ -197,12 +204,7 @@ def test_compaction_retries_over_a_micro_batch_or_gives_up(store_config: StoreCo
 def test_micro_batch_that_loses_to_a_compaction_appends_to_it(store_config: StoreConfig,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     store = open_store(store_config)
-    monkeypatch.setattr(cd, "write_merged_segment", _fake_merge(store))
-    a = _segmented(store, 0, None)
-    b = _segmented(store, 5, a)
-    c = _segmented(store, 10, b)
-    for d in (a, b, c):
-        assert publish(store, d).outcome == "published"
+    a, b, c = three_segments_published(store, monkeypatch)
     micro = _segmented(store, 15, c)  # built on c while the compaction of c runs
     settings = Settings.from_env({}, store=store_config.uri, delta_compact_segments=2)
     done = cd.compact_delta(None, store, store_config, settings, run_id="r")  # type: ignore[arg-type]
