@@ -5,7 +5,9 @@ the default suite's 20-minute budget cannot pay): ``freshidx bench freshness`` i
 supervised Spark Connect server + ``dagster dev``) for one partition of a tiny window, as a
 subprocess (its supervisor talks to the server through an in-process Connect client, which would
 switch this worker's ``pyspark.sql.functions`` to Connect); the local-mode run; the soak. The same
-sensor → Connect run → publication path is covered by test_daemon_e2e.py.
+sensor → Connect run → publication path is covered by test_daemon_e2e.py, the continuous one (watchdog
+→ long-lived run → publication) by test_continuous_e2e.py; the bench's continuous-mode run
+(``--delta-modes continuous``, 2 partitions, ~3.5 min under load) is gated like the others.
 Nothing asserts on timings: only on the shape of the result and on the order of the events.
 """
 
@@ -104,6 +106,84 @@ def test_render_freshness_shows_every_stage_and_failures() -> None:
     assert "10.50" in text and "12.00" in text
 
 
+def _continuous_result() -> dict[str, Any]:
+    rel = {"arrival": 0.0, "micro_batch": 0.6, "body_start": 0.65, "listed": 0.9, "built": 1.8, "published": 2.0,
+           "searchable": 2.3}
+    samples = []
+    for i in range(2):
+        ev = {k: 100.0 * i + v for k, v in rel.items()}
+        samples.append({"partition": f"year=2026/month=11/day=21/hour=14/minute=0{i}", "events": ev,
+                        "stages": bf.sample_stages(ev, bf.CONTINUOUS_STAGES), "error": None,
+                        "delay_before_drop_s": 0.5, "load_avg_1m": 2.0})
+    connect = {"mode": "connect", "delta_mode": "continuous", "partitions": 2, "samples": samples,
+               "spark": "sc://127.0.0.1:1", "delta_docs": 100, "full_docs": None, "searchable_method": "searcher"}
+    connect.update(bf.mode_summary(samples, bf.CONTINUOUS_STAGES))
+    connect["goal"] = bf.goal_verdict(connect, 3.0, 6.0)
+    return {**_result(), "continuous": {"connect": connect}}
+
+
+def test_continuous_stages_summary_and_table() -> None:
+    r = _continuous_result()
+    c = r["continuous"]["connect"]
+    assert set(c["stages"]) == {name for name, *_ in bf.CONTINUOUS_STAGES}
+    assert c["arrival_to_searchable"] == {"p50": 2.3, "p95": 2.3, "max": 2.3, "n": 2}
+    st = c["samples"][0]["stages"]
+    main = [n for n, _, _, _, depth in bf.CONTINUOUS_STAGES if depth == 0]
+    assert sum(st[n] for n in main) == pytest.approx(st["arrival_to_searchable"])
+    assert st["arrival_to_micro_batch"] == 0.6 and st["spark_build"] == pytest.approx(0.9)
+    assert c["dominant_stage_p50"] == "spark_job_to_published"
+    assert c["goal"] == {"p50_goal_s": 3.0, "max_goal_s": 6.0, "met": True, "p50_met": True, "max_met": True}
+    text = bf.render_freshness(r)
+    sensor, continuous = text.split("delta mode continuous")
+    assert "delta mode sensor" in sensor and "arrival → run created (sensor)" in sensor
+    for *_, label, _ in bf.CONTINUOUS_STAGES:
+        assert label in continuous
+    assert "goal p50 ≤ 3 s, max ≤ 6 s: met" in continuous and "goal p50 ≤ 8 s, max ≤ 15 s" in sensor
+    json.dumps(r)
+
+
+class _Log:
+    def __init__(self, t: float, msg: str) -> None:
+        self.timestamp, self.user_message = t, msg
+
+
+class _Instance:
+    """The two DagsterInstance calls the continuous measurement makes."""
+
+    def __init__(self, logs: list[_Log]) -> None:
+        from types import SimpleNamespace
+
+        self.logs = logs
+        self.run = SimpleNamespace(run_id="r1", status=SimpleNamespace(value="STARTED"))
+
+    def get_runs(self, filters: Any, limit: int) -> list[Any]:
+        return [self.run]
+
+    def all_logs(self, run_id: str) -> list[_Log]:
+        return self.logs
+
+
+def test_continuous_events_come_from_the_partitions_micro_batch_and_a_retry_starts_over() -> None:
+    from freshidx.tools.bench_continuous import _micro_batch_events
+
+    other = PartitionId(P.at - dt.timedelta(minutes=1))
+    logs = [_Log(1.0, f"micro-batch for {other.path} (attempt 1, folded [])"),
+            _Log(1.1, f"building delta for {other.path} (watermark None)"), _Log(1.2, "list_seconds: 0.1s"),
+            _Log(5.0, f"micro-batch for {P.path} (attempt 1, folded [])"),
+            _Log(5.1, f"building delta for {P.path} (watermark {other.path})"),
+            _Log(5.3, "list_seconds: 0.2s"), _Log(5.4, f"micro-batch for {P.path} (attempt 1) failed: boom"),
+            _Log(20.0, f"micro-batch for {P.path} (attempt 2, folded [])"),
+            _Log(20.1, f"building delta for {P.path} (watermark {other.path})"),
+            _Log(20.3, "list_seconds: 0.2s"), _Log(21.0, "build_seconds: 0.7s"),
+            _Log(21.2, f"published delta d-123 for {P.path} (ok)")]
+    ev, info = _micro_batch_events(_Instance(logs[:-1]), P)
+    assert ev == {"micro_batch": 20.0, "body_start": 20.1, "listed": 20.3, "built": 21.0}
+    assert info["outcome"] is None  # not ended yet: the bench waits
+    ev, info = _micro_batch_events(_Instance(logs), P)
+    assert info == {"run_id": "r1", "run_status": "STARTED", "outcome": "published"}
+    assert _micro_batch_events(_Instance(logs[:3]), P)[0]["micro_batch"] is None
+
+
 def test_render_soak() -> None:
     row = {"batch": 0, "elapsed_s": 3.0, "batch_s": 3.0, "server_pid": 42, "heap_used_bytes": 100 * 2**20,
            "heap_max_bytes": 2**31, "jvm_rss_bytes": 2**30, "session_rss_bytes": 2**31, "session_processes": 7,
@@ -162,6 +242,13 @@ def test_cli_registers_under_an_existing_bench_group() -> None:
     p = a.params
     assert (p["partitions"], p["window_docs"], p["modes"], p["as_json"], a.command.load()) == (
         3, 100_000, ["local"], True, bf.cmd_bench_freshness)
+    assert p["delta_modes"] == ["sensor", "continuous"]
+    from freshidx.cli import bench as cli_bench
+
+    assert cli_bench.DELTA_MODES == bf.DELTA_MODES  # the CLI mirrors it (imports nothing heavy)
+    assert parse(["bench", "freshness", "--delta-modes", "continuous"]).params["delta_modes"] == ["continuous"]
+    with pytest.raises(SystemExit):
+        parse(["bench", "freshness", "--delta-modes", "cron"])
     s = parse(["bench", "soak", "--restart-every-batches", "4"])
     assert (s.params["batches"], s.params["restart_every_batches"], s.command.load()) == (500, 4, bf.cmd_bench_soak)
     assert parse(["bench", "freshness", "--no-full-warm-up"]).params["full_warmup"] is False
@@ -220,7 +307,8 @@ def _bench(tmp_path: Path, *argv: str) -> tuple[int, dict[str, Any], str]:
 def test_freshness_connect_mode_end_to_end(tmp_path: Path) -> None:
     """The real path: generator → sensor → run on the supervised Connect server → pointer → Searcher."""
     rc, r, err = _bench(tmp_path, "freshness", "--partitions", "1", "--modes", "connect", "--window-docs", "300",
-                        "--window-minutes", "5", "--max-delay", "0", "--no-full-warm-up", "--driver-memory", "1g")
+                        "--window-minutes", "5", "--max-delay", "0", "--no-full-warm-up", "--driver-memory", "1g",
+                        "--delta-modes", "sensor")
     assert rc == 0, err[-4000:]
     assert set(r) == {"config", "connect"} and r["config"]["full_warmup"] is False
     _check_mode(r, "connect", 1)
@@ -234,10 +322,40 @@ def test_freshness_connect_mode_end_to_end(tmp_path: Path) -> None:
 @E2E
 def test_freshness_local_mode_end_to_end(tmp_path: Path) -> None:
     rc, r, err = _bench(tmp_path, "freshness", "--partitions", "2", "--modes", "local", "--window-docs", "300",
-                        "--window-minutes", "5", "--max-delay", "1")
+                        "--window-minutes", "5", "--max-delay", "1", "--delta-modes", "sensor")
     assert rc == 0, err[-4000:]
     assert set(r) == {"config", "local"}
     _check_mode(r, "local", 2)
+
+
+@E2E  # ~3.5 min under load: outside the suite's 20-minute budget
+@pytest.mark.daemon
+def test_freshness_continuous_mode_end_to_end(tmp_path: Path) -> None:
+    """Continuous mode through the real daemon: the watchdog starts delta_continuous on the supervised
+    Connect server, each dropped partition becomes one micro-batch of that run and is searchable."""
+    rc, r, err = _bench(tmp_path, "freshness", "--partitions", "2", "--modes", "connect", "--window-docs", "300",
+                        "--window-minutes", "5", "--max-delay", "0.5", "--no-full-warm-up", "--driver-memory", "1g",
+                        "--delta-modes", "continuous")
+    assert rc == 0, err[-4000:]
+    assert set(r) == {"config", "continuous"} and r["config"]["delta_modes"] == ["continuous"]
+    assert set(r["continuous"]) == {"connect"}
+    c = r["continuous"]["connect"]
+    assert not c.get("error"), c.get("error")
+    assert set(c["arrival_to_searchable"]) == {"p50", "p95", "max", "n"}
+    assert set(c["stages"]) == {name for name, *_ in bf.CONTINUOUS_STAGES}
+    assert c["completed"] == 2 and c["failed"] == 0 and c["searchable_method"] == "searcher"
+    assert c["delta_mode"] == "continuous" and set(c["goal"]) >= {"met", "p50_met", "max_met"}
+    run_ids = set()
+    for s in c["samples"]:
+        ev = s["events"]
+        assert s["error"] is None and s["outcome"] == "published", s
+        assert s["covered_partition"] == s["partition"]
+        assert None not in ev.values(), ev
+        assert ev["arrival"] <= ev["micro_batch"] <= ev["body_start"] <= ev["listed"] <= ev["built"]
+        assert ev["built"] <= ev["published"] <= ev["searchable"]
+        run_ids.add(s["run_id"])
+    assert len(run_ids) == 1  # both micro-batches in the one long-lived run
+    assert "delta mode continuous" in err and "connect p50" in err
 
 
 @pytest.mark.daemon

@@ -71,7 +71,7 @@ def test_sigterm_leaves_no_process_no_started_run_and_nothing_parked(tmp_path: P
     out_path = tmp_path / "demo.out"
     env = {**os.environ, "FRESHIDX_DEMO_ID": demo_id, "PYSPARK_PYTHON": sys.executable,
            "FRESHIDX_CLOSE_GRACE_SECONDS": "0"}
-    for var in ("DAGSTER_HOME", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
+    for var in ("DAGSTER_HOME", "SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "FRESHIDX_DELTA_MODE"):
         env.pop(var, None)
     spark_port = free_port()
     t0 = time.monotonic()
@@ -105,6 +105,7 @@ def test_sigterm_leaves_no_process_no_started_run_and_nothing_parked(tmp_path: P
                   + text[-2500:])
             assert rc == 0, text[-3000:]
             assert "stopped:" in text
+            assert "delta mode: continuous" in text  # the demo's default (FRESHIDX_DELTA_MODE unset)
 
             # (a) nothing left: neither the snapshot of the tree nor anything carrying the demo id
             assert _survivors(snapshot) == []

@@ -17,6 +17,7 @@ from freshidx.cli.base import LazyCommand, LazyGroup, Parsed, json_option
 BUILD_ROUNDS = 5  # freshidx.tools.bench.BUILD_ROUNDS
 BUILD_WARMUP = 4  # freshidx.tools.bench.BUILD_WARMUP
 MODES = ("connect", "local")  # freshidx.tools.bench_freshness.MODES
+DELTA_MODES = ("sensor", "continuous")  # freshidx.tools.bench_common.DELTA_MODES
 WINDOW_MINUTES = 300  # freshidx.tools.bench_freshness.WINDOW_MINUTES
 
 
@@ -24,6 +25,13 @@ def modes(text: str) -> list[str]:
     chosen = [m.strip() for m in text.split(",") if m.strip()]
     if not chosen or any(m not in MODES for m in chosen):
         raise ValueError(f"modes are a comma-separated subset of {','.join(MODES)}, got {text!r}")
+    return chosen
+
+
+def delta_modes(text: str) -> list[str]:
+    chosen = [m.strip() for m in text.split(",") if m.strip()]
+    if not chosen or any(m not in DELTA_MODES for m in chosen):
+        raise ValueError(f"delta modes are a comma-separated subset of {','.join(DELTA_MODES)}, got {text!r}")
     return chosen
 
 
@@ -84,6 +92,9 @@ freshness = LazyCommand(
          help=f"delta window length given to the pipeline (default {WINDOW_MINUTES})"),
     _opt("--modes", type=Parsed("MODES", modes), default=",".join(MODES),
          help="connect,local (default both, in that order)"),
+    _opt("--delta-modes", type=Parsed("DELTA_MODES", delta_modes), default=",".join(DELTA_MODES),
+         help="sensor,continuous (FRESHIDX_DELTA_MODE; default both, in that order, per Spark mode; "
+         "--json: sensor under connect/local, continuous under continuous.connect/.local)"),
     _opt("--max-delay", type=float, default=5.0, help="random pause before each drop, 0..S s (default 5)"),
     _opt("--timeout", type=float, default=300.0, help="per-partition deadline in seconds (default 300)"),
     _opt("--driver-memory", default="2g", help="Spark Connect server heap (default 2g)"),
@@ -92,7 +103,8 @@ freshness = LazyCommand(
          "(which may then run during the measurement; for smoke tests)"),
     *_health(),
     *_common("keep everything (stores, Dagster homes, logs) here instead of a temp dir"),
-    help="end-to-end arrival → searchable latency through dagster dev (Connect vs local Spark)",
+    help="end-to-end arrival → searchable latency through dagster dev (Connect vs local Spark; sensor vs "
+    "continuous delta mode)",
 )
 
 soak = LazyCommand(

@@ -22,6 +22,7 @@ from freshidx.tools.generate import history_partitions, write_partition
 from freshidx.tools.generator import GeneratorConfig, partition_records
 
 MODES = ("connect", "local")
+DELTA_MODES = ("sensor", "continuous")  # FRESHIDX_DELTA_MODE
 WINDOW_MINUTES = 300
 SOURCE = "ad_updates"
 POLL_S = 0.2  # measurement resolution
@@ -143,6 +144,51 @@ def seed_history(store_dir: Path, cfg: GeneratorConfig, now: dt.datetime, window
     for p in parts:
         records += write_partition(store, cfg, p).records
     return records, round(time.monotonic() - t0, 1)
+
+
+# ============================================================================== searchable
+
+
+class Visibility:
+    """Decides when a delta version is searchable: the real Searcher if it works, else the fallback."""
+
+    def __init__(self, store: Any, cache_dir: Path) -> None:
+        self.store = store
+        self.method = "searcher"
+        self.error: str | None = None
+        self.searcher: Any = None
+        try:
+            from freshidx.serving import Searcher
+
+            self.searcher = Searcher(store, cache_dir)
+        except Exception as exc:
+            self._fall_back(exc)
+
+    def _fall_back(self, exc: BaseException) -> None:
+        self.method = "pointer+manifest"
+        self.error = f"{type(exc).__name__}: {exc}"[:500]
+        self.searcher = None
+        log(f"Searcher unavailable ({self.error}); searchable = pointer covers P and its manifest lists shards")
+
+    def visible(self, version: str, probe: Probe | None) -> bool:
+        if self.searcher is not None and probe is not None:
+            try:
+                self.searcher.refresh()
+                hits = self.searcher.search(probe.query, 5)
+            except Exception as exc:
+                if type(exc).__name__ == "ServingError":  # the version cannot be served at all
+                    self._fall_back(exc)
+                    return self.visible(version, probe)
+                self.error = f"{type(exc).__name__}: {exc}"[:500]  # transient: keep polling
+                return False
+            return any(h.ad_id == probe.ad_id and h.index == "delta" and h.version == version for h in hits)
+        from freshidx.publish import read_manifest
+
+        try:
+            return bool(read_manifest(self.store, "delta", version).get("shards"))
+        except Exception:
+            return False
+
 
 
 # ============================================================================== Connect server

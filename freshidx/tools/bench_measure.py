@@ -12,12 +12,13 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from freshidx.partitions import PartitionId
 from freshidx.tools.bench_common import (
+    DELTA_MODES,
     MODES,
     POLL_S,
     SOURCE,
@@ -25,13 +26,23 @@ from freshidx.tools.bench_common import (
     ConnectServer,
     Deadline,
     Probe,
+    Visibility,
     generator_config_for,
     log,
     pick_probe,
     seed_history,
     session_usage,
 )
-from freshidx.tools.bench_report import EVENTS, fmt, goal_verdict, mode_summary, sample_stages
+from freshidx.tools.bench_report import (
+    CONTINUOUS_GOAL_MAX_S,
+    CONTINUOUS_GOAL_P50_S,
+    CONTINUOUS_STAGES,
+    EVENTS,
+    fmt,
+    goal_verdict,
+    mode_summary,
+    sample_stages,
+)
 from freshidx.tools.generate import GeneratorConfig, write_partition
 
 _SENSOR = "delta_index_sensor"
@@ -90,11 +101,14 @@ def _stop_sensor(dev: Any, name: str) -> str:
 
 
 def _in_flight_runs(instance: Any) -> list[Any]:
+    """Runs in flight, the long-lived continuous run (continuous mode) aside."""
     import dagster as dg
+
+    from freshidx.continuous import JOB_NAME
 
     statuses = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
                 dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
-    return list(instance.get_runs(dg.RunsFilter(statuses=statuses), limit=20))
+    return [r for r in instance.get_runs(dg.RunsFilter(statuses=statuses), limit=20) if r.job_name != JOB_NAME]
 
 
 def _run_record_for(instance: Any, partition: PartitionId) -> Any | None:
@@ -138,63 +152,18 @@ def _iso_epoch(text: str) -> float:
     return parse_iso(text).timestamp()
 
 
-class Visibility:
-    """Decides when a delta version is searchable: the real Searcher if it works, else the fallback."""
-
-    def __init__(self, store: Any, cache_dir: Path) -> None:
-        self.store = store
-        self.method = "searcher"
-        self.error: str | None = None
-        self.searcher: Any = None
-        try:
-            from freshidx.serving import Searcher
-
-            self.searcher = Searcher(store, cache_dir)
-        except Exception as exc:
-            self._fall_back(exc)
-
-    def _fall_back(self, exc: BaseException) -> None:
-        self.method = "pointer+manifest"
-        self.error = f"{type(exc).__name__}: {exc}"[:500]
-        self.searcher = None
-        log(f"Searcher unavailable ({self.error}); searchable = pointer covers P and its manifest lists shards")
-
-    def visible(self, version: str, probe: Probe | None) -> bool:
-        if self.searcher is not None and probe is not None:
-            try:
-                self.searcher.refresh()
-                hits = self.searcher.search(probe.query, 5)
-            except Exception as exc:
-                if type(exc).__name__ == "ServingError":  # the version cannot be served at all
-                    self._fall_back(exc)
-                    return self.visible(version, probe)
-                self.error = f"{type(exc).__name__}: {exc}"[:500]  # transient: keep polling
-                return False
-            return any(h.ad_id == probe.ad_id and h.index == "delta" and h.version == version for h in hits)
-        from freshidx.publish import read_manifest
-
-        try:
-            return bool(read_manifest(self.store, "delta", version).get("shards"))
-        except Exception:
-            return False
-
-
-def _measure_partition(
-    dev: Any, instance: Any, store: Any, vis: Visibility, cfg: GeneratorConfig, partition: PartitionId,
-    probe: Probe | None, timeout_s: float,
-) -> dict[str, Any]:
+def wait_searchable(
+    store: Any, vis: Visibility, partition: PartitionId, probe: Probe | None, timeout_s: float,
+    events: dict[str, float | None], sample: dict[str, Any], check: Callable[[bool], str | None],
+) -> None:
+    """Poll until the delta pointer covers ``partition`` (``published``) and ``vis`` serves it
+    (``searchable``); ``check()`` (about once a second) returns an error that ends the wait, or None.
+    Errors go to ``sample["error"]``."""
     from freshidx.publish import read_pointer
 
-    sample: dict[str, Any] = {"partition": partition.path, "probe": probe.query if probe else None, "error": None}
-    written = write_partition(store, cfg, partition)
-    arrival = time.time()
-    sample["records"] = written.records
-    events: dict[str, float | None] = dict.fromkeys(EVENTS)
-    events["arrival"] = arrival
     deadline = Deadline(timeout_s)
     version: str | None = None
-    next_run_check = 0.0
-    run_id: str | None = None
+    next_check = 0.0
     while True:
         if version is None:
             ptr, _ = read_pointer(store, "delta")
@@ -204,23 +173,36 @@ def _measure_partition(
                 sample.update(version=ptr.version, doc_count=ptr.doc_count, covered_partition=ptr.source_partition)
         if version is not None and vis.visible(version, probe):
             events["searchable"] = time.time()
-            break
-        if time.monotonic() >= next_run_check:
-            next_run_check = time.monotonic() + 1.0
-            rec = _run_record_for(instance, partition)
-            if rec is not None:
-                run_id = rec.dagster_run.run_id
-                if rec.dagster_run.status.value in ("FAILURE", "CANCELED") and version is None:
-                    sample["error"] = f"run {run_id} {rec.dagster_run.status.value}"
-                    break
-            if not dev.is_running:
-                sample["error"] = "dagster dev exited"
-                break
+            return
+        if time.monotonic() >= next_check:
+            next_check = time.monotonic() + 1.0
+            if (err := check(version is not None)) is not None:
+                sample["error"] = err
+                return
         if deadline.passed():
             sample["error"] = (f"not {'searchable' if version else 'published'} after {timeout_s:.0f}s"
                                + (f" ({vis.error})" if vis.error else ""))
-            break
+            return
         time.sleep(POLL_S)
+
+
+def _measure_partition(
+    dev: Any, instance: Any, store: Any, vis: Visibility, cfg: GeneratorConfig, partition: PartitionId,
+    probe: Probe | None, timeout_s: float,
+) -> dict[str, Any]:
+    sample: dict[str, Any] = {"partition": partition.path, "probe": probe.query if probe else None, "error": None}
+    written = write_partition(store, cfg, partition)
+    sample["records"] = written.records
+    events: dict[str, float | None] = dict.fromkeys(EVENTS)
+    events["arrival"] = time.time()
+
+    def check(published: bool) -> str | None:
+        rec = _run_record_for(instance, partition)
+        if rec is not None and rec.dagster_run.status.value in ("FAILURE", "CANCELED") and not published:
+            return f"run {rec.dagster_run.run_id} {rec.dagster_run.status.value}"
+        return None if dev.is_running else "dagster dev exited"
+
+    wait_searchable(store, vis, partition, probe, timeout_s, events, sample, check)
     # The run's own record: wait for it to end (the next partition must find no run in flight).
     end = Deadline(120)
     rec = None
@@ -246,8 +228,8 @@ def _measure_partition(
     return sample
 
 
-def _dev_env(uri: str, server: ConnectServer | None, window_minutes: int) -> dict[str, str]:
-    return {
+def _dev_env(uri: str, server: ConnectServer | None, window_minutes: int, delta_mode: str) -> dict[str, str]:
+    return {"FRESHIDX_DELTA_MODE": delta_mode,
         "FRESHIDX_STORE": uri, "FRESHIDX_S3_ENDPOINT_URL": "", "FRESHIDX_SOURCE": SOURCE,
         "FRESHIDX_WINDOW_MINUTES": str(window_minutes), "PYSPARK_PYTHON": sys.executable,
         "FRESHIDX_SPARK_REMOTE": server.url if server else "",
@@ -315,6 +297,7 @@ def _log_sample(mode: str, i: int, partitions: int, partition: PartitionId, s: d
 def _measure_all(
     mode: str, dev: Any, instance: Any, store: Any, vis: Visibility, cfg: GeneratorConfig, *, partitions: int,
     timeout_s: float, max_delay_s: float, rng: random.Random, seed: int, loads: list[float],
+    measure: Any = _measure_partition, log_sample: Any = _log_sample,
 ) -> list[dict[str, Any]]:
     """Drop ``partitions`` new partitions one at a time (each after a random pause) and measure each."""
     samples: list[dict[str, Any]] = []
@@ -328,7 +311,7 @@ def _measure_all(
         time.sleep(delay)
         load = round(os.getloadavg()[0], 2)
         loads.append(load)
-        s = _measure_partition(dev, instance, store, vis, cfg, partition, probe, timeout_s)
+        s = measure(dev, instance, store, vis, cfg, partition, probe, timeout_s)
         s.update(delay_before_drop_s=round(delay, 3), load_avg_1m=load)
         samples.append(s)
         if s["error"]:
@@ -338,35 +321,41 @@ def _measure_all(
             settle = Deadline(timeout_s)
             while _in_flight_runs(instance) and not settle.passed() and dev.is_running:
                 time.sleep(1.0)
-        _log_sample(mode, i, partitions, partition, s)
+        log_sample(mode, i, partitions, partition, s)
     return samples
 
 
 def _run_mode(
     mode: str, *, root: Path, seed_raw: Path, cfg: GeneratorConfig, partitions: int, timeout_s: float,
     max_delay_s: float, rng: random.Random, server: ConnectServer | None, seed: int, window_minutes: int,
-    full_warmup: bool = True,
+    full_warmup: bool = True, delta_mode: str = "sensor",
 ) -> dict[str, Any]:
     import dagster as dg
 
     from freshidx.store import StoreConfig, open_store
     from freshidx.tools.devserver import DagsterDev, packaged_dagster_yaml, prepare_home
 
-    out: dict[str, Any] = {"mode": mode, "partitions": partitions, "phase": "setup"}
-    mdir = root / mode
+    out: dict[str, Any] = {"mode": mode, "delta_mode": delta_mode, "partitions": partitions, "phase": "setup"}
+    mdir = root / (mode if delta_mode == "sensor" else f"{mode}-{delta_mode}")
+    extra: dict[str, Any] = {}
+    if delta_mode == "continuous":  # the same loop; the partition's micro-batch in the long-lived run
+        from freshidx.tools.bench_continuous import log_sample, measure_partition
+
+        extra = {"measure": measure_partition, "log_sample": log_sample}
+    label = mode if delta_mode == "sensor" else f"{mode}/{delta_mode}"
     store_dir = mdir / "store"
     shutil.copytree(seed_raw, store_dir / "raw")
     uri = store_dir.as_uri()
     store = open_store(StoreConfig(uri=uri))
     out["spark"] = server.url if server else "local[2] (a SparkSession per run)"
     home = prepare_home(mdir / "dagster_home", packaged_dagster_yaml())
-    dev = DagsterDev(home=home, module="freshidx.definitions", env=_dev_env(uri, server, window_minutes),
+    dev = DagsterDev(home=home, module="freshidx.definitions", env=_dev_env(uri, server, window_minutes, delta_mode),
                      log_path=mdir / "dagster-dev.log")
     instance: Any = None
     loads: list[float] = []
     try:
         t0 = time.monotonic()
-        _start(mode, dev, server, out, full_warmup)
+        _start(label, dev, server, out, full_warmup)
         instance = dg.DagsterInstance.from_config(str(home))
         out["phase"] = "warm-up"
         delta, full = _warm_up(dev, instance, store, timeout_s, full_warmup)
@@ -375,20 +364,20 @@ def _run_mode(
         out["full_docs"] = full.doc_count if full else None
         vis = Visibility(store, mdir / "cache")
         out["searchable_method"] = vis.method
-        log(f"{mode}: warm-up done after {out['warmup_s']} s: delta {delta.doc_count} docs, full "
+        log(f"{label}: warm-up done after {out['warmup_s']} s: delta {delta.doc_count} docs, full "
             f"{out['full_docs']} docs; measuring {partitions} partitions")
         out["phase"] = "measure"
-        samples = _measure_all(mode, dev, instance, store, vis, cfg, partitions=partitions, timeout_s=timeout_s,
-                               max_delay_s=max_delay_s, rng=rng, seed=seed, loads=loads)
+        samples = _measure_all(label, dev, instance, store, vis, cfg, partitions=partitions, timeout_s=timeout_s,
+                               max_delay_s=max_delay_s, rng=rng, seed=seed, loads=loads, **extra)
         out["samples"] = samples
         out["searchable_method"] = vis.method
         if vis.error and vis.method != "searcher":
             out["searcher_error"] = vis.error
-        out.update(mode_summary(samples))
+        out.update(mode_summary(samples, CONTINUOUS_STAGES) if extra else mode_summary(samples))
         out["phase"] = "done"
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-        log(f"{mode}: FAILED during {out['phase']}: {out['error']}")
+        log(f"{label}: FAILED during {out['phase']}: {out['error']}")
     finally:
         if loads:
             out["load_avg_range"] = [min(loads), max(loads)]
@@ -397,8 +386,18 @@ def _run_mode(
                 instance.dispose()
         dev.stop()
     if mode == "connect" and "error" not in out:
-        out["goal"] = goal_verdict(out)
+        out["goal"] = goal_verdict(out, *((CONTINUOUS_GOAL_P50_S, CONTINUOUS_GOAL_MAX_S) if extra else ()))
     return out
+
+
+def _server_snapshot(srv: ConnectServer) -> dict[str, Any]:
+    st = srv.state()
+    pid = st.get("pid")
+    session_rss, procs = session_usage(pid) if isinstance(pid, int) else (None, 0)
+    return {"ready_s": srv.ready_s, "start_timings": srv.timings, "restarts": st.get("restarts"),
+            "heap_used_bytes": st.get("heap_used_bytes"), "rss_bytes": st.get("rss_bytes"),
+            "session_rss_bytes": session_rss, "session_processes": procs,
+            "last_restart_reason": st.get("last_restart_reason")}
 
 
 def _newest(store: Any) -> PartitionId:
@@ -414,7 +413,7 @@ def bench_freshness(
     partitions: int = 8, window_docs: int = 100_000, *, modes: Sequence[str] = MODES, seed: int = 0,
     max_delay_s: float = 5.0, timeout_s: float = 300.0, workdir: str | None = None, keep: bool = False,
     driver_memory: str = "2g", window_minutes: int = WINDOW_MINUTES, health_timeout_s: float = 15.0,
-    health_failures: int = 3, full_warmup: bool = True,
+    health_failures: int = 3, full_warmup: bool = True, delta_modes: Sequence[str] = DELTA_MODES,
 ) -> dict[str, Any]:
     """Run the freshness benchmark (module docstring) for ``modes``; returns the JSON-able result.
 
@@ -430,6 +429,8 @@ def bench_freshness(
     for m in modes:
         if m not in MODES:
             raise ValueError(f"unknown mode {m!r} (choose from {', '.join(MODES)})")
+    if not delta_modes or any(d not in DELTA_MODES for d in delta_modes):
+        raise ValueError(f"delta modes are a subset of {', '.join(DELTA_MODES)}, got {list(delta_modes)}")
     if partitions < 1:
         raise ValueError("partitions must be >= 1")
     root = Path(workdir or tempfile.mkdtemp(prefix="freshidx-bench-freshness-")).resolve()
@@ -443,7 +444,8 @@ def bench_freshness(
         "dagster_yaml": str(packaged_dagster_yaml()), "cores": os.cpu_count(), "workdir": str(root),
         "percentiles": "linear interpolation",
         "spark_server_health": {"timeout_s": health_timeout_s, "failures": health_failures},
-        "full_warmup": full_warmup,
+        "full_warmup": full_warmup, "delta_modes": list(delta_modes),
+        "continuous_trigger_seconds": float(os.environ.get("FRESHIDX_CONTINUOUS_TRIGGER_SECONDS") or 1.0),
     }}
     server: ConnectServer | None = None
     try:
@@ -463,21 +465,16 @@ def bench_freshness(
             if mode == "connect":
                 assert server is not None
                 srv = server  # _run_mode waits for it after starting dagster dev (the starts overlap)
-            result[mode] = _run_mode(
-                mode, root=root, seed_raw=root / "seed" / "raw", cfg=cfg, partitions=partitions,
-                timeout_s=timeout_s, max_delay_s=max_delay_s, rng=rng, server=srv, seed=seed,
-                window_minutes=window_minutes, full_warmup=full_warmup,
-            )
+            for delta_mode in delta_modes:  # sensor: top-level keys (as before); continuous: result["continuous"]
+                r = _run_mode(
+                    mode, root=root, seed_raw=root / "seed" / "raw", cfg=cfg, partitions=partitions,
+                    timeout_s=timeout_s, max_delay_s=max_delay_s, rng=rng, server=srv, seed=seed,
+                    window_minutes=window_minutes, full_warmup=full_warmup, delta_mode=delta_mode,
+                )
+                (result if delta_mode == "sensor" else result.setdefault(delta_mode, {}))[mode] = r
+                if srv is not None and srv.ready_s is not None:
+                    r["spark_server"] = _server_snapshot(srv)
             if srv is not None and srv.ready_s is not None:
-                st = srv.state()
-                pid = st.get("pid")
-                session_rss, procs = session_usage(pid) if isinstance(pid, int) else (None, 0)
-                result[mode]["spark_server"] = {
-                    "ready_s": srv.ready_s, "start_timings": srv.timings, "restarts": st.get("restarts"),
-                    "heap_used_bytes": st.get("heap_used_bytes"), "rss_bytes": st.get("rss_bytes"),
-                    "session_rss_bytes": session_rss, "session_processes": procs,
-                    "last_restart_reason": st.get("last_restart_reason"),
-                }
                 log("stopping the Spark Connect server before the next mode")
                 srv.stop()
                 server = None

@@ -3,7 +3,8 @@
 Starts the upstream simulator, a supervised Spark Connect server and ``dagster dev`` (UI + daemon,
 sensors running) on a local store, then prints every publication (index, version, partition, lag),
 the catch-up progress and every failed run with its reason as they happen. Everything lives under
-``./.freshidx/`` (store, Dagster instance, logs).
+``./.freshidx/`` (store, Dagster instance, logs). The delta runs in continuous mode (one long-lived
+``delta_continuous`` run, issue 14) unless ``FRESHIDX_DELTA_MODE`` is set; the start-up lines say which.
 
 Stops (Ctrl-C / SIGTERM, at any moment, also during start-up) are clean: in-flight runs are tagged
 ``freshidx/interrupted`` and terminated (then marked canceled/failed "interrupted by shutdown" if
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
     from freshidx.store import ObjectStore
 
 DEMO_ID_ENV = "FRESHIDX_DEMO_ID"
+DELTA_MODE_ENV = "FRESHIDX_DELTA_MODE"
+#: The demo's delta mode unless FRESHIDX_DELTA_MODE is set (issue 14: the demo uses continuous).
+DEFAULT_DELTA_MODE = "continuous"
 TERMINATE_GRACE_S = 20.0  # runs get this long to end after Terminate, before dagster dev stops
 SUPERVISOR_GRACE_S = 45.0  # the Spark supervisor drains/stops its JVM within its own stop timeout
 
@@ -74,15 +78,16 @@ def cmd_demo(**options: Any) -> int:
     home = Path(args.home).resolve()
     # One demo home holds everything of one demo: `--home X` never writes into ./.freshidx/store.
     store_uri = args.store or os.environ.get("FRESHIDX_STORE") or str(home / "store")
+    delta_mode = os.environ.get(DELTA_MODE_ENV) or DEFAULT_DELTA_MODE
     try:
-        settings = Settings.from_env(store=store_uri)
+        settings = Settings.from_env(store=store_uri, delta_mode=delta_mode)
     except SettingsError as exc:
         print(exc, file=sys.stderr)
         return 2
     home.mkdir(parents=True, exist_ok=True)
     dagster_home = prepare_home(home / "dagster_home", packaged_dagster_yaml())
     demo_id = os.environ.get(DEMO_ID_ENV) or uuid.uuid4().hex
-    env = {"FRESHIDX_STORE": settings.store, DEMO_ID_ENV: demo_id}
+    env = {"FRESHIDX_STORE": settings.store, DEMO_ID_ENV: demo_id, DELTA_MODE_ENV: settings.delta_mode}
     env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or sys.executable)
     store = open_store(settings.store_config())
     out = Printer(args.as_json)
@@ -109,6 +114,7 @@ def cmd_demo(**options: Any) -> int:
         generator = _start_generator(args, settings.store, env, gen_log)
         print(f"freshidx demo: store {settings.store}")
         print(f"  generator writes a partition every {args.every:.0f}s  (log: {home / 'generator.log'})")
+        print(f"  delta mode: {_describe_mode(settings)}")
         print(f"  starting dagster dev on 127.0.0.1:{args.port} … (log: {home / 'dagster-dev.log'})")
         dev.start()
         try:
@@ -131,6 +137,14 @@ def cmd_demo(**options: Any) -> int:
         instance.dispose()
         with contextlib.suppress(OSError):
             out.event("stopped", "stopped: " + ", ".join(f"{k} {v}" for k, v in summary.items()), **summary)
+
+
+def _describe_mode(settings: Settings) -> str:
+    if settings.delta_mode == "continuous":
+        return (f"continuous (one long-lived delta_continuous run, started by delta_continuous_watchdog, "
+                f"checks for new partitions every {settings.continuous_trigger_seconds:g}s; "
+                f"{DELTA_MODE_ENV}=sensor for a run per micro-batch)")
+    return f"sensor (delta_index_sensor requests a run per micro-batch; set by {DELTA_MODE_ENV})"
 
 
 def _stop_on_signals() -> Callable[[], bool]:
