@@ -50,13 +50,8 @@ def dev(tmp_path_factory: pytest.TempPathFactory,
     stop_sensors_before_start(home, SLA_SENSOR)  # its full_index build is not under test here
     env = {**env_for(cfg, shared_spark_connect), "FRESHIDX_DELTA_MODE": "continuous",
            "FRESHIDX_SENSOR_INTERVAL_SECONDS": str(INTERVAL)}
-    d = DagsterDev(home=home, module="freshidx.definitions", env=env, cwd=REPO)
-    d.start()
-    try:
-        d.wait_ready(timeout=240)
+    with DagsterDev(home=home, module="freshidx.definitions", env=env, cwd=REPO) as d:  # started and ready
         yield d, cfg
-    finally:
-        d.stop()
 
 
 class Watch:

@@ -89,14 +89,9 @@ def dev(tmp_path: Path, local_store_config: StoreConfig,
     serve(store, "full", at(10))  # nor does SLA remediation
     env = {"FRESHIDX_STORE": cfg.uri, "PYSPARK_PYTHON": sys.executable, "FRESHIDX_PARTITIONS_START": "2026-11-01",
            "FRESHIDX_CATCHUP_AUTOSTART": "false", **shared_spark_connect}
-    d = DagsterDev(home=prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml"), module="freshidx.definitions",
-                   env=env, cwd=REPO)
-    d.start()
-    try:
-        d.wait_ready(timeout=300)
+    with DagsterDev(home=prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml"),
+                    module="freshidx.definitions", env=env, cwd=REPO) as d:  # started and ready
         yield d, store
-    finally:
-        d.stop()
 
 
 def run_view(d: DagsterDev, run_id: str) -> dict[str, Any]:

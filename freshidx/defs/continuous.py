@@ -50,7 +50,7 @@ from freshidx.defs.publishing_io_manager import PublishPolicy
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.defs.run_health import run_facts
 from freshidx.defs.runs import IN_FLIGHT, RUNNING
-from freshidx.defs.sensors import DagsterDeltaRuns, _observation
+from freshidx.defs.sensors import DagsterDeltaRuns, partition_observation
 from freshidx.delta import DeltaPlan, build_delta
 from freshidx.latest_only import PIPELINE, Request, apply, plan_tick
 from freshidx.lifecycle import Decision, Mark, TriggerId
@@ -159,7 +159,7 @@ def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreReso
             applied = apply(st, plan)
             cursor = plan.cursor
             for p, meta in applied.observations:
-                context.log_event(_observation(partitions_def, p, meta))
+                context.log_event(partition_observation(partitions_def, p, meta))
             action = continuous.decide(applied)
             state.ticks += 1
             state.last_tick, state.last_action = now, action.reason

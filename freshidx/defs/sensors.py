@@ -35,7 +35,9 @@ from freshidx.publish import utcnow
 DELTA_KEY = dg.AssetKey("delta_index")
 
 
-def _observation(partitions_def: dg.PartitionsDefinition, p: PartitionId, metadata: dict) -> dg.AssetObservation:
+def partition_observation(partitions_def: dg.PartitionsDefinition, p: PartitionId,
+                          metadata: dict) -> dg.AssetObservation:
+    """A decision about raw partition ``p``, shown on ``raw_ad_updates`` (its hour when in range)."""
     key = p.dagster_hour_key
     try:
         valid = partitions_def.has_partition_key(key)
@@ -126,7 +128,7 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
                           "examples": dg.MetadataValue.json([i.__dict__ for i in plan.ignored[:20]])},
             ))
         applied = apply(st, plan)
-        events += [_observation(partitions_def, p, meta) for p, meta in applied.observations]
+        events += [partition_observation(partitions_def, p, meta) for p, meta in applied.observations]
         req = applied.request
         if req is None:
             return dg.SensorResult(skip_reason=applied.skip_reason, asset_events=events,

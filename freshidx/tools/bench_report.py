@@ -19,19 +19,30 @@ EVENTS = ("arrival", "sensor_tick", "run_created", "run_start", "body_start", "l
 
 #: (name, from event, to event, label, depth). Depth 0 rows are consecutive and add up to the total;
 #: depth 1 rows split the depth 0 row above them.
-STAGES: tuple[tuple[str, str, str, str, int], ...] = (
+Stage = tuple[str, str, str, str, int]
+Stages = tuple[Stage, ...]
+
+
+def _from_spark_job(session: str) -> tuple[Stage, ...]:
+    """The rows both delta modes share, from the micro-batch's Spark job to searchable."""
+    return (
+        ("spark_job_to_published", "body_start", "published", "Spark job start → published", 0),
+        ("session_and_listing", "body_start", "listed", f"{session} + window listing", 1),
+        ("spark_build", "listed", "built", "Spark build (read→shards)", 1),
+        ("publish", "built", "published", "gate + manifest + CAS", 1),
+        ("published_to_searchable", "published", "searchable", "published → searchable (refresh)", 0),
+        ("arrival_to_published", "arrival", "published", "arrival → published", -1),
+        ("arrival_to_searchable", "arrival", "searchable", "arrival → searchable", -1),
+    )
+
+
+STAGES: Stages = (
     ("arrival_to_run_created", "arrival", "run_created", "arrival → run created (sensor)", 0),
     ("arrival_to_tick", "arrival", "sensor_tick", "arrival → sensor tick (loop phase)", 1),
     ("tick_to_run_created", "sensor_tick", "run_created", "tick → run created (evaluation)", 1),
     ("run_created_to_start", "run_created", "run_start", "run created → run start (queue, worker)", 0),
     ("run_start_to_spark_job", "run_start", "body_start", "run start → Spark job start (step)", 0),
-    ("spark_job_to_published", "body_start", "published", "Spark job start → published", 0),
-    ("session_and_listing", "body_start", "listed", "session (+lease) + window listing", 1),
-    ("spark_build", "listed", "built", "Spark build (read→shards)", 1),
-    ("publish", "built", "published", "gate + manifest + CAS", 1),
-    ("published_to_searchable", "published", "searchable", "published → searchable (refresh)", 0),
-    ("arrival_to_published", "arrival", "published", "arrival → published", -1),
-    ("arrival_to_searchable", "arrival", "searchable", "arrival → searchable", -1),
+    *_from_spark_job("session (+lease)"),
 )
 MAIN_STAGES = tuple(name for name, _, _, _, depth in STAGES if depth == 0)
 #: The per-sample columns of the table (event times relative to arrival), sensor mode.
@@ -42,16 +53,10 @@ SAMPLE_COLUMNS = ("run_created", "run_start", "body_start", "published")
 CONTINUOUS_GOAL_P50_S = 3.0
 CONTINUOUS_GOAL_MAX_S = 6.0
 CONTINUOUS_EVENTS = ("arrival", "micro_batch", "body_start", "listed", "built", "published", "searchable")
-CONTINUOUS_STAGES: tuple[tuple[str, str, str, str, int], ...] = (
+CONTINUOUS_STAGES: Stages = (
     ("arrival_to_micro_batch", "arrival", "micro_batch", "arrival → micro-batch start (trigger phase)", 0),
     ("micro_batch_to_spark_job", "micro_batch", "body_start", "micro-batch → Spark job start (ledger)", 0),
-    ("spark_job_to_published", "body_start", "published", "Spark job start → published", 0),
-    ("session_and_listing", "body_start", "listed", "session (warm) + window listing", 1),
-    ("spark_build", "listed", "built", "Spark build (read→shards)", 1),
-    ("publish", "built", "published", "gate + manifest + CAS", 1),
-    ("published_to_searchable", "published", "searchable", "published → searchable (refresh)", 0),
-    ("arrival_to_published", "arrival", "published", "arrival → published", -1),
-    ("arrival_to_searchable", "arrival", "searchable", "arrival → searchable", -1),
+    *_from_spark_job("session (warm)"),
 )
 CONTINUOUS_SAMPLE_COLUMNS = ("micro_batch", "body_start", "published")
 
@@ -76,9 +81,6 @@ def summarize(values: Sequence[float | None]) -> dict[str, float | int | None]:
         return {"p50": None, "p95": None, "max": None, "n": 0}
     return {"p50": round(percentile(vals, 50), 3), "p95": round(percentile(vals, 95), 3),
             "max": round(max(vals), 3), "n": len(vals)}
-
-
-Stages = tuple[tuple[str, str, str, str, int], ...]
 
 
 def sample_stages(events: dict[str, float | None], stages: Stages = STAGES) -> dict[str, float | None]:

@@ -230,7 +230,7 @@ class DagsterDev(WebserverClient):
         atexit.register(self.stop)
         return self
 
-    def wait_ready(self, timeout: float = 180, abort: Callable[[], bool] | None = None) -> Self:
+    def wait_ready(self, timeout: float = 300, abort: Callable[[], bool] | None = None) -> Self:
         """Poll until the webserver answers, every location is loaded and required daemons are healthy.
 
         Raises :class:`CodeLocationLoadError` as soon as a location reports a load error,
