@@ -42,9 +42,14 @@ def test_bench_query_json(spark: SparkSession, tmp_path: Path, capsys: pytest.Ca
 
 def test_quiesce_tells_a_quiet_tree_from_a_busy_one() -> None:
     assert bench.quiesce(deadline_s=10.0)  # this test process alone: quiet within a few windows
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a child burning one core
+    # A child burning one core. It says when its loop starts (under load its interpreter start-up can
+    # sit in I/O for longer than a window), and the window is long enough that a starved scheduler
+    # slice on a loaded box still shows far more than the quiet share.
+    burn = "import sys; sys.stdout.write('burning\\n'); sys.stdout.flush()\nwhile True: pass"
+    busy = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
     try:
-        assert not bench.quiesce(deadline_s=1.0)
+        assert busy.stdout is not None and busy.stdout.readline() == "burning\n"
+        assert not bench.quiesce(deadline_s=2.0, window_s=0.5)
     finally:
         busy.kill()
         busy.wait()
