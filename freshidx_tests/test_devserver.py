@@ -6,6 +6,7 @@ the webserver's GraphQL API, and every wait is a poll with a deadline.
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -81,7 +82,13 @@ def test_dagster_dev_lifecycle(tmp_path: Path) -> None:
     timings: dict[str, float] = {}
     try:
         t0 = time.monotonic()
-        dev.start()
+        # Started as from a background job of a non-interactive shell (`nohup … &`, CI): SIGINT is
+        # inherited ignored. The stop below must still be clean (rc 0, not a SIGKILL after the deadline).
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            dev.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
         dev.wait_ready(timeout=READY_TIMEOUT)
         timings["ready"] = time.monotonic() - t0
 

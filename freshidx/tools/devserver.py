@@ -182,7 +182,7 @@ class DagsterDev(WebserverClient):
         return [
             sys.executable,
             "-m",
-            "dagster",
+            "freshidx.tools.dagster_main",  # `python -m dagster`, with SIGINT/SIGTERM always handled
             "dev",
             "-h",
             self.host,
