@@ -25,7 +25,7 @@ from freshidx.defs.io_manager import (  # TAG_SKIPPED re-exported: the sensors s
     TAG_SKIPPED,
     outcome_metadata,
     outcome_tags,
-    record_outcome,
+    refusal_unless_newer,
 )
 from freshidx.defs.publishing_io_manager import PublishPolicy
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
@@ -35,11 +35,9 @@ from freshidx.listing import newest_partition
 from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import (
     DraftManifest,
-    PublishResult,
     compare_to_serving,
     iso,
     read_pointer,
-    record_refusal,
     utcnow,
 )
 from freshidx.settings import Settings
@@ -341,18 +339,15 @@ def _output_if_newer(context: dg.AssetExecutionContext, st: ObjectStore, draft: 
     """Yield the draft for the publishing IO manager only if it is newer than what is serving.
 
     The IO manager compares again inside its compare-and-swap loop (a publisher may win meanwhile);
-    this early compare only decides whether the run has anything to materialize at all.
+    this early compare (:func:`~freshidx.defs.io_manager.refusal_unless_newer`) only decides whether the
+    run has anything to materialize at all.
     """
-    current, _ = read_pointer(st, draft.index)
-    verdict, why = compare_to_serving(st, draft, current)
-    if verdict == "newer":
+    result = refusal_unless_newer(st, draft, context.run_id)
+    if result is None:
         yield dg.Output(draft)
         return
-    result = PublishResult(verdict, draft.version, why, current)
-    record_refusal(st, draft, verdict, why, current)
-    record_outcome(st, draft, result, context.run_id)
     skipped = context.run.tags.get(TAG_SKIPPED)
-    _report_nothing_new(context, draft.index, why, outcome_tags(draft, result),
+    _report_nothing_new(context, draft.index, result.reason, outcome_tags(draft, result),
                         outcome_metadata(st, draft, result, skipped=skipped, manifest_written=False))
 
 

@@ -4,9 +4,11 @@
 ``FRESHIDX_CONTINUOUS_TRIGGER_SECONDS``, evaluates the latest-only rule of the sensor
 (:func:`freshidx.latest_only.plan_tick`/``apply``: the same ledger entries, folded partitions,
 attempts and parking). On something new it runs one micro-batch with the code a sensor-triggered
-``delta_index`` run uses: :func:`freshidx.delta.build_delta`, then the publishing IO manager's gate
-(``IndexIOManager.policy``), :func:`~freshidx.defs.io_manager.record_outcome` (which settles the
-folded partitions) and :func:`~freshidx.defs.io_manager.outcome_metadata`, reported as an
+``delta_index`` run uses: :func:`freshidx.delta.build_delta`, then the asset's early compare and the
+publishing IO manager's gate → manifest → compare-and-swap → ledger (the ledger settles the folded
+partitions) (:func:`~freshidx.defs.io_manager.refusal_unless_newer`,
+:func:`~freshidx.defs.io_manager.publish_index_draft`) and
+:func:`~freshidx.defs.io_manager.outcome_metadata`, reported as an
 ``AssetMaterialization`` of ``delta_index`` so the asset page, its plots and checks look the same.
 The decisions (when to stop, what a tick means, how an attempt counts) are :mod:`freshidx.continuous`.
 
@@ -45,7 +47,7 @@ from freshidx.continuous import (
     TickKind,
 )
 from freshidx.defs.assets import TAG_PIPELINE, TAG_TRIGGER, code_version, hourly_partitions
-from freshidx.defs.io_manager import IndexIOManager, outcome_metadata, outcome_tags, record_outcome
+from freshidx.defs.io_manager import outcome_metadata, outcome_tags, publish_index_draft, refusal_unless_newer
 from freshidx.defs.publishing_io_manager import PublishPolicy
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.defs.run_health import run_facts
@@ -55,7 +57,7 @@ from freshidx.delta import DeltaPlan, build_delta
 from freshidx.latest_only import PIPELINE, Request, apply, plan_tick
 from freshidx.lifecycle import Decision, Mark, TriggerId
 from freshidx.partitions import PartitionId
-from freshidx.publish import PublishResult, compare_to_serving, read_pointer, record_refusal, utcnow
+from freshidx.publish import read_pointer, utcnow
 from freshidx.settings import Settings
 from freshidx.store import ObjectStore
 
@@ -252,23 +254,18 @@ def _micro_batch(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectS
             )
     except Exception as exc:  # a failed attempt, as a failed run is in sensor mode; the planner retries/parks
         return _failed(context, runs, req, exc)
-    try:
-        current, _ = read_pointer(st, PIPELINE)
-        verdict, why = compare_to_serving(st, draft, current)
-        if verdict == "newer":  # the IO manager's flow: gate → manifest → compare-and-swap → ledger
-            result = IndexIOManager.policy.with_run_record(draft.run).publish(st, draft)
-        else:  # what delta_index does when its draft is not newer: no publication attempt
-            result = PublishResult(verdict, draft.version, why, current)
-            record_refusal(st, draft, verdict, why, current)
-        record_outcome(st, draft, result, context.run_id)
+    try:  # what delta_index's body and its IO manager do with the draft, in the same two steps
+        refused = refusal_unless_newer(st, draft, context.run_id)
+        result = refused if refused is not None else publish_index_draft(st, draft, context.run_id)
     except Exception as exc:  # e.g. PublishError (CAS contention), a store error: the attempt failed
         return _failed(context, runs, req, exc)
     status = continuous.batch_status(result.outcome, result.reason)
     runs.record(req.run_key, status, result.reason)
+    attempted = refused is None  # a publication attempt reached the gate (and the CAS, unless invalid)
     meta = outcome_metadata(st, draft, result, skipped=str(req.skipped),
-                            manifest_written=result.outcome != "invalid" and verdict == "newer")
+                            manifest_written=result.outcome != "invalid" and attempted)
     state.last_version = draft.version if result.outcome == "published" else state.last_version
-    if result.outcome == "published" or (verdict == "newer" and result.outcome != "invalid"):
+    if result.outcome == "published" or (attempted and result.outcome != "invalid"):
         # A materialization per publication attempt that reached the CAS, as the IO manager reports it.
         state.published += result.outcome == "published"
         context.log_event(dg.AssetMaterialization(asset_key="delta_index", metadata=meta,

@@ -4,6 +4,10 @@ The asset body stages shards (from executors) and returns a :class:`DraftManifes
 flow (gate → manifest → compare-and-swap of ``CURRENT``) is :class:`PublishingIOManager`'s. What
 is this manager's: the ledger entries of an index publication (:func:`record_outcome`), its
 metadata (:func:`outcome_metadata`) and the run tags (:func:`outcome_tags`).
+
+A publication outside a Dagster output (the continuous loop's micro-batch) takes the same two steps
+as an asset run with this manager: :func:`refusal_unless_newer` (what the asset body decides before
+yielding its draft) and :func:`publish_index_draft` (what this manager does with it).
 """
 
 
@@ -28,9 +32,11 @@ from freshidx.publish import (
     DraftManifest,
     Pointer,
     PublishResult,
+    compare_to_serving,
     parse_iso,
     read_manifest,
     read_pointer,
+    record_refusal,
     utcnow,
 )
 from freshidx.store import NotFound, ObjectStore
@@ -87,6 +93,29 @@ class IndexIOManager(PublishingIOManager):
         store = self.store.open()
         pointer = serving_pointer(store, index, f"no published {index} index yet")
         return {"pointer": pointer.to_dict(), "manifest": read_manifest(store, index, pointer.version)}
+
+
+def refusal_unless_newer(store: ObjectStore, draft: DraftManifest, run_id: str) -> PublishResult | None:
+    """The one rule before any publication attempt (:func:`~freshidx.publish.compare_to_serving`):
+    None when ``draft`` is newer than what is serving (publish it); otherwise the refusal, recorded in
+    the store and the ledger, with no publication attempt. The compare-and-swap compares again (a
+    publisher may win meanwhile); this early compare decides whether there is anything to publish."""
+    current, _ = read_pointer(store, draft.index)
+    verdict, why = compare_to_serving(store, draft, current)
+    if verdict == "newer":
+        return None
+    result = PublishResult(verdict, draft.version, why, current)
+    record_refusal(store, draft, verdict, why, current)
+    record_outcome(store, draft, result, run_id)
+    return result
+
+
+def publish_index_draft(store: ObjectStore, draft: DraftManifest, run_id: str) -> PublishResult:
+    """What :class:`IndexIOManager` does with a draft: the gate → manifest → compare-and-swap of
+    ``CURRENT`` under its policy and the draft's run record, then the ledger (:func:`record_outcome`)."""
+    result = IndexIOManager.policy.with_run_record(draft.run).publish(store, draft)
+    record_outcome(store, draft, result, run_id)
+    return result
 
 
 def _single(publications: Sequence[Publication[DraftManifest]]) -> tuple[DraftManifest, PublishResult]:
