@@ -119,6 +119,17 @@ def rss_bytes(pid: int) -> int | None:
         return None
 
 
+def tree_rss_bytes(pid: int) -> int | None:
+    """Summed RSS of ``pid`` and its live descendants (a local-mode JVM is a child of a run worker);
+    None if ``pid`` is gone."""
+    try:
+        members = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
+        return None
+    rss = [r for r in (rss_bytes(m) for m in members) if r is not None]
+    return sum(rss) if rss else None
+
+
 def cpu_times(pid: int) -> Any | None:
     """psutil's ``pcputimes`` of the process (``user``, ``system``, ``children_user``,
     ``children_system`` in seconds), or None if it is gone."""

@@ -19,6 +19,7 @@ BUILD_WARMUP = 4  # freshidx.tools.bench.BUILD_WARMUP
 MODES = ("connect", "local")  # freshidx.tools.bench_freshness.MODES
 DELTA_MODES = ("sensor", "continuous")  # freshidx.tools.bench_common.DELTA_MODES
 WINDOW_MINUTES = 300  # freshidx.tools.bench_freshness.WINDOW_MINUTES
+SOAK_MODES = ("connect", "continuous")  # freshidx.tools.bench_freshness.SOAK_MODES
 
 
 def modes(text: str) -> list[str]:
@@ -33,6 +34,14 @@ def delta_modes(text: str) -> list[str]:
     if not chosen or any(m not in DELTA_MODES for m in chosen):
         raise ValueError(f"delta modes are a comma-separated subset of {','.join(DELTA_MODES)}, got {text!r}")
     return chosen
+
+
+def duration(text: str) -> str:
+    """A ``FRESHIDX_CONTINUOUS_MAX_RUNTIME`` value (seconds, ``90s``, ``30m``, ``1h30m``), checked, as given."""
+    from freshidx.settings import parse_duration  # pydantic only: no Spark, no Dagster
+
+    parse_duration(text)
+    return text.strip()
 
 
 def _opt(*decls: str, **kw: Any) -> click.Option:
@@ -109,6 +118,9 @@ freshness = LazyCommand(
 
 soak = LazyCommand(
     "soak", "freshidx.tools.bench_freshness:cmd_bench_soak",
+    _opt("--mode", type=click.Choice(SOAK_MODES), default="connect",
+         help="connect (default): micro-batches straight against one supervised Connect server, no Dagster; "
+         "continuous: dagster dev in FRESHIDX_DELTA_MODE=continuous, a partition every --interval s for --minutes"),
     _opt("--batches", type=int, default=500, help="micro-batches (default 500)"),
     _opt("--window-docs", type=int, default=2_000, help="documents in the window (default 2000)"),
     _opt("--window-minutes", type=int, default=WINDOW_MINUTES,
@@ -126,8 +138,20 @@ soak = LazyCommand(
     _opt("--heap-check-interval", type=float, default=15.0, metavar="SECONDS",
          help="how often the supervisor samples the heap with jcmd (default 15)"),
     _opt("--samples", type=int, default=25, help="rows of the heap/RSS timeline (default 25)"),
+    _opt("--minutes", type=float, default=120.0, help="continuous: minutes of partition drops (default 120)"),
+    _opt("--interval", type=float, default=30.0, metavar="SECONDS",
+         help="continuous: seconds between two partitions (default 30)"),
+    _opt("--max-runtime", type=Parsed("DURATION", duration), default="20m",
+         help="continuous: FRESHIDX_CONTINUOUS_MAX_RUNTIME, the planned restart of the run (default 20m)"),
+    _opt("--max-rss-mb", type=int, default=2048,
+         help="continuous: FRESHIDX_CONTINUOUS_MAX_RSS_MB, restart above this run RSS (default 2048)"),
+    _opt("--sample-every", type=float, default=10.0, metavar="SECONDS",
+         help="continuous: seconds between two samples of the curve (default 10)"),
+    _opt("--no-full-warm-up", "full_warmup", is_flag=True, flag_value=False, default=True,
+         help="continuous: start once the first delta is published, without waiting for the first full index"),
     *_common("work here instead of a temp dir"),
-    help="many micro-batches against one supervised Spark Connect server: heap/RSS and restarts",
+    help="endurance: many micro-batches against one supervised Spark Connect server (heap/RSS, restarts), or "
+    "continuous mode through dagster dev for --minutes (run/server RSS, planned restarts, failed micro-batches)",
 )
 
 delta = LazyCommand(
@@ -143,10 +167,10 @@ delta = LazyCommand(
 bench_group = LazyGroup(
     "bench", [build, query, delta, freshness, soak],
     help="benchmarks: index build throughput, query latency, incremental delta cost, end-to-end freshness, "
-         "Connect soak",
+         "soak (Connect server or continuous mode)",
 )
 #: ``python -m freshidx.tools.bench_freshness``: the two end-to-end benchmarks alone.
 freshness_group = LazyGroup(
     "bench", [freshness, soak],
-    help="end-to-end freshness through dagster dev, and a Spark Connect soak",
+    help="end-to-end freshness through dagster dev, and a soak (Connect server or continuous mode)",
 )

@@ -253,12 +253,12 @@ def _micro_batch(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectS
                 on_stage=lambda name, s: context.log.info(f"{name}: {s:.2f}s"),
             )
     except Exception as exc:  # a failed attempt, as a failed run is in sensor mode; the planner retries/parks
-        return _failed(context, runs, req, exc)
+        return failed_attempt(context, runs, req, exc)
     try:  # what delta_index's body and its IO manager do with the draft, in the same two steps
         refused = refusal_unless_newer(st, draft, context.run_id)
         result = refused if refused is not None else publish_index_draft(st, draft, context.run_id)
     except Exception as exc:  # e.g. PublishError (CAS contention), a store error: the attempt failed
-        return _failed(context, runs, req, exc)
+        return failed_attempt(context, runs, req, exc)
     status = continuous.batch_status(result.outcome, result.reason)
     runs.record(req.run_key, status, result.reason)
     attempted = refused is None  # a publication attempt reached the gate (and the CAS, unless invalid)
@@ -280,7 +280,9 @@ def _micro_batch(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectS
     return status
 
 
-def _failed(context: dg.OpExecutionContext, runs: LoopRuns, req: Request, exc: Exception) -> BatchStatus:
+def failed_attempt(context: dg.OpExecutionContext, runs: LoopRuns, req: Request, exc: Exception) -> BatchStatus:
+    """A failed micro-batch attempt: its error line (``micro-batch for <P> (attempt N) failed: …``, the
+    line ``freshidx bench soak --mode continuous`` counts) and the attempt recorded as a failure."""
     text = str(exc).strip()
     how = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
     context.log.error(f"micro-batch for {req.partition.path} (attempt {req.attempt}) failed: {how}")

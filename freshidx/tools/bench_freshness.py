@@ -55,6 +55,15 @@
     run cannot: one session per run), to tell per-session costs from per-batch ones; ``--max-minutes``
     caps the wall time.
 
+``freshidx bench soak --mode continuous [--minutes M] [--interval S] [--max-runtime D] [--max-rss-mb N]
+[--sample-every S] [--json]``
+    Continuous mode through ``dagster dev`` (the set-up of ``bench freshness --delta-modes continuous``)
+    for M minutes, one partition every S seconds, with planned restarts of the long-lived run every D:
+    the curve of the run's and the Connect server's RSS, the pointer and the data lag, every
+    continuous run and why it ended, failed micro-batches and each partition's ledger decision
+    (:mod:`~freshidx.tools.bench_soak_continuous`). Exit 0 iff no micro-batch failed and every written
+    partition is explained in the ledger.
+
 The parts: :mod:`~freshidx.tools.bench_common` (constants, seeded data, probe, Connect server),
 :mod:`~freshidx.tools.bench_measure` (the freshness driver), :mod:`~freshidx.tools.bench_soak`,
 :mod:`~freshidx.tools.bench_report` (statistics and tables); this module is their CLI and API.
@@ -94,10 +103,13 @@ from freshidx.tools.bench_report import (
     percentile,
     render_freshness,
     render_soak,
+    render_soak_continuous,
     sample_stages,
     summarize,
 )
 from freshidx.tools.bench_soak import bench_soak
+
+SOAK_MODES = ("connect", "continuous")  # bench soak --mode
 
 __all__ = [
     "CONTINUOUS_EVENTS",
@@ -106,6 +118,7 @@ __all__ = [
     "EVENTS",
     "MAIN_STAGES",
     "MODES",
+    "SOAK_MODES",
     "STAGES",
     "WINDOW_MINUTES",
     "Probe",
@@ -122,6 +135,7 @@ __all__ = [
     "pick_probe",
     "render_freshness",
     "render_soak",
+    "render_soak_continuous",
     "sample_stages",
     "summarize",
 ]
@@ -193,8 +207,25 @@ def cmd_bench_soak(*, batches: int, window_docs: int, window_minutes: int, share
                    max_minutes: float | None, restart_every: float, restart_every_batches: int,
                    max_heap_fraction: float, driver_memory: str, health_timeout: float, health_failures: int,
                    heap_check_interval: float, samples: int, seed: int, workdir: str | None, keep: bool,
-                   as_json: bool) -> int:
-    """``freshidx bench soak`` (options: freshidx.cli.bench)."""
+                   as_json: bool, mode: str = "connect", minutes: float = 120.0, interval: float = 30.0,
+                   max_runtime: str = "20m", max_rss_mb: int = 2048, sample_every: float = 10.0,
+                   full_warmup: bool = True) -> int:
+    """``freshidx bench soak`` (options: freshidx.cli.bench): ``--mode connect`` (:func:`bench_soak`) or
+    ``--mode continuous`` (:mod:`~freshidx.tools.bench_soak_continuous`)."""
+    if mode not in SOAK_MODES:
+        raise ValueError(f"unknown soak mode {mode!r} (choose from {', '.join(SOAK_MODES)})")
+    if mode == "continuous":
+        from freshidx.tools.bench_soak_continuous import bench_soak_continuous
+
+        return _run_and_report(
+            lambda: bench_soak_continuous(
+                minutes, interval_s=interval, window_docs=window_docs, window_minutes=window_minutes,
+                max_runtime=max_runtime, max_rss_mb=max_rss_mb, sample_every_s=sample_every,
+                driver_memory=driver_memory, health_timeout_s=health_timeout, health_failures=health_failures,
+                full_warmup=full_warmup, seed=seed, workdir=workdir, keep=keep,
+            ),
+            render_soak_continuous, lambda r: bool(r["verdict"]["passed"]), as_json=as_json,
+        )
     return _run_and_report(
         lambda: bench_soak(
             batches, window_docs=window_docs, window_minutes=window_minutes,

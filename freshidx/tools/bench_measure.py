@@ -228,7 +228,7 @@ def _measure_partition(
     return sample
 
 
-def _dev_env(uri: str, server: ConnectServer | None, window_minutes: int, delta_mode: str) -> dict[str, str]:
+def dev_env(uri: str, server: ConnectServer | None, window_minutes: int, delta_mode: str) -> dict[str, str]:
     return {"FRESHIDX_DELTA_MODE": delta_mode,
         "FRESHIDX_STORE": uri, "FRESHIDX_S3_ENDPOINT_URL": "", "FRESHIDX_SOURCE": SOURCE,
         "FRESHIDX_WINDOW_MINUTES": str(window_minutes), "PYSPARK_PYTHON": sys.executable,
@@ -238,7 +238,7 @@ def _dev_env(uri: str, server: ConnectServer | None, window_minutes: int, delta_
     }
 
 
-def _start(mode: str, dev: Any, server: ConnectServer | None, out: dict[str, Any], full_warmup: bool) -> None:
+def start_dev(mode: str, dev: Any, server: ConnectServer | None, out: dict[str, Any], full_warmup: bool) -> None:
     """Start ``dagster dev`` (and wait for the Connect server meanwhile); stop what would interfere."""
     t0 = time.monotonic()
     dev.start()
@@ -260,7 +260,7 @@ def _start(mode: str, dev: Any, server: ConnectServer | None, out: dict[str, Any
         f"warming up: first delta" + (" + full index" if full_warmup else ""))
 
 
-def _warm_up(dev: Any, instance: Any, store: Any, timeout_s: float, full_warmup: bool) -> tuple[Any, Any]:
+def warm_up(dev: Any, instance: Any, store: Any, timeout_s: float, full_warmup: bool) -> tuple[Any, Any]:
     """Wait until the first delta (and the first full index, if asked) is published and no run is in
     flight; returns the (delta, full) pointers."""
     import dagster as dg
@@ -349,16 +349,16 @@ def _run_mode(
     store = open_store(StoreConfig(uri=uri))
     out["spark"] = server.url if server else "local[2] (a SparkSession per run)"
     home = prepare_home(mdir / "dagster_home", packaged_dagster_yaml())
-    dev = DagsterDev(home=home, module="freshidx.definitions", env=_dev_env(uri, server, window_minutes, delta_mode),
+    dev = DagsterDev(home=home, module="freshidx.definitions", env=dev_env(uri, server, window_minutes, delta_mode),
                      log_path=mdir / "dagster-dev.log")
     instance: Any = None
     loads: list[float] = []
     try:
         t0 = time.monotonic()
-        _start(label, dev, server, out, full_warmup)
+        start_dev(label, dev, server, out, full_warmup)
         instance = dg.DagsterInstance.from_config(str(home))
         out["phase"] = "warm-up"
-        delta, full = _warm_up(dev, instance, store, timeout_s, full_warmup)
+        delta, full = warm_up(dev, instance, store, timeout_s, full_warmup)
         out["warmup_s"] = round(time.monotonic() - t0, 1)
         out["delta_docs"] = delta.doc_count
         out["full_docs"] = full.doc_count if full else None
@@ -390,7 +390,7 @@ def _run_mode(
     return out
 
 
-def _server_snapshot(srv: ConnectServer) -> dict[str, Any]:
+def server_snapshot(srv: ConnectServer) -> dict[str, Any]:
     st = srv.state()
     pid = st.get("pid")
     session_rss, procs = session_usage(pid) if isinstance(pid, int) else (None, 0)
@@ -473,7 +473,7 @@ def bench_freshness(
                 )
                 (result if delta_mode == "sensor" else result.setdefault(delta_mode, {}))[mode] = r
                 if srv is not None and srv.ready_s is not None:
-                    r["spark_server"] = _server_snapshot(srv)
+                    r["spark_server"] = server_snapshot(srv)
             if srv is not None and srv.ready_s is not None:
                 log("stopping the Spark Connect server before the next mode")
                 srv.stop()

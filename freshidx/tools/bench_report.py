@@ -259,3 +259,62 @@ def render_soak(r: dict[str, Any]) -> str:
     for f in r.get("failures", []):
         lines.append(f"  batch {f['batch'] + 1} failed: {f['error']}")
     return "\n".join(lines)
+
+
+#: Rows of the printed continuous-soak curve at most (``--json`` has every sample).
+SOAK_CURVE_ROWS = 80
+
+
+def soak_curve_rows(samples: list[dict[str, Any]], max_rows: int = SOAK_CURVE_ROWS) -> list[dict[str, Any]]:
+    """At most about ``max_rows`` evenly spaced samples, plus the last one and every run change."""
+    if len(samples) <= max_rows:
+        return samples
+    step = math.ceil(len(samples) / max_rows)
+    return [s for i, s in enumerate(samples)
+            if i % step == 0 or i == len(samples) - 1 or s.get("run_id") != samples[i - 1].get("run_id")]
+
+
+def clock(seconds: float) -> str:
+    """Elapsed seconds as ``m:ss``."""
+    return f"{int(seconds) // 60:3d}:{int(seconds) % 60:02d}"
+
+
+def render_soak_continuous(r: dict[str, Any]) -> str:
+    """The human-readable report of ``bench soak --mode continuous``
+    (:func:`freshidx.tools.bench_soak_continuous.bench_soak_continuous`): summary, runs, the curve."""
+    c, s, v = r.get("config", {}), r.get("summary", {}), r.get("verdict", {})
+    lag = s.get("arrival_to_published") or {}
+    lines = [
+        f"freshidx bench soak --mode continuous: {s.get('written', 0)} partitions, one every {c.get('interval_s')} s "
+        f"for {c.get('minutes')} min; window {c.get('window_minutes')} min ≈ {c.get('window_docs')} docs; planned "
+        f"restart every {c.get('max_runtime')} or at {c.get('max_rss_mb')} MiB RSS",
+        "verdict: " + ("PASSED" if v.get("passed") else "FAILED: " + "; ".join(v.get("why", []))),
+        f"partitions: written {s.get('written', 0)}, decisions {s.get('decisions', {})}, covered by the pointer "
+        f"{s.get('covered_by_pointer', 0)}, not explained {len(s.get('unexplained', []))}",
+        f"arrival → published: p50 {fmt(lag.get('p50'), 0)} s  p95 {fmt(lag.get('p95'), 0)} s  "
+        f"max {fmt(lag.get('max'), 0)} s  (n {lag.get('n', 0)})",
+        f"micro-batches: {s.get('micro_batches', 0)} started (the warm-up's included), "
+        f"{s.get('failed_micro_batches', 0)} failed",
+        f"continuous runs: {s.get('runs', 0)} ({s.get('planned_restarts', 0)} planned restarts, "
+        f"{s.get('crashes', 0)} crashes); max run RSS {mib(s.get('max_run_rss_bytes')).strip()} MiB, max server "
+        f"RSS {mib(s.get('max_server_rss_bytes')).strip()} MiB",
+    ]
+    if r.get("error"):
+        lines.append(f"error: {r['error']}")
+    for run in r.get("runs", []):
+        lines.append(f"  run {run['run_id'][:8]} {run.get('status')}: {run.get('micro_batches', 0)} micro-batches "
+                     f"({len(run.get('failures', []))} failed), max RSS {mib(run.get('max_rss_bytes')).strip()} MiB;"
+                     f" started because {run.get('started_because')}; ended: {run['ended']}")
+    for p in s.get("not_published", [])[:10]:
+        lines.append(f"  {p['partition']}: {p['decision']} ({p['reason']})")
+    for f in s.get("failures", [])[:10]:
+        lines.append(f"  FAILED micro-batch for {f['partition']} (attempt {f['attempt']}): {f['error']}")
+    samples = r.get("samples", [])
+    rows = soak_curve_rows(samples)
+    lines += ["", f"curve ({len(rows)} of {len(samples)} samples; server = Connect JVM + Python workers):",
+              f"{'time':>6}  {'run':8}  {'run MiB':>7}  {'server MiB':>10}  {'seq':>5}  {'lag s':>6}  {'runs':>4}"]
+    for x in rows:
+        lines.append(f"{clock(x['t']):>6}  {(x.get('run_id') or '–')[:8]:8}  {mib(x.get('run_rss_bytes')):>7}  "
+                     f"{mib(x.get('server_rss_bytes')):>10}  {x.get('seq') if x.get('seq') is not None else '–':>5}  "
+                     f"{fmt(x.get('lag_s'))}  {x.get('runs', 0):>4}")
+    return "\n".join(lines)
