@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from freshidx.defs.runs import IN_FLIGHT
 from freshidx.partitions import PartitionId
 from freshidx.tools.bench_common import (
     WINDOW_MINUTES,
@@ -63,7 +64,8 @@ _PUBLISHED = re.compile(r"^published delta (\S+) for (\S+) \(")
 _ENDS = re.compile(r"^continuous delta ends: (.*)")
 _ENDED_BY_TAG = {"max_runtime": "planned restart (runtime)", "max_memory": "planned restart (memory)",
                  "stop_requested": "stop requested"}
-_UNFINISHED = ("NOT_STARTED", "QUEUED", "STARTING", "STARTED", "CANCELING")
+#: Run statuses of a run that has not ended: the sensors' own vocabulary (freshidx.defs.runs.IN_FLIGHT).
+_UNFINISHED = frozenset(status.value for status in IN_FLIGHT)
 
 
 # ================================================================================ pure decisions
