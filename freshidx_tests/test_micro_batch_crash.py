@@ -45,7 +45,11 @@ print("survived")
 
 def _killed_run(cfg: StoreConfig, partition: str, crash_at: str, connect: dict[str, str]) -> None:
     env = {**os.environ, "FRESHIDX_CRASH_AT": crash_at}
-    overrides = {**SETTINGS, "spark_remote": connect["FRESHIDX_SPARK_REMOTE"]}
+    # The run leases the shared server like a Dagster run does: without a lease the supervisor's planned
+    # restart (too many session processes) may stop the server under the run (a killed run's lease is
+    # reaped by pid).
+    overrides = {**SETTINGS, "spark_remote": connect["FRESHIDX_SPARK_REMOTE"],
+                 "spark_server_state": connect["FRESHIDX_SPARK_SERVER_STATE"]}
     proc = subprocess.run([sys.executable, "-c", KILLED_RUN, cfg.uri, json.dumps(overrides), partition],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 86 and "survived" not in proc.stdout, (crash_at, proc.stdout[-2000:],
