@@ -97,7 +97,7 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
         schedules=[heavy_schedule(full_index_schedule(settings))],
         sensors=[
             make_delta_sensor(settings.sensor_interval_seconds, hourly_partitions(settings)),
-            make_sla_sensor(settings.sla_interval_seconds),
+            make_sla_sensor(settings.sla_interval_seconds, settings.sla_autostart),
             make_hourly_sensor(settings, ads_hourly),
             make_run_health_sensor(),
             make_compaction_sensor(settings),

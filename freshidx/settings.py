@@ -114,6 +114,8 @@ class PipelineSettings(BaseModel):
     stuck_seconds: int = Field(900, gt=0, description="newest visible partition this far ahead of the pointer")
     full_max_age_seconds: int = Field(6 * 3600, gt=0, description="full cutoff older than this is remediated")
     sla_interval_seconds: int = Field(30, ge=1, le=3600, description="SLA sensor tick interval")
+    sla_autostart: bool = Field(True, description="start freshidx_sla_sensor (checks and remediation) with the code "
+                                "location (false: it can still be started from the UI)")
     partitions_start: str = Field("2026-01-01", description="first hourly Dagster partition (YYYY-MM-DD)")
     keep_versions: int = Field(5, ge=1, le=1000, description="published versions never garbage-collected")
     # Catch-up consumer (ads_hourly): every closed hour exactly once (DESIGN §7).

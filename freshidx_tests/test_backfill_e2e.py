@@ -23,10 +23,10 @@ from freshidx.tools.generate import GeneratorConfig, write_partition
 from freshidx_tests.polling import poll_until
 from freshidx_tests.test_daemon_e2e import (
     REPO,
+    SLA_OFF,
     SLA_SENSOR,
     assert_stopped_before_start,
     env_for,
-    stop_sensors_before_start,
 )
 
 GEN = GeneratorConfig(seed=5, ads=300, products=50, changes_per_partition=25)
@@ -51,8 +51,8 @@ def delta_history(store: ObjectStore) -> list[dict]:
 def dev(tmp_path: Path, local_store_config: StoreConfig,
         shared_spark_connect: dict[str, str]) -> Iterator[tuple[DagsterDev, StoreConfig]]:
     home = prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml")
-    stop_sensors_before_start(home, SLA_SENSOR)  # its full_index build is not under test here
-    env = {**env_for(local_store_config, shared_spark_connect), "FRESHIDX_CATCHUP_AUTOSTART": "true",
+    # SLA sensor off: its full_index build is not under test here
+    env = {**env_for(local_store_config, shared_spark_connect), **SLA_OFF, "FRESHIDX_CATCHUP_AUTOSTART": "true",
            "FRESHIDX_HOURLY_SENSOR_INTERVAL_SECONDS": "5", "FRESHIDX_CLOSE_GRACE_SECONDS": str(CLOSE_GRACE_S),
            # one hour per run: the backfill is 2 runs, long enough for live publications to land inside it
            "FRESHIDX_HOURLY_MAX_HOURS_PER_RUN": "1"}

@@ -29,10 +29,9 @@ from freshidx_tests.polling import poll_until
 from freshidx_tests.test_daemon_e2e import (
     GEN,
     REPO,
-    SLA_SENSOR,
+    SLA_OFF,
     at,
     env_for,
-    stop_sensors_before_start,
 )
 
 INTERVAL = 5  # FRESHIDX_SENSOR_INTERVAL_SECONDS: the watchdog's tick
@@ -47,8 +46,8 @@ def dev(tmp_path_factory: pytest.TempPathFactory,
     for m in range(0, 30, 5):  # before start-up: the first run folds 0..20 into 25
         write_partition(store, GEN, at(m))
     home = prepare_home(root / "dagster_home", REPO / "dagster.yaml")
-    stop_sensors_before_start(home, SLA_SENSOR)  # its full_index build is not under test here
-    env = {**env_for(cfg, shared_spark_connect), "FRESHIDX_DELTA_MODE": "continuous",
+    # SLA sensor off: its full_index build is not under test here
+    env = {**env_for(cfg, shared_spark_connect), **SLA_OFF, "FRESHIDX_DELTA_MODE": "continuous",
            "FRESHIDX_SENSOR_INTERVAL_SECONDS": str(INTERVAL)}
     with DagsterDev(home=home, module="freshidx.definitions", env=env, cwd=REPO) as d:  # started and ready
         yield d, cfg

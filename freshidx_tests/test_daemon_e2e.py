@@ -52,35 +52,16 @@ def env_for(cfg: StoreConfig, spark: dict[str, str] | None = None) -> dict[str, 
 
 
 #: The SLA sensor (RUNNING by default) remediates the missing full index with a full_index build as
-#: soon as the daemon starts. Tests that do not check the SLA sensor stop it before ``dagster dev``
-#: starts: on 2 cores that build (60-90 s on the shared Connect server, one heavy slot) slowed every
-#: run under test. The SLA sensor is tested in test_sla.py, test_checks_graphql.py and test_run_health.py.
+#: soon as the daemon starts. Tests that do not check the SLA sensor start the location with it stopped
+#: (:data:`SLA_OFF`, the operator's ``FRESHIDX_SLA_AUTOSTART=false``): on 2 cores that build (60-90 s on
+#: the shared Connect server, one heavy slot) slowed every run under test. The SLA sensor is tested in
+#: test_sla.py, test_checks_graphql.py and test_run_health.py.
 SLA_SENSOR = "freshidx_sla_sensor"
-
-
-def stop_sensors_before_start(home: Path, *names: str, location: str = "freshidx.definitions") -> None:
-    """Record ``names`` as STOPPED in the instance at ``home`` before ``dagster dev`` first loads the
-    code location (stopping them through the UI would race their first tick). The daemon looks sensor
-    states up by selector (code location, repository, name), which is all that is stored here."""
-    from dagster._core.remote_origin import (
-        RegisteredCodeLocationOrigin,
-        RemoteInstigatorOrigin,
-        RemoteRepositoryOrigin,
-    )
-    from dagster._core.scheduler.instigation import InstigatorState, InstigatorStatus, InstigatorType
-
-    repo = RemoteRepositoryOrigin(RegisteredCodeLocationOrigin(location), "__repository__")
-    instance = dg.DagsterInstance.from_config(str(home))
-    try:
-        for name in names:
-            instance.add_instigator_state(InstigatorState(
-                RemoteInstigatorOrigin(repo, name), InstigatorType.SENSOR, InstigatorStatus.STOPPED))
-    finally:
-        instance.dispose()
+SLA_OFF = {"FRESHIDX_SLA_AUTOSTART": "false"}
 
 
 def assert_stopped_before_start(d: DagsterDev, *names: str) -> None:
-    """What :func:`stop_sensors_before_start` recorded took effect: stopped, never ticked."""
+    """Sensors the location started with ``default_status`` STOPPED: stopped, never ticked."""
     for name in names:
         st = d.sensor_state(name)
         assert st["status"] == "STOPPED" and not st["ticks"], st
@@ -98,9 +79,9 @@ def dev(tmp_path: Path, local_store_config: StoreConfig,
     # runs against both local files and moto S3 in test_sensor_e2e.py.
     store_config = local_store_config
     home = prepare_home(tmp_path / "dagster_home", REPO / "dagster.yaml")
-    stop_sensors_before_start(home, SLA_SENSOR)  # the full index is materialized from the UI below
-    d = DagsterDev(home=home, module="freshidx.definitions", env=env_for(store_config, shared_spark_connect),
-                   cwd=REPO)
+    # SLA sensor off: the full index is materialized from the UI below
+    d = DagsterDev(home=home, module="freshidx.definitions",
+                   env={**env_for(store_config, shared_spark_connect), **SLA_OFF}, cwd=REPO)
     d.start()
     try:
         d.wait_ready(timeout=300)

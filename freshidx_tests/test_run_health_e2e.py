@@ -29,12 +29,12 @@ from freshidx_tests.polling import poll_until
 from freshidx_tests.test_daemon_e2e import (
     GEN,
     REPO,
+    SLA_OFF,
     SLA_SENSOR,
     assert_stopped_before_start,
     at,
     env_for,
     pointer_at,
-    stop_sensors_before_start,
 )
 
 
@@ -44,8 +44,9 @@ def dev(tmp_path_factory: pytest.TempPathFactory,
     root = tmp_path_factory.mktemp("run-health-e2e")
     cfg = StoreConfig(uri=(root / "store").as_uri())
     home = prepare_home(root / "dagster_home", REPO / "dagster.yaml")
-    stop_sensors_before_start(home, SLA_SENSOR)  # its full_index build is not under test here
-    d = DagsterDev(home=home, module="freshidx.definitions", env=env_for(cfg, shared_spark_connect), cwd=REPO)
+    # SLA sensor off: its full_index build is not under test here
+    d = DagsterDev(home=home, module="freshidx.definitions", env={**env_for(cfg, shared_spark_connect), **SLA_OFF},
+                   cwd=REPO)
     d.start()
     try:
         d.wait_ready(timeout=240)
@@ -114,7 +115,8 @@ def test_run_left_started_by_a_killed_dagster_dev_is_failed_by_run_health_after_
     home = first.home
     gave_up, newest = at(35), at(40)  # newer than anything the test above wrote
     write_partition(store, GEN, gave_up)
-    second = DagsterDev(home=home, module="freshidx.definitions", env=env_for(cfg, shared_spark_connect), cwd=REPO)
+    second = DagsterDev(home=home, module="freshidx.definitions",
+                        env={**env_for(cfg, shared_spark_connect), **SLA_OFF}, cwd=REPO)
     instance = dg.DagsterInstance.from_config(str(home))
     try:
         def worker() -> tuple[dg.DagsterRun, int] | None:

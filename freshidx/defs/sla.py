@@ -110,12 +110,12 @@ def sla_checks() -> list[dg.AssetChecksDefinition]:
     return [_make_check(asset, name) for asset, names in sla.CHECK_NAMES.items() for name in names]
 
 
-def make_sla_sensor(interval_seconds: int) -> dg.SensorDefinition:
+def make_sla_sensor(interval_seconds: int, autostart: bool = True) -> dg.SensorDefinition:
     @dg.sensor(
         name="freshidx_sla_sensor",
         target=[full_index],
         minimum_interval_seconds=interval_seconds,
-        default_status=dg.DefaultSensorStatus.RUNNING,
+        default_status=dg.DefaultSensorStatus.RUNNING if autostart else dg.DefaultSensorStatus.STOPPED,
         description="Data-aware SLA: lag, coverage, source silence, stuck publication, run failures. "
         "Reports asset check results and launches a full_index rebuild when coverage or full age fails.",
     )
