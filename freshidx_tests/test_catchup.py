@@ -19,7 +19,6 @@ from typing import Any
 
 import dagster as dg
 import pyarrow.parquet as pq
-from dagster._serdes import serialize_value
 
 from freshidx import catchup, layout, readiness
 from freshidx.partitions import PartitionId
@@ -169,14 +168,12 @@ def test_hours_with_outage_each_hour_exactly_once_in_capped_runs(make_harness: A
 _CRASH_RUN = r"""
 import json, os, sys
 import dagster as dg
-from dagster._core.instance.ref import InstanceRef
-from dagster._serdes import deserialize_value
 from freshidx.definitions import build_definitions
 from freshidx.settings import Settings
 
-ref = deserialize_value(sys.argv[1], InstanceRef)
 req = json.loads(sys.argv[2])
-with dg.DagsterInstance.from_ref(ref) as instance:
+# The test's instance, by its directory: the same run and event storage (SQLite files in it).
+with dg.DagsterInstance.from_config(sys.argv[1]) as instance:
     defs = build_definitions(Settings.from_env())
     job = defs.resolve_implicit_global_asset_job_def()
     job.execute_in_process(instance=instance, tags=req["tags"], partition_key=req["partition_key"],
@@ -193,7 +190,7 @@ def test_run_killed_mid_hour_is_expired_and_processed_once_by_a_later_run(make_h
     env = {**os.environ, "FRESHIDX_CRASH_AT": "bucket_build",
            **{h.settings.env_name(k): str(v) for k, v in h.settings.model_dump().items() if v is not None}}
     proc = subprocess.run(
-        [sys.executable, "-c", _CRASH_RUN, serialize_value(h.instance.get_ref()),
+        [sys.executable, "-c", _CRASH_RUN, h.instance.root_directory,
          json.dumps({"tags": {**req.tags, "dagster/run_key": req.run_key}, "partition_key": req.partition_key})],
         env=env, capture_output=True, text=True, timeout=300,
     )

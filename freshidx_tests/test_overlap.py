@@ -11,8 +11,6 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from dagster._core.storage.dagster_run import DagsterRunStatus
-from dagster._core.test_utils import create_run_for_test
 
 from freshidx import catchup, layout, ledger
 from freshidx.settings import Settings, SettingsError
@@ -20,11 +18,16 @@ from freshidx_tests.harness import Harness, at
 from freshidx_tests.test_catchup import hour, write_hours
 
 
+def _started_run(h: Harness, tags: dict[str, str], asset: str) -> Any:
+    """A run record STARTED, as the daemon leaves it after launching the run."""
+    return h.instance.create_run_for_job(job_def=h.defs.resolve_implicit_global_asset_job_def(), tags=tags,
+                                         status=dg.DagsterRunStatus.STARTED,
+                                         asset_selection=frozenset({dg.AssetKey(asset)}))
+
+
 def _launch(h: Harness, request: dg.RunRequest) -> Any:
     """Record the requested run as STARTED, as the daemon would after launching it."""
-    return create_run_for_test(h.instance, job_name="__ASSET_JOB", status=DagsterRunStatus.STARTED,
-                               tags={**request.tags, "dagster/run_key": request.run_key},
-                               asset_selection=frozenset({dg.AssetKey("delta_index")}))
+    return _started_run(h, {**request.tags, "dagster/run_key": str(request.run_key)}, "delta_index")
 
 
 def _partitions(data: Any) -> list[str]:
@@ -83,8 +86,7 @@ def test_bad_overlap_policy_fails_at_load_naming_the_field() -> None:
 
 
 def _hourly_run(h: Harness, tags: dict[str, str]) -> Any:
-    return create_run_for_test(h.instance, job_name="__ASSET_JOB", status=DagsterRunStatus.STARTED, tags=tags,
-                               asset_selection=frozenset({dg.AssetKey("ads_hourly")}))
+    return _started_run(h, tags, "ads_hourly")
 
 
 def _claimed(data: Any) -> list[str]:
