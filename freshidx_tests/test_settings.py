@@ -84,14 +84,3 @@ def test_one_boto3_client_configuration() -> None:
     assert cli.meta.config.retries == dagster.meta.config.retries
     assert res.store_config() == cfg
 
-
-@pytest.mark.parametrize(("value", "status"), [(None, "RUNNING"), ("false", "STOPPED"), ("true", "RUNNING")])
-def test_sensor_autostart_settings_set_the_default_status(tmp_path: Path, value: str | None, status: str) -> None:
-    """FRESHIDX_SLA_AUTOSTART / FRESHIDX_CATCHUP_AUTOSTART: a sensor the location starts stopped can still
-    be started from the UI (its default status, not its existence, changes)."""
-    env = {"FRESHIDX_STORE": tmp_path.as_uri()}
-    if value is not None:
-        env |= {"FRESHIDX_SLA_AUTOSTART": value, "FRESHIDX_CATCHUP_AUTOSTART": value}
-    defs = build_definitions(Settings.from_env(env))
-    for name in ("freshidx_sla_sensor", "ads_hourly_sensor"):
-        assert defs.resolve_sensor_def(name).default_status.value == status, name
