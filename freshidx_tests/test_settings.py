@@ -83,4 +83,3 @@ def test_one_boto3_client_configuration() -> None:
         assert client.meta.config.retries["mode"] == "standard"
     assert cli.meta.config.retries == dagster.meta.config.retries
     assert res.store_config() == cfg
-
