@@ -230,10 +230,14 @@ def park(plan: TickPlan, hour: dt.datetime, att: Attempts) -> None:
         report=f"{att.failures} attempts did not publish"))
 
 
-def not_ready(plan: TickPlan, hour: dt.datetime, reason: str, now: dt.datetime) -> None:
-    """Durable (once, at the first time seen) so ``freshidx ledger`` explains a waiting hour."""
-    plan.effects.append(Record(hour, trigger(hour).then(Mark.NOT_READY), Decision.NOT_READY, reason,
-                               {"extra": {"first_seen": iso(now)}}))
+def not_ready(plan: TickPlan, hour: dt.datetime, reason: str, now: dt.datetime,
+              entries: dict[str, dict[str, Any]]) -> None:
+    """Durable (once, at the first time seen) so ``freshidx ledger`` explains a waiting hour. ``entries``:
+    the hour's ledger entries as listed this tick; an hour already marked is not written again (on S3 a
+    refused conditional PUT per waiting hour per tick, up to ``hourly_lookahead_hours`` of them)."""
+    tid = trigger(hour).then(Mark.NOT_READY)
+    if tid.suffix not in entries:
+        plan.effects.append(Record(hour, tid, Decision.NOT_READY, reason, {"extra": {"first_seen": iso(now)}}))
 
 
 def request_claims(plan: TickPlan, kind: str, claims: list[Claim], reason: str) -> Request:
@@ -373,7 +377,7 @@ def _scan_window(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt
                             newer_data_visible=newest is not None and newest.at >= hour + HOUR)
         if not ready.ready:
             plan.waiting[hid] = f"not ready ({policy}): {ready.reason}"
-            not_ready(plan, hour, f"{policy}: {ready.reason}", now)
+            not_ready(plan, hour, f"{policy}: {ready.reason}", now, entries)
             continue
         available.append(Claim(hour, trigger(hour).claim(att.next_attempt).suffix))
     state.frontier = layout.hour_id(new_frontier)

@@ -136,7 +136,7 @@ def _late_unprocessed_hour(store: ObjectStore, settings: Settings, runs: RunInde
                         newer_data_visible=newest is not None and newest.at >= hour + HOUR)
     if not ready.ready:
         plan.waiting[hid] = f"late data, not ready: {ready.reason}"
-        not_ready(plan, hour, ready.reason, now)
+        not_ready(plan, hour, ready.reason, now, entries)
         return
     reason = (f"late data for closed hour {hid} behind the frontier {state.frontier} "
               f"({len(listing.files)} object(s), never processed)")
