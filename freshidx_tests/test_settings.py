@@ -16,7 +16,7 @@ from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.settings import PipelineSettings, Settings, SettingsError
 from freshidx.store import StoreConfig
 from freshidx.store.local import LocalStore
-from freshidx.store.s3 import s3_client
+from freshidx.store.s3 import _new_s3_client, s3_client
 
 
 def test_env_is_read_with_the_prefix_and_an_explicit_env_replaces_os_environ(
@@ -70,7 +70,7 @@ def test_definitions_carry_the_settings_they_were_built_from(tmp_path: Path) -> 
 
 def test_one_boto3_client_configuration() -> None:
     # the resource passes every S3Resource field by name
-    assert set(inspect.signature(s3_client).parameters) == set(S3Resource.model_fields)
+    assert set(inspect.signature(_new_s3_client).parameters) == set(S3Resource.model_fields)
     cfg = StoreConfig(uri="s3://b/p", endpoint_url="http://127.0.0.1:1", access_key_id="k", secret_access_key="s")
     cli = cfg.boto3_client()
     res = ObjectStoreResource(uri=cfg.uri, s3=S3Resource(endpoint_url=cfg.endpoint_url, aws_access_key_id="k",
@@ -83,3 +83,9 @@ def test_one_boto3_client_configuration() -> None:
         assert client.meta.config.retries["mode"] == "standard"
     assert cli.meta.config.retries == dagster.meta.config.retries
     assert res.store_config() == cfg
+    # built once per configuration and process (~0.2 s of CPU each: every sensor tick paid it)
+    assert cfg.boto3_client() is cli and dagster is cli  # the resource spells out the defaults
+    other = StoreConfig(uri="s3://b/p", endpoint_url="http://127.0.0.1:2", access_key_id="k", secret_access_key="s")
+    assert other.boto3_client() is not cli and other.boto3_client().meta.endpoint_url == "http://127.0.0.1:2"
+    with pytest.raises(TypeError, match="no_such_field"):
+        s3_client(no_such_field=1)
