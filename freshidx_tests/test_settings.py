@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from dagster_aws.s3 import S3Resource
 
@@ -66,6 +67,18 @@ def test_definitions_carry_the_settings_they_were_built_from(tmp_path: Path) -> 
     # the local store needs no S3 settings
     assert store.endpoint_url is None
     assert isinstance(ObjectStoreResource(uri=(tmp_path / "t").as_uri()).open(), LocalStore)
+
+
+@pytest.mark.parametrize("autostart", [True, False])
+def test_autostart_settings_set_the_sensors_default_status(tmp_path: Path, autostart: bool) -> None:
+    flag = str(autostart).lower()
+    settings = Settings.from_env({"FRESHIDX_SLA_AUTOSTART": flag, "FRESHIDX_CATCHUP_AUTOSTART": flag},
+                                 store=str(tmp_path / "s"))
+    # the definitions' own sensor objects (what the daemon starts or leaves stopped), not a resolved repository
+    status = {s.name: s.default_status for s in build_definitions(settings).sensors or []}
+    want = dg.DefaultSensorStatus.RUNNING if autostart else dg.DefaultSensorStatus.STOPPED
+    assert status["freshidx_sla_sensor"] == want and status["ads_hourly_sensor"] == want
+    assert status["delta_index_sensor"] == dg.DefaultSensorStatus.RUNNING  # the freshness path always runs
 
 
 def test_one_boto3_client_configuration() -> None:
