@@ -35,8 +35,8 @@ SLOW_MODULES = frozenset({
 })
 
 
-#: Seconds per module in a full run (junit XML of ``scripts/test.sh``'s pytest command, 2 workers, quiet
-#: 2-core box; a clean clone on 2026-11-25, 20:18 in pytest; relative sizes are what matter). ``scripts/test.sh`` runs with
+#: Seconds per module in a full run (``--durations=0`` of ``scripts/test.sh``, 2 workers, quiet 2-core box,
+#: a clean clone on 2026-11-25: 20:18 in pytest; relative sizes are what matter). ``scripts/test.sh`` runs with
 #: ``--dist loadfile --no-loadscope-reorder`` and the modules are handed out longest first, so the two
 #: workers end together instead of one running a 4-minute end-to-end test alone at the end (xdist's
 #: default order puts single-test modules last). Modules not listed take a few seconds and go last.
