@@ -20,6 +20,7 @@ import functools
 import inspect
 import os
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -51,16 +52,22 @@ def s3_client(**kwargs: Any) -> Any:
     its service model), which every sensor tick and every store opened in a run paid before. boto3
     clients are thread-safe; the process id is part of the key so a forked child builds its own (a
     client's connection pool must not be shared across a fork). Credentials that botocore resolves
-    itself (environment, profile, instance role) are resolved when the client is built; refreshable
-    ones (assumed roles, instance metadata) are refreshed by botocore as before.
+    itself are resolved when a client is built: refreshable ones (assumed roles, instance metadata) are
+    refreshed by botocore, and a client is rebuilt every :data:`CLIENT_MAX_AGE_S` so static ones rotated
+    in a credentials file or profile are picked up by a long-lived code server too.
     """
     bound = inspect.signature(_new_s3_client).bind(**kwargs)  # a wrong name fails here, naming it
     bound.apply_defaults()  # the same configuration spelled with or without defaults: one client
-    return _cached_client(os.getpid(), tuple(sorted(bound.arguments.items())))
+    era = int(time.monotonic() // CLIENT_MAX_AGE_S)
+    return _cached_client(os.getpid(), era, tuple(sorted(bound.arguments.items())))
+
+
+#: How long one S3 client is reused (seconds).
+CLIENT_MAX_AGE_S = 900
 
 
 @functools.lru_cache(maxsize=32)
-def _cached_client(pid: int, kwargs: tuple[tuple[str, Any], ...]) -> Any:
+def _cached_client(pid: int, era: int, kwargs: tuple[tuple[str, Any], ...]) -> Any:
     return _new_s3_client(**dict(kwargs))
 
 
