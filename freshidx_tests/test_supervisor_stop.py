@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from freshidx import procs
@@ -36,12 +37,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _marked(marker: str) -> list[int]:
-    """Pids (but ours) whose command line mentions ``marker`` (the state dir: JVM, shim, spark-submit)."""
+    """Pids whose command line mentions ``marker`` (the state dir: JVM, shim, spark-submit), but this test
+    process and its ancestors (pytest). (Not "no 'pytest' in the command line": every marker is under
+    pytest's temp dir, /tmp/pytest-of-…, so that excluded every JVM too.)"""
+    ours = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     out = []
     for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
+        if name.isdigit() and int(name) not in ours:
             cmd = procs.cmdline(int(name))
-            if marker in cmd and "pytest" not in cmd:
+            if marker in cmd:
                 out.append(int(name))
     return out
 
