@@ -40,11 +40,10 @@ SLOW_MODULES = frozenset({
 #: ``--dist loadfile --no-loadscope-reorder`` and the modules are handed out longest first, so the two
 #: workers end together instead of one running a 4-minute end-to-end test alone at the end (xdist's
 #: default order puts single-test modules last). Modules not listed take a few seconds and go last.
-#: Kept although later runs measured other sizes (2026-11-25: spark_server 269, ledger_explains 199,
-#: daemon_e2e 146, backfill_e2e 138): with those, the two ``dagster dev`` end-to-end modules ran at the
-#: same time on the two workers and the suite took 65 s longer (1284 s against 1218 s, one clean clone
-#: each; a likely cause, not a proof). With these, daemon_e2e and backfill_e2e run one after the other
-#: while test_spark_server runs on the other worker.
+#: Not refreshed on purpose: three clean clones on 2026-11-25 took 1218 s and 1383 s in pytest with this
+#: table and 1284 s with one rebuilt from measured sizes (spark_server 269, ledger_explains 199,
+#: daemon_e2e 146, backfill_e2e 138, ...): the run-to-run spread of this VM is larger than any effect of
+#: the order, so there is nothing to gain from re-tuning it on single runs.
 MODULE_SECONDS = {
     "test_spark_server": 283, "test_daemon_e2e": 241, "test_backfill_e2e": 237, "test_ledger_explains": 210,
     "test_catchup": 160, "test_incremental_equivalence": 143, "test_connect_retry": 128, "test_micro_batch_crash": 110,
