@@ -121,7 +121,7 @@ def build_version(
             quarantined = write_quarantine(invalid.filter(F.col("file").isin(todo)), store_config, source, run_id,
                                            quarantine_after or None, once=True)
         lap("quarantine")
-        conflicts = report_conflicts(transform.version_conflicts(parsed), store_config, source,
+        conflicts = report_conflicts(parsed, store_config, source,
                                      write=quarantine_after is not False)
         lap("conflicts")
         latest = transform.latest_per_ad(valid)

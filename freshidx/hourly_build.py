@@ -282,7 +282,7 @@ def build_buckets(
         if quarantine and any(h.reasons for h in todo):
             quarantined = _quarantine(invalid, todo, file_list, store_config, source, run_id, once=quarantine_once)
         bucket = _bucket_column(todo)
-        conflicts = report_conflicts(transform.version_conflicts(parsed.withColumn(_BUCKET, bucket), (_BUCKET,)),
+        conflicts = report_conflicts(parsed.withColumn(_BUCKET, bucket),
                                      store_config, source, write=quarantine, group_col=_BUCKET)
         rows = _dedupe(valid.withColumn(_BUCKET, bucket), (_BUCKET,))
         commits = write_buckets_parts(rows, store_config, asset, [(h.hour, h.version) for h in todo], parts,

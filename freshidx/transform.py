@@ -280,6 +280,23 @@ def version_conflicts(parsed: DataFrame, group_keys: tuple[str, ...] = ()) -> Da
     )
 
 
+def may_have_version_conflicts(parsed: DataFrame, group_keys: tuple[str, ...] = ()) -> bool:
+    """False when no ``(ad_id, version)`` (per group) was read with more than one content: the usual
+    case, settled by one aggregation over a 64-bit hash of the typed content (no JSON, no sha256, no
+    join, no Python worker). True means "maybe" (or a 2^-64 collision the other way round, which would
+    only leave a conflict unreported: the winner is chosen without it); :func:`version_conflicts` then
+    finds the copies exactly."""
+    keys = [*group_keys, "ad_id", "version"]
+    h = F.xxhash64(*[F.unix_micros(F.col(c)) if c == "updated_at" else F.col(c) for c in TYPED_FIELDS])
+    differing = (
+        parsed.filter(F.col("reason").isNull())
+        .groupBy(*keys)
+        .agg(F.min(h).alias("_lo"), F.max(h).alias("_hi"))
+        .filter(F.col("_lo") != F.col("_hi"))
+    )
+    return differing.count() > 0
+
+
 def latest_per_ad(valid: DataFrame) -> DataFrame:
     """One row per ``ad_id``: the newest record (see :func:`tie_break_order`). No global sort."""
     order = tie_break_order(valid.columns)

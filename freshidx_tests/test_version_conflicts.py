@@ -90,6 +90,19 @@ def test_conflicts_report_every_copy_and_the_winner_is_order_independent(spark: 
     assert winners[0] == winners[1] == winners[2]
 
 
+def test_the_cheap_pre_check_says_maybe_exactly_when_there_are_conflicts(spark: SparkSession) -> None:
+    # The pre-check lets a build skip the conflict report; it must never say "none" for a real one.
+    same = [(0, "a.jsonl", 1, rec("ad-2", 0, "same")), (5, "b.jsonl", 1, rec("ad-2", 0, "same", spelled=True)),
+            (0, "a.jsonl", 2, rec("ad-4", 0, "v1")), (0, "a.jsonl", 3, rec("ad-4", 0, "v2", version=2)),
+            (0, "a.jsonl", 4, "{not json")]
+    assert not transform.may_have_version_conflicts(transform.parse_records(_lines(spark, same)))
+    for i, differing in enumerate([rec("ad-2", 0, "same", seconds=1), rec("ad-2", 0, "same", status="paused"),
+                                   rec("ad-2", 0, "other"), rec("ad-2", 0, "same", bid=2.5)]):
+        parsed = transform.parse_records(_lines(spark, [*same, (5, "c.jsonl", 9, differing)]).repartition(i + 1))
+        assert transform.may_have_version_conflicts(parsed), differing
+        assert transform.version_conflicts(parsed).count() == 3  # and the exact report finds every copy
+
+
 # --------------------------------------------------------------------------- delta, full, ads_hourly
 
 

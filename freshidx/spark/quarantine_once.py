@@ -34,6 +34,7 @@ import pyarrow.fs as pafs
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from freshidx import transform
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.store import ObjectStore, StoreConfig
 from freshidx.store.base import check_key
@@ -165,14 +166,21 @@ def _conflict_task(store_json: str, source: str, write: bool, group_col: str | N
     return run
 
 
-def report_conflicts(conflicts: DataFrame, store_config: StoreConfig, source: str, *, write: bool = True,
+def report_conflicts(parsed: DataFrame, store_config: StoreConfig, source: str, *, write: bool = True,
                      group_col: str | None = None) -> ConflictReport:
-    """Count the copies of :func:`freshidx.transform.version_conflicts` and, with ``write``, put each
-    copy not reported yet under its :func:`conflict_copy_key`. One Spark job; the copies of one
-    ``(ad_id, version)`` (per group) go to one task, so the per-task key counts add up exactly. The
-    driver gets one small commit row per task that saw a conflict."""
-    cols = [*CONFLICT_COLUMNS, *([group_col] if group_col else [])]
-    keys = [*([group_col] if group_col else []), "ad_id", "version"]
+    """Count the copies of :func:`freshidx.transform.version_conflicts` in ``parsed`` (per ``group_col``)
+    and, with ``write``, put each copy not reported yet under its :func:`conflict_copy_key`.
+
+    Conflicts are rare: one cheap aggregation (:func:`freshidx.transform.may_have_version_conflicts`)
+    settles the usual case. Otherwise one more Spark job: the copies of one ``(ad_id, version)`` (per
+    group) go to one task, so the per-task key counts add up exactly, and the driver gets one small
+    commit row per task that saw a conflict."""
+    group = (group_col,) if group_col else ()
+    if not transform.may_have_version_conflicts(parsed, group):
+        return ConflictReport()
+    conflicts = transform.version_conflicts(parsed, group)
+    cols = [*CONFLICT_COLUMNS, *group]
+    keys = [*group, "ad_id", "version"]
     df = conflicts.select(*cols).repartition(*[F.col(k) for k in keys])
     task = _conflict_task(store_to_json(store_config), source, write, group_col)
     report = ConflictReport()
