@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -43,7 +45,7 @@ from freshidx.lifecycle import FINAL, Decision, Mark, TriggerId, attempt_state, 
 from freshidx.listing import partitions_after
 from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import iso, utcnow
-from freshidx.store import NotFound, ObjectStore, PreconditionFailed
+from freshidx.store import NotFound, ObjectInfo, ObjectStore, PreconditionFailed
 
 # Short names for the decisions this module's callers (and tests) use most; the values are
 # :class:`~freshidx.lifecycle.Decision`'s.
@@ -104,8 +106,34 @@ def partition_entries(store: ObjectStore, pipeline: str, partition: PartitionId)
     return trigger_entries(store, pipeline, partition.at.strftime("%Y-%m-%d"), partition.compact)
 
 
+#: Entries are create-once, so one read under a listed ``(store, key, etag)`` stays true: a sensor that
+#: re-lists a waiting trigger every tick (the catch-up scans up to ``hourly_lookahead_hours`` hours)
+#: does not GET its entries again. Per process (a code server keeps it across ticks), bounded.
+_ENTRY_CACHE: OrderedDict[tuple[str, str, str], dict[str, Any]] = OrderedDict()
+_ENTRY_CACHE_SIZE = 4096
+_ENTRY_CACHE_LOCK = threading.Lock()
+
+
+def _read_entry(store: ObjectStore, obj: ObjectInfo) -> dict[str, Any]:
+    """``obj``'s entry (raises NotFound), from the cache when this version of it was read before."""
+    cache_key = (store.uri, obj.key, obj.etag)
+    with _ENTRY_CACHE_LOCK:
+        hit = _ENTRY_CACHE.get(cache_key)
+        if hit is not None:
+            _ENTRY_CACHE.move_to_end(cache_key)
+            return dict(hit)
+    entry = dict(store.get_json(obj.key)[0])
+    if obj.etag:
+        with _ENTRY_CACHE_LOCK:
+            _ENTRY_CACHE[cache_key] = dict(entry)
+            while len(_ENTRY_CACHE) > _ENTRY_CACHE_SIZE:
+                _ENTRY_CACHE.popitem(last=False)
+    return entry
+
+
 def trigger_entries(store: ObjectStore, pipeline: str, date: str, trigger_id: str) -> dict[str, dict[str, Any]]:
-    """Every entry whose trigger id is ``trigger_id`` or ``trigger_id.<suffix>``, keyed by suffix: one LIST."""
+    """Every entry whose trigger id is ``trigger_id`` or ``trigger_id.<suffix>``, keyed by suffix: one LIST
+    (and a GET of each entry not read before)."""
     base = layout.ledger_key(pipeline, date, trigger_id)[: -len(".json")]
     out: dict[str, dict[str, Any]] = {}
     for obj in store.list(base).objects:
@@ -113,7 +141,7 @@ def trigger_entries(store: ObjectStore, pipeline: str, date: str, trigger_id: st
         if rest and not rest.startswith("."):
             continue  # another partition sharing the prefix (cannot happen with fixed-width ids)
         try:
-            out[rest.removeprefix(".")] = dict(store.get_json(obj.key)[0])
+            out[rest.removeprefix(".")] = _read_entry(store, obj)
         except NotFound:
             continue
     return out

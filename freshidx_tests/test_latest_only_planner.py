@@ -241,3 +241,28 @@ def test_a_ui_run_without_a_target_is_not_skipped_over(local_store_config: Store
     data = s.tick()
     assert data.request is None and "not skipped yet" in (data.skip_reason or "")
     assert decision(s, 0) is None
+
+
+def test_entries_are_read_once_per_listed_version(store: ObjectStore) -> None:
+    # Create-once entries: a sensor re-listing a waiting trigger every tick GETs each entry once; an
+    # entry deleted and created again (retention, then a new decision) is read afresh.
+    p = PartitionId.parse("year=2026/month=11/day=20/hour=10/minute=05")
+    gets: list[str] = []
+    real_get_json = store.get_json
+
+    def counting_get_json(key: str) -> Any:
+        gets.append(key)
+        return real_get_json(key)
+
+    store.get_json = counting_get_json  # type: ignore[method-assign]
+    ledger.record_partition(store, "delta", p, "folded", "first", tid=ledger.TriggerId(f"{p.compact}.a1"))
+    first = ledger.partition_entries(store, "delta", p)
+    assert set(first) == {"a1"} and len(gets) == 1
+    assert ledger.partition_entries(store, "delta", p) == first and len(gets) == 1  # not read again
+    ledger.record_partition(store, "delta", p, "published", "final")
+    both = ledger.partition_entries(store, "delta", p)
+    assert set(both) == {"", "a1"} and both[""]["reason"] == "final" and len(gets) == 2
+    store.delete(ledger.partition_key("delta", p))
+    ledger.record_partition(store, "delta", p, "superseded", "recreated with other content")
+    assert ledger.partition_entries(store, "delta", p)[""]["reason"] == "recreated with other content"
+    assert len(gets) == 3
