@@ -282,12 +282,21 @@ def version_conflicts(parsed: DataFrame, group_keys: tuple[str, ...] = ()) -> Da
 
 def may_have_version_conflicts(parsed: DataFrame, group_keys: tuple[str, ...] = ()) -> bool:
     """False when no ``(ad_id, version)`` (per group) was read with more than one content: the usual
-    case, settled by one aggregation over a 64-bit hash of the typed content (no JSON, no sha256, no
-    join, no Python worker). True means "maybe" (or a 2^-64 collision the other way round, which would
-    only leave a conflict unreported: the winner is chosen without it); :func:`version_conflicts` then
-    finds the copies exactly."""
+    case, settled by one aggregation over a 64-bit hash of the typed content (no sha256, no join, no
+    Python worker). True means "maybe": :func:`version_conflicts` then finds the copies exactly. False
+    is wrong only if two contents of one key collide in 64 bits, which would leave that conflict
+    unreported (the winner is chosen without it)."""
+    def part(c: str) -> list[Column]:
+        if c == "updated_at":
+            return [F.unix_micros(F.col(c))]  # not the session time zone's rendering
+        if c == "keywords":
+            # Spark's hash skips nulls (also inside arrays): null, [] and the order of null elements
+            # would hash alike, so the (short, optional) array goes in as JSON, with its null flag.
+            return [F.to_json(F.col(c)), F.col(c).isNull()]
+        return [F.col(c)]  # required: never null in a valid record
+
     keys = [*group_keys, "ad_id", "version"]
-    h = F.xxhash64(*[F.unix_micros(F.col(c)) if c == "updated_at" else F.col(c) for c in TYPED_FIELDS])
+    h = F.xxhash64(*[x for c in TYPED_FIELDS for x in part(c)])
     differing = (
         parsed.filter(F.col("reason").isNull())
         .groupBy(*keys)

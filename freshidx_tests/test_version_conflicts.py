@@ -101,6 +101,13 @@ def test_the_cheap_pre_check_says_maybe_exactly_when_there_are_conflicts(spark: 
         parsed = transform.parse_records(_lines(spark, [*same, (5, "c.jsonl", 9, differing)]).repartition(i + 1))
         assert transform.may_have_version_conflicts(parsed), differing
         assert transform.version_conflicts(parsed).count() == 3  # and the exact report finds every copy
+    # Spark's hash skips nulls, inside arrays too: missing vs empty keywords, null elements in other places.
+    base = json.loads(rec("ad-5", 0, "kw"))
+    for a, b in [(None, []), (["k", None], [None, "k"]), ([None], [])]:
+        pair = [json.dumps({**base, "keywords": kw}) for kw in (a, b)]
+        parsed = transform.parse_records(_lines(spark, [(0, "a.jsonl", 1, pair[0]), (5, "b.jsonl", 1, pair[1])]))
+        assert transform.may_have_version_conflicts(parsed), pair
+        assert transform.version_conflicts(parsed).count() == 2, pair
 
 
 # --------------------------------------------------------------------------- delta, full, ads_hourly
