@@ -70,7 +70,7 @@ def build_version(
     run_id: str,
     quarantine_after: str | bool | None,
     max_read_tasks: int = 0,
-    to_rows: Callable[[DataFrame], DataFrame] | None = None,
+    write_shards: Callable[[DataFrame], list[ShardCommit]] | None = None,
     max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS,
 ) -> BuildResult:
     """Build and stage one version of tantivy shards (``index_format.FORMAT``).
@@ -79,11 +79,11 @@ def build_version(
     ``None`` for all, ``False`` for none (counted only). Either way a raw file whose invalid records
     an earlier build quarantined is not written again, and each copy of an ``(ad_id, version)`` read
     with different contents is reported once (:mod:`freshidx.spark.quarantine_once`); the conflict's
-    winner is what :func:`freshidx.transform.latest_per_ad` keeps. ``to_rows``: turns the latest row per
-    ad of what was read into the rows to index (a delta build adds the untouched ads of every product
-    it touched from what is already published, ``transform.expand_to_products`` /
-    ``transform.segment_rows``: seed 000, a product's grouped features are never half-updated);
-    ``None`` indexes what was read (a full build).
+    winner is what :func:`freshidx.transform.latest_per_ad` keeps. ``write_shards``: stages the latest row
+    per ad of what was read as shards (a delta build adds the untouched ads of every product it touched
+    from what is already published, ``transform.expand_to_products`` / ``segment_merge.segment_rows``:
+    seed 000, a product's grouped features are never half-updated); ``None`` indexes what was read into
+    ``num_shards`` shards (a full build).
     """
     t0 = time.monotonic()
     lines = read_raw_lines(spark, store_config, files, max_partitions=max_read_tasks)
@@ -125,8 +125,11 @@ def build_version(
                                      write=quarantine_after is not False)
         lap("conflicts")
         latest = transform.latest_per_ad(valid)
-        rows = to_rows(latest) if to_rows is not None else latest.select(*transform.TYPED_FIELDS)
-        commits = write_index_shards(rows, store_config, index, version, num_shards)
+        if write_shards is not None:
+            commits = write_shards(latest)
+        else:
+            commits = write_index_shards(latest.select(*transform.TYPED_FIELDS), store_config, index, version,
+                                         num_shards)
         lap("index")
     finally:
         parsed.unpersist()  # classic mode: drop the checkpoint's blocks now, not at garbage collection

@@ -34,8 +34,9 @@ from freshidx.publish import (
 )
 from freshidx.segments import BuildKind, FullBase, Segment
 from freshidx.settings import Settings
-from freshidx.spark.index_shards import read_version_state
-from freshidx.spark.state_lookup import state_for_batch
+from freshidx.spark.index_shards import read_version_state, write_index_shards
+from freshidx.spark.shards import ShardCommit
+from freshidx.spark.state_lookup import segment_shards
 from freshidx.store import NotFound, ObjectInfo, ObjectStore, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -114,11 +115,9 @@ def build_delta(
         state_manifest = full_manifest
     result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, file_list,
                                    state_manifest)
-    # An incremental build reads its state inside the build (once the batch is known): within "index".
-    inside = mb.kind is BuildKind.INCREMENTAL
-    build_seconds = round(result.seconds + (0.0 if inside else state_seconds), 3)
-    stages = {**result.stages, "index": round(result.stages.get("index", 0.0) - state_seconds, 3)} if inside \
-        else result.stages
+    # An incremental build reads its state inside the index step (the same task merges and writes).
+    build_seconds = round(result.seconds + state_seconds, 3)
+    stages = result.stages
     if on_stage:
         on_stage("build_seconds", build_seconds)
     crash_point("delta_staged")  # tests: a kill -9 here (segment shards staged, no manifest)
@@ -180,16 +179,16 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
            ) -> tuple[BuildResult, float]:
     """The Spark part: read what is known, build and stage the segment. Returns (result, state seconds);
     the state is read inside the build (once the batch is known) or, for a rebuild, before it."""
-    state = _StateRead(spark, store_config, kind, state_manifest)
+    num_shards = settings.delta_shards if kind is BuildKind.REBUILD else settings.delta_segment_shards
+    state = _StateRead(spark, store_config, kind, state_manifest, version, num_shards)
     try:
         result = build_version(
-            spark, store_config, index=INDEX, version=version, files=file_list,
-            num_shards=settings.delta_shards if kind is BuildKind.REBUILD else settings.delta_segment_shards,
+            spark, store_config, index=INDEX, version=version, files=file_list, num_shards=num_shards,
             source=settings.source, run_id=run_id,
             # Every file read not quarantined yet, late ones included (files an earlier build quarantined
             # have a done marker: freshidx.spark.quarantine_once).
             quarantine_after=None,
-            to_rows=state.rows_for() if state_manifest is not None else None,
+            write_shards=state.writer() if state_manifest is not None else None,
             # A few files per task: one Python task per 5-minute file costs more in task start-up than
             # in reading (60 files in a 5 h window).
             max_read_tasks=READ_TASKS,
@@ -202,38 +201,37 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
 
 class _StateRead:
     """What is known before this micro-batch (the full version's and kept segments' ``docs`` and
-    ``covered`` files), read once on the executors and checkpointed: the build uses it several times.
+    ``covered`` files), and how the rows read become the new segment's shards.
 
-    Incremental: only the rows the batch needs (:func:`freshidx.spark.state_lookup.state_for_batch`), read
-    when the batch is known. Rebuild: everything, before the build (the window is read whole anyway).
-    One task reads all the files: without Python worker reuse (the Connect server, SPARK-54055) every
-    Python task costs ~0.5 s of worker start-up on this box, more than reading.
+    Incremental: the state rows the batch needs are read, merged with the batch and written in one
+    executor task once the batch is known (:func:`freshidx.spark.state_lookup.segment_shards`; its time
+    is part of the ``index`` step). Rebuild: everything, read before the build (the window is read whole
+    anyway) and checkpointed. One task reads all the files: without Python worker reuse (the Connect
+    server, SPARK-54055) every Python task costs ~0.5 s of worker start-up on this box, more than reading.
     """
 
     def __init__(self, spark: SparkSession, store_config: StoreConfig, kind: BuildKind,
-                 manifest: dict[str, Any] | None) -> None:
+                 manifest: dict[str, Any] | None, version: str, num_shards: int) -> None:
         self.spark, self.store_config, self.kind, self.manifest = spark, store_config, kind, manifest
+        self.version, self.num_shards = version, num_shards
         self.seconds = 0.0
         self.frame: DataFrame | None = None
         if manifest is not None and kind is BuildKind.REBUILD:
-            self._read(lambda: read_version_state(spark, store_config, manifest, max_tasks=1))
+            t0 = time.monotonic()
+            self.frame = read_version_state(spark, store_config, manifest, max_tasks=1).localCheckpoint(eager=True)
+            self.seconds = round(time.monotonic() - t0, 3)
 
-    def _read(self, frame: Callable[[], DataFrame]) -> DataFrame:
-        t0 = time.monotonic()
-        self.frame = frame().localCheckpoint(eager=True)
-        self.seconds = round(self.seconds + time.monotonic() - t0, 3)
-        return self.frame
-
-    def rows_for(self) -> Callable[[DataFrame], DataFrame]:
-        """How the latest rows read become the segment's rows (see ``transform.segment_rows``)."""
+    def writer(self) -> Callable[[DataFrame], list[ShardCommit]]:
+        """How the latest rows read become the segment's staged shards."""
         if self.kind is BuildKind.INCREMENTAL:
             assert self.manifest is not None
             manifest = self.manifest
-            return lambda latest: transform.segment_rows(latest, self._read(
-                lambda: state_for_batch(self.spark, self.store_config, manifest, latest)))
+            return lambda latest: segment_shards(self.spark, self.store_config, manifest, latest, index=INDEX,
+                                                 version=self.version, num_shards=self.num_shards)
         assert self.frame is not None
         frame = self.frame
-        return lambda latest: transform.expand_to_products(latest, frame)
+        return lambda latest: write_index_shards(transform.expand_to_products(latest, frame), self.store_config,
+                                                 INDEX, self.version, self.num_shards)
 
     def release(self) -> None:
         if self.frame is not None:

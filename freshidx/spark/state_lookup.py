@@ -1,17 +1,19 @@
-"""What a micro-batch needs to know from the published state, and nothing more (DESIGN §9).
+"""An incremental micro-batch's segment in one executor task: read what the batch needs from the published
+state, merge, write the shard (DESIGN §9).
 
-An incremental micro-batch (``transform.segment_rows``) needs, of everything the serving full version
-and the kept segments know, only the rows of
+Of everything the serving full version and the kept segments know, a micro-batch
+(``segment_merge.segment_rows``) needs only the rows of
 
 * the batch's ads (their highest known version, and the product an ad that moved leaves), and
 * every ad that has a row in a product the batch touches (the product is re-indexed whole, seed 000).
 
 Reading every state row into Spark and joining there costs the window on every micro-batch (measured:
-the state step doubled from 100k to 400k documents). Here one Python task receives the batch's
-``(ad_id, product_id)`` keys as its input (they stay on the executors) and reads the state files in
-two passes: the key columns of every file first, to find those rows, then whole records of the row
-groups that hold them only. The key pass is the only part that still scans the state, at a few
-bytes per row; everything downstream of it is the size of the change.
+the state step doubled from 100k to 400k documents), and merging with Spark joins cost ~15 small jobs
+(seconds through Spark Connect). Here one Python task receives the batch itself as its input (it stays
+on the executors), reads the state files in two passes (the key columns of every file first, to find
+those rows, then whole records of the row groups that hold them only), merges in Arrow and writes the
+segment's shard. The key pass is the only part that still scans the state, at a few bytes per row;
+everything downstream of it is the size of the change.
 
 The selection is a superset of what ``segment_rows`` uses (it also keeps the rows of the products of
 a batch ad's inactive or older rows), so ``segment_rows`` over it answers exactly as over the whole
@@ -20,7 +22,7 @@ state: it computes the exact touched set itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -28,41 +30,73 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
+from freshidx import segment_merge
 from freshidx.records import ACTIVE
-from freshidx.spark.index_shards import DOCS_DDL, version_files, widen
+from freshidx.spark.index_shards import DOCS_DDL, version_files, widen, write_index_shards, write_one_index_shard
 from freshidx.spark.raw_source import store_from_json, store_to_json
-from freshidx.spark.shards import COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, conform
+from freshidx.spark.shards import (
+    COVERED_FILE,
+    DOCS_ARROW_SCHEMA,
+    DOCS_FILE,
+    ShardCommit,
+    ShardWriter,
+    conform,
+    write_sharded,
+)
 from freshidx.store import StoreConfig
+from freshidx.transform import TYPED_FIELDS
 
 KEY_COLUMNS = ("ad_id", "product_id")
 
 
-def state_for_batch(spark: SparkSession, store_config: StoreConfig, manifest: dict[str, Any],
-                    batch: DataFrame) -> DataFrame:
-    """The state rows (``DOCS_DDL`` columns, several per ad allowed) that ``transform.segment_rows``
-    needs for ``batch`` (one row per ad; only its ``ad_id``/``product_id`` are used), read in one task
-    on the executors. ``manifest``: ``{"shards": [...]}`` of the full version and the kept segments."""
+def segment_shards(spark: SparkSession, store_config: StoreConfig, manifest: dict[str, Any], batch: DataFrame,
+                   *, index: str, version: str, num_shards: int) -> list[ShardCommit]:
+    """Stage an incremental micro-batch's segment: ``num_shards`` shards of ``segment_merge.segment_rows``
+    of ``batch`` (one row per ad, ``transform.latest_per_ad``) over the state that ``manifest``
+    (``{"shards": [...]}`` of the full version and the kept segments) knows.
+
+    One Python task receives the batch, reads the state rows it needs (:func:`select_rows`), merges
+    them (Arrow) and, for one shard (the default), writes the shard itself: one Spark job after the
+    batch's aggregation, whatever the window. More shards: the merged rows are hash-split and written
+    by :func:`write_index_shards` as in any build.
+    """
     files = [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)]
     files += [(k, COVERED_FILE) for k in version_files(manifest, COVERED_FILE)]
-    keys = batch.select(*KEY_COLUMNS).coalesce(1)
-    return keys.mapInArrow(_lookup_task(store_to_json(store_config), files), DOCS_DDL)
+    rows = batch.select(*TYPED_FIELDS).coalesce(1)
+    store_json = store_to_json(store_config)
+    if num_shards == 1:
+        return write_sharded(rows, store_config, 1, _merge_and_write(files, index, version),
+                             what="segment_shards")
+    merged = rows.mapInArrow(_merge_task(store_json, files), DOCS_DDL)
+    return write_index_shards(merged, store_config, index, version, num_shards)
 
 
-def _lookup_task(store_json: str, files: list[tuple[str, str]]
-                 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _merged(config: StoreConfig, files: list[tuple[str, str]], batches: Iterable[pa.RecordBatch]
+            ) -> Iterator[pa.RecordBatch]:
+    batch = pa.Table.from_batches([conform(b, DOCS_ARROW_SCHEMA) for b in batches], schema=DOCS_ARROW_SCHEMA)
+    if batch.num_rows == 0:
+        return
+    fs = config.arrow_fs()
+    opened = [(pq.ParquetFile(fs.open_input_file(config.arrow_path(k))), kind) for k, kind in files]
+    try:
+        state = pa.Table.from_batches(list(select_rows(batch, opened)), schema=DOCS_ARROW_SCHEMA)
+    finally:
+        for f, _ in opened:
+            f.close()
+    yield from segment_merge.segment_rows(batch, state).to_batches()
+
+
+def _merge_and_write(files: list[tuple[str, str]], index: str, version: str) -> ShardWriter:
+    def write(config: StoreConfig, shard: int, attempt: int, batches: Iterable[pa.RecordBatch]) -> ShardCommit:
+        return write_one_index_shard(config, index, version, shard, attempt, _merged(config, files, batches))
+
+    return write
+
+
+def _merge_task(store_json: str, files: list[tuple[str, str]]
+                ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        keys = pa.Table.from_batches(list(batches), schema=pa.schema(
-            [pa.field("ad_id", pa.string()), pa.field("product_id", pa.string())]))
-        if keys.num_rows == 0 or not files:
-            return
-        config = store_from_json(store_json)
-        fs = config.arrow_fs()
-        opened = [(pq.ParquetFile(fs.open_input_file(config.arrow_path(k))), kind) for k, kind in files]
-        try:
-            yield from select_rows(keys, opened)
-        finally:
-            for f, _ in opened:
-                f.close()
+        yield from _merged(store_from_json(store_json), files, batches)
 
     return run
 
