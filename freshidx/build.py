@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,45 +93,62 @@ def build_version(
     # data source, so a persisted plan never matches and each action re-read the whole window
     # (measured: 6 read stages per delta build); a checkpoint is referenced by id and cut the lineage.
     parsed = transform.parse_records(lines, max_future_skew_seconds).localCheckpoint(eager=True)
-    stages: dict[str, float] = {}
-    mark = time.monotonic()
-
-    def lap(name: str) -> None:
-        nonlocal mark
-        now = time.monotonic()
-        stages[name] = round(now - mark, 3)
-        mark = now
-
-    stages["read_parse"] = round(mark - t0, 3)
+    stages = {"read_parse": round(time.monotonic() - t0, 3)}
+    valid, invalid = transform.split_valid(parsed)
     try:
-        valid, invalid = transform.split_valid(parsed)
-        # Counted per file (one small row per file and reason): which files hold invalid records, so
-        # only those an earlier build did not quarantine yet are written (no job at all when none).
-        reasons: dict[str, int] = {}
-        bad_files: set[str] = set()
-        for r in invalid.groupBy("file", "reason").agg(F.count(F.lit(1)).alias("n")).collect():
-            reasons[r["reason"]] = reasons.get(r["reason"], 0) + int(r["n"])
-            bad_files.add(r["file"])
-        lap("invalid_counts")
-        quarantined: list[QuarantineCommit] = []
-        todo: list[str] = []
-        if quarantine_after is not False and bad_files:
-            todo = sorted(bad_files - quarantined_files(open_store(store_config), source,
-                                                        [f for f in files if f[0] in bad_files]))
-        if todo:
-            quarantined = write_quarantine(invalid.filter(F.col("file").isin(todo)), store_config, source, run_id,
-                                           quarantine_after or None, once=True)
-        lap("quarantine")
-        conflicts = report_conflicts(parsed, store_config, source,
-                                     write=quarantine_after is not False)
-        lap("conflicts")
-        latest = transform.latest_per_ad(valid)
-        if write_shards is not None:
-            commits = write_shards(latest)
-        else:
-            commits = write_index_shards(latest.select(*transform.TYPED_FIELDS), store_config, index, version,
-                                         num_shards)
-        lap("index")
+        # The bookkeeping (invalid counts + quarantine, the conflict report) and the index are independent
+        # Spark jobs over the same checkpoint: run side by side (Spark schedules concurrent jobs of one
+        # session; under Connect each is its own request), so a small build pays the longest of them, not
+        # the sum of their job and round-trip overheads. Their step seconds overlap.
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="freshidx-build") as pool:
+            quarantine = pool.submit(_quarantine_invalid, stages, invalid, files, store_config, source, run_id,
+                                     quarantine_after)
+            conflicts = pool.submit(_report_conflicts, stages, parsed, store_config, source,
+                                    quarantine_after is not False)
+            index_started = time.monotonic()
+            latest = transform.latest_per_ad(valid)
+            if write_shards is not None:
+                commits = write_shards(latest)
+            else:
+                commits = write_index_shards(latest.select(*transform.TYPED_FIELDS), store_config, index, version,
+                                             num_shards)
+            stages["index"] = round(time.monotonic() - index_started, 3)
+            reasons, quarantined = quarantine.result()
+            report = conflicts.result()
     finally:
         parsed.unpersist()  # classic mode: drop the checkpoint's blocks now, not at garbage collection
-    return BuildResult(commits, reasons, quarantined, round(time.monotonic() - t0, 3), conflicts, stages)
+    return BuildResult(commits, reasons, quarantined, round(time.monotonic() - t0, 3), report, stages)
+
+
+def _quarantine_invalid(stages: dict[str, float], invalid: DataFrame, files: list[tuple[str, str]],
+                       store_config: StoreConfig, source: str, run_id: str, quarantine_after: str | bool | None
+                       ) -> tuple[dict[str, int], list[QuarantineCommit]]:
+    """Count the invalid records per reason and quarantine those no earlier build quarantined."""
+    t0 = time.monotonic()
+    # Counted per file (one small row per file and reason): which files hold invalid records, so
+    # only those an earlier build did not quarantine yet are written (no job at all when none).
+    reasons: dict[str, int] = {}
+    bad_files: set[str] = set()
+    for r in invalid.groupBy("file", "reason").agg(F.count(F.lit(1)).alias("n")).collect():
+        reasons[r["reason"]] = reasons.get(r["reason"], 0) + int(r["n"])
+        bad_files.add(r["file"])
+    t1 = time.monotonic()
+    stages["invalid_counts"] = round(t1 - t0, 3)
+    quarantined: list[QuarantineCommit] = []
+    todo: list[str] = []
+    if quarantine_after is not False and bad_files:
+        todo = sorted(bad_files - quarantined_files(open_store(store_config), source,
+                                                    [f for f in files if f[0] in bad_files]))
+    if todo:
+        quarantined = write_quarantine(invalid.filter(F.col("file").isin(todo)), store_config, source, run_id,
+                                       quarantine_after or None, once=True)
+    stages["quarantine"] = round(time.monotonic() - t1, 3)
+    return reasons, quarantined
+
+
+def _report_conflicts(stages: dict[str, float], parsed: DataFrame, store_config: StoreConfig, source: str,
+                      write: bool) -> ConflictReport:
+    t0 = time.monotonic()
+    report = report_conflicts(parsed, store_config, source, write=write)
+    stages["conflicts"] = round(time.monotonic() - t0, 3)
+    return report
