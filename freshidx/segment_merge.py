@@ -22,8 +22,10 @@ from freshidx.transform import TYPED_FIELDS, tie_break_order
 
 #: The winner's columns, most significant first (``version``, ``updated_at``, ``status``, then the rest).
 ORDER: tuple[str, ...] = tuple(tie_break_order(list(TYPED_FIELDS)))
-#: Compared by Arrow's sort; a tie on all three (rare: two contents of one version) is settled in Python.
-_SORTED = ORDER[:3]
+#: Compared by Arrow's sort: every column before the first list column (Arrow does not sort lists). A
+#: tie on all of them (rare but for exact duplicates, which the state holds many of: a segment re-emits
+#: its touched products' untouched ads) is settled in Python.
+_SORTED = ORDER[:ORDER.index("keywords")]
 
 
 def _spark_key(value: Any) -> tuple[Any, ...]:
@@ -36,23 +38,48 @@ def _spark_key(value: Any) -> tuple[Any, ...]:
     return (1, value)
 
 
+def _fingerprint(lists: pa.ChunkedArray) -> pa.Array:
+    """One string per list that is equal exactly when the lists are (null list: null). Each element is
+    written with its length, so no element's content can imitate a separator."""
+    arr = lists.combine_chunks()
+    flat = arr.flatten()
+    marked = pc.if_else(pc.is_null(flat), pa.scalar("n"), pc.binary_join_element_wise(
+        "v", pc.cast(pc.utf8_length(flat), pa.string()), ":", flat, ""))
+    offsets = pc.subtract(arr.offsets, arr.offsets[0])
+    rebuilt = pa.ListArray.from_arrays(offsets, marked, mask=arr.is_null())
+    return pc.binary_join(rebuilt, ",")
+
+
+def _same_as_previous(table: pa.Table, columns: list[str]) -> pa.Array:
+    """Row i+1 equals row i (nulls equal) in ``columns``; length ``num_rows - 1``."""
+    same = pa.array([True] * (table.num_rows - 1), pa.bool_())
+    for col in (table.column(c).combine_chunks() for c in columns):
+        a, b = col.slice(1), col.slice(0, len(col) - 1)
+        eq = pc.or_(pc.equal(a, b).fill_null(False), pc.and_(pc.is_null(a), pc.is_null(b)))
+        same = pc.and_(same, eq)
+    return same
+
+
 def latest_per_ad(table: pa.Table) -> pa.Table:
     """One row per ``ad_id``: the one Spark's ``max(struct(ORDER))`` picks (exact duplicates: any)."""
     if table.num_rows == 0:
         return table
+    # Exact duplicates are common (a segment re-emits its touched products' untouched ads, so one row
+    # sits in several state files): sorted next to each other and dropped first, vectorized.
+    keywords = _fingerprint(table.column("keywords"))
+    table = table.append_column("_kw", keywords)
     # Descending with nulls last: null is the smallest value, as in Spark.
-    keys = [("ad_id", "ascending", "at_end"), *((c, "descending", "at_end") for c in _SORTED)]
+    keys = [("ad_id", "ascending", "at_end"), *((c, "descending", "at_end") for c in _SORTED),
+            ("_kw", "ascending", "at_end"), ("bid", "ascending", "at_end")]
     table = table.take(pc.sort_indices(table, sort_keys=keys))
+    duplicate = _same_as_previous(table, ["ad_id", *_SORTED, "_kw", "bid"])
+    table = table.filter(pa.concat_arrays([pa.array([True]), pc.invert(duplicate)])).drop_columns(["_kw"])
     ids = table.column("ad_id").combine_chunks()
     first = pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1))  # row i+1 starts a new ad
     starts = pa.concat_arrays([pa.array([True]), first.fill_null(True)])
-    # Rows i+1 whose ad and three sort keys equal row i's: a tie the sort did not settle.
-    same = pc.invert(first).fill_null(False)
-    for c in _SORTED:
-        col = table.column(c).combine_chunks()
-        a, b = col.slice(1), col.slice(0, len(col) - 1)
-        eq = pc.or_(pc.equal(a, b).fill_null(False), pc.and_(pc.is_null(a), pc.is_null(b)))
-        same = pc.and_(same, eq)
+    # Rows i+1 whose ad and sorted keys equal row i's: a tie the sort did not settle (differing keywords
+    # or bid: two contents of one version, rare).
+    same = _same_as_previous(table, ["ad_id", *_SORTED])
     if not pc.any(same).as_py():
         return table.filter(starts)
     keep = starts.to_pylist()
@@ -66,8 +93,7 @@ def latest_per_ad(table: pa.Table) -> pa.Table:
         j = i
         while j < len(tied) and tied[j]:
             j += 1
-        # Rows i..j tie on the sorted keys. Only a tie for an ad's first place matters (row i starts it).
-        if keep[i]:
+        if keep[i]:  # rows i..j tie on the sorted keys; only a tie for first place matters
             rows = ordered.slice(i, j + 1 - i).to_pylist()
             best = max(range(len(rows)), key=lambda r: tuple(_spark_key(rows[r][c]) for c in ORDER))
             for r in range(len(rows)):

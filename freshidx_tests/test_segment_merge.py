@@ -77,3 +77,12 @@ def test_segment_rows_equal_expand_to_products_over_one_row_per_ad(spark: Any) -
                        for r in out])
         assert got == want
         assert set(batch.column("ad_id").to_pylist()) <= set(got)  # every batch ad, whatever its status
+
+
+def test_keyword_fingerprints_are_equal_exactly_when_the_lists_are() -> None:
+    lists = [None, [], [None], [None, None], [""], ["a"], ["a", None], [None, "a"], ["a", "b"], ["a,vb"],
+             ["1:a"], ["v1:a"], ["a", ""], ["", "a"], ["é"], ["e"]]
+    prints = segment_merge._fingerprint(pa.chunked_array([pa.array(lists * 2, pa.list_(pa.string()))])).to_pylist()
+    for i, a in enumerate(lists * 2):
+        for j, b in enumerate(lists * 2):
+            assert (prints[i] == prints[j]) == (a == b), (a, b, prints[i], prints[j])
