@@ -89,9 +89,9 @@ def build_version(
     t0 = time.monotonic()
     lines = read_raw_lines(spark, store_config, files, max_partitions=max_read_tasks)
     # Read and parsed exactly once, then used three times (counts, quarantine, shards). A local
-    # checkpoint rather than persist(): under Spark Connect every plan sent re-resolves the Python
-    # data source, so a persisted plan never matches and each action re-read the whole window
-    # (measured: 6 read stages per delta build); a checkpoint is referenced by id and cut the lineage.
+    # checkpoint rather than persist(): under Spark Connect every plan sent is analysed again (the
+    # Python data source the reads used then was re-resolved, so a persisted plan never matched and each
+    # action re-read the whole window: 6 read stages per delta build); a checkpoint is referenced by id.
     parsed = transform.parse_records(lines, max_future_skew_seconds).localCheckpoint(eager=True)
     stages = {"read_parse": round(time.monotonic() - t0, 3)}
     valid, invalid = transform.split_valid(parsed)
