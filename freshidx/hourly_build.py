@@ -167,10 +167,11 @@ class _Hour:
 
 
 def _read_task_limit(spark: SparkSession) -> int:
-    """At most two read tasks per core (0 = one per file when the core count is unknown).
+    """At most two file groups per core (read in up to one task per core: ``raw_source.read_raw_lines``;
+    0 = one group per file when the core count is unknown).
 
-    Raw files are small (a few per minute partition) and every read task of the Python data source
-    costs a worker round trip: with one task per file, a 4-hour build spent ~70% of its time starting
+    Raw files are small (a few per minute partition) and every Python read task costs a worker
+    round trip: with one task per file, a 4-hour build spent ~70% of its time starting
     read tasks. Files are grouped contiguously in key order (:func:`~freshidx.spark.raw_source.group_files`).
     """
     try:
