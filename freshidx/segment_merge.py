@@ -42,11 +42,12 @@ def _fingerprint(lists: pa.ChunkedArray) -> pa.Array:
     """One string per list that is equal exactly when the lists are (null list: null). Each element is
     written with its length, so no element's content can imitate a separator."""
     arr = lists.combine_chunks()
-    flat = arr.flatten()
+    # The whole child array with the list's own offsets: right for slices and for null lists whose
+    # slot spans child values (``flatten()`` would skip those and misalign the offsets).
+    flat = arr.values
     marked = pc.if_else(pc.is_null(flat), pa.scalar("n"), pc.binary_join_element_wise(
         "v", pc.cast(pc.utf8_length(flat), pa.string()), ":", flat, ""))
-    offsets = pc.subtract(arr.offsets, arr.offsets[0])
-    rebuilt = pa.ListArray.from_arrays(offsets, marked, mask=arr.is_null())
+    rebuilt = pa.ListArray.from_arrays(arr.offsets, marked, mask=arr.is_null())
     return pc.binary_join(rebuilt, ",")
 
 
