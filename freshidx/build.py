@@ -80,11 +80,12 @@ def build_version(
     ``None`` for all, ``False`` for none (counted only). Either way a raw file whose invalid records
     an earlier build quarantined is not written again, and each copy of an ``(ad_id, version)`` read
     with different contents is reported once (:mod:`freshidx.spark.quarantine_once`); the conflict's
-    winner is what :func:`freshidx.transform.latest_per_ad` keeps. ``write_shards``: stages the latest row
-    per ad of what was read as shards (a delta build adds the untouched ads of every product it touched
-    from what is already published, ``transform.expand_to_products`` / ``segment_merge.segment_rows``:
-    seed 000, a product's grouped features are never half-updated); ``None`` indexes what was read into
-    ``num_shards`` shards (a full build).
+    winner is what :func:`freshidx.transform.latest_per_ad` keeps. ``write_shards``: stages the valid
+    records read (``TYPED_FIELDS`` + ``partition``, several per ad possible) as shards, keeping the latest
+    per ad by that rule (a delta build adds the untouched ads of every product it touched from what is
+    already published, ``transform.expand_to_products`` / ``segment_merge.segment_rows``: seed 000, a
+    product's grouped features are never half-updated); ``None`` indexes the latest row per ad of what
+    was read into ``num_shards`` shards (a full build).
     """
     t0 = time.monotonic()
     lines = read_raw_lines(spark, store_config, files, max_partitions=max_read_tasks)
@@ -106,12 +107,11 @@ def build_version(
             conflicts = pool.submit(_report_conflicts, stages, parsed, store_config, source,
                                     quarantine_after is not False)
             index_started = time.monotonic()
-            latest = transform.latest_per_ad(valid)
             if write_shards is not None:
-                commits = write_shards(latest)
+                commits = write_shards(valid)
             else:
-                commits = write_index_shards(latest.select(*transform.TYPED_FIELDS), store_config, index, version,
-                                             num_shards)
+                commits = write_index_shards(transform.latest_per_ad(valid).select(*transform.TYPED_FIELDS),
+                                             store_config, index, version, num_shards)
             stages["index"] = round(time.monotonic() - index_started, 3)
             reasons, quarantined = quarantine.result()
             report = conflicts.result()

@@ -146,7 +146,8 @@ def build_delta(
         stats={"list_seconds": list_seconds, "build_seconds": build_seconds, "state_seconds": state_seconds,
                "total_build_seconds": round(list_seconds + build_seconds, 3),
                "files_read": len(file_list), "segments": len(all_segments),
-               **{f"{k}_seconds": v for k, v in stages.items()}},
+               **{f"{k}_seconds": v for k, v in stages.items()},
+               **{f"task_{k}_seconds": v for k, v in _slowest_task(result.commits).items()}},
         run=_run_record(plan.run_info, mb.kind),
     )
 
@@ -206,8 +207,8 @@ class _StateRead:
     Incremental: the state rows the batch needs are read, merged with the batch and written in one
     executor task once the batch is known (:func:`freshidx.spark.state_lookup.segment_shards`; its time
     is part of the ``index`` step). Rebuild: everything, read before the build (the window is read whole
-    anyway) and checkpointed. One task reads all the files: without Python worker reuse (the Connect
-    server, SPARK-54055) every Python task costs ~0.5 s of worker start-up on this box, more than reading.
+    anyway) and checkpointed. One task reads all the files: a Python task that starts a new worker costs
+    ~0.4 s (fork + imports) on this box, more than reading.
     """
 
     def __init__(self, spark: SparkSession, store_config: StoreConfig, kind: BuildKind,
@@ -222,16 +223,16 @@ class _StateRead:
             self.seconds = round(time.monotonic() - t0, 3)
 
     def writer(self) -> Callable[[DataFrame], list[ShardCommit]]:
-        """How the latest rows read become the segment's staged shards."""
+        """How the valid records read become the segment's staged shards."""
         if self.kind is BuildKind.INCREMENTAL:
             assert self.manifest is not None
             manifest = self.manifest
-            return lambda latest: segment_shards(self.spark, self.store_config, manifest, latest, index=INDEX,
-                                                 version=self.version, num_shards=self.num_shards)
+            return lambda valid: segment_shards(self.spark, self.store_config, manifest, valid, index=INDEX,
+                                                version=self.version, num_shards=self.num_shards)
         assert self.frame is not None
         frame = self.frame
-        return lambda latest: write_index_shards(transform.expand_to_products(latest, frame), self.store_config,
-                                                 INDEX, self.version, self.num_shards)
+        return lambda valid: write_index_shards(transform.expand_to_products(transform.latest_per_ad(valid), frame),
+                                                self.store_config, INDEX, self.version, self.num_shards)
 
     def release(self) -> None:
         if self.frame is not None:
@@ -243,6 +244,15 @@ def _run_record(run_info: dict[str, Any], kind: BuildKind) -> dict[str, Any]:
     # alone, so a collapse means a broken build; an incremental version shrinks legitimately when a
     # full index takes over its oldest segments.
     return run_info if kind is BuildKind.REBUILD else {**run_info, "max_drop_fraction": None}
+
+
+def _slowest_task(commits: list[ShardCommit]) -> dict[str, float]:
+    """Per step of the shard tasks (``state``, ``merge``, ``index``, ``upload``, …), the slowest shard's."""
+    out: dict[str, float] = {}
+    for c in commits:
+        for k, v in c.seconds.items():
+            out[k] = max(out.get(k, 0.0), v)
+    return out
 
 
 def _file_entry(o: ObjectInfo) -> dict[str, Any]:

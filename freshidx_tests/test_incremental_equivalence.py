@@ -86,6 +86,17 @@ def _micro_batch(h: Harness) -> None:
     build, count = _delta_build(h)
     assert mat.metadata["build"].value == build and mat.metadata["segments"].value == count
     assert mat.metadata["step_index_seconds"].value > 0 and mat.metadata["folded_partitions"].value >= 0
+    # ... and where the segment task's time went (every build's shard tasks report index and upload)
+    steps = {"step_task_index_seconds", "step_task_upload_seconds"}
+    if build == "incremental" and _new_segment_shards(h) == 1:  # more shards: the merge is a task of its own
+        steps |= {"step_task_batch_seconds", "step_task_state_seconds", "step_task_merge_seconds"}
+    assert steps <= mat.metadata.keys(), sorted(mat.metadata)
+
+
+def _new_segment_shards(h: Harness) -> int:
+    pointer, _ = read_pointer(h.store, "delta")
+    assert pointer is not None
+    return len(read_manifest(h.store, "delta", pointer.version)["shards"])
 
 
 def _delta_build(h: Harness) -> tuple[str, int]:

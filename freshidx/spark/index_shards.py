@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -88,6 +89,7 @@ def write_one_index_shard(
     """
     fs = config.arrow_fs()
     prefix = layout.shard_prefix(index, version, shard, attempt)
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="freshidx-ishard-") as tmp:
         index_dir = os.path.join(tmp, "index")
         builder = IndexBuilder(index_dir)
@@ -107,6 +109,7 @@ def write_one_index_shard(
                         docs.write(active)
                     features.add(active)
                     spill.write_batch(active)
+            t1 = time.monotonic()  # the rows are in (their producer's time included)
             with pa.memory_map(spill_path) as source:
                 spilled = pa.ipc.open_file(source).read_all()  # zero-copy over the map
                 for batch in features.attach(spilled).to_batches():
@@ -116,6 +119,7 @@ def write_one_index_shard(
             covered.close()
             if docs is not None:
                 docs.close()
+        t2 = time.monotonic()
         files: list[ShardFile] = [
             upload_file(fs, config, os.path.join(index_dir, name), prefix + INDEX_DIR + name, 0)
             for name in builder.files()
@@ -123,9 +127,9 @@ def write_one_index_shard(
         if docs is not None:
             files.append(upload_file(fs, config, docs.path, prefix + DOCS_FILE, docs.rows))
         files.append(upload_file(fs, config, covered.path, prefix + COVERED_FILE, covered.rows))
-    return ShardCommit(
-        shard=shard, attempt=attempt, doc_count=doc_count, covered_count=covered.rows, files=tuple(files)
-    )
+    seconds = {"rows": t1 - t0, "index": t2 - t1, "upload": time.monotonic() - t2}
+    return ShardCommit(shard=shard, attempt=attempt, doc_count=doc_count, covered_count=covered.rows,
+                       files=tuple(files), seconds={k: round(v, 3) for k, v in seconds.items()})
 
 
 def shard_rows(latest: DataFrame, num_shards: int) -> DataFrame:

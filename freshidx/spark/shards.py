@@ -84,15 +84,19 @@ class ShardCommit:
     doc_count: int
     covered_count: int
     files: tuple[ShardFile, ...]
+    #: Where the task's time went (e.g. ``state``, ``merge``, ``index``, ``upload``), for the manifest's
+    #: stats; not part of what the commit is.
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "shard": self.shard,
             "attempt": self.attempt,
             "doc_count": self.doc_count,
             "covered_count": self.covered_count,
             "files": [f.to_dict() for f in self.files],
         }
+        return {**out, "seconds": self.seconds} if self.seconds else out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShardCommit:
@@ -102,6 +106,7 @@ class ShardCommit:
             doc_count=int(d["doc_count"]),
             covered_count=int(d["covered_count"]),
             files=tuple(ShardFile.from_dict(f) for f in d["files"]),
+            seconds={str(k): float(v) for k, v in d.get("seconds", {}).items()},
         )
 
 

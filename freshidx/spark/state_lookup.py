@@ -10,7 +10,8 @@ Of everything the serving full version and the kept segments know, a micro-batch
 Reading every state row into Spark and joining there costs the window on every micro-batch (measured:
 the state step doubled from 100k to 400k documents), and merging with Spark joins cost ~15 small jobs
 (seconds through Spark Connect). Here one Python task receives the batch itself as its input (it stays
-on the executors), reads the state files in two passes (the key columns of every file first, to find
+on the executors), keeps its latest record per ad (``segment_merge.latest_per_ad``, so no aggregation
+job runs before it), reads the state files in two passes (the key columns of every file first, to find
 those rows, then whole records of the row groups that hold them only), merges in Arrow and writes the
 segment's shard. The key pass is the only part that still scans the state, at a few bytes per row;
 everything downstream of it is the size of the change.
@@ -22,6 +23,8 @@ state: it computes the exact touched set itself.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -52,13 +55,15 @@ KEY_COLUMNS = ("ad_id", "product_id")
 def segment_shards(spark: SparkSession, store_config: StoreConfig, manifest: dict[str, Any], batch: DataFrame,
                    *, index: str, version: str, num_shards: int) -> list[ShardCommit]:
     """Stage an incremental micro-batch's segment: ``num_shards`` shards of ``segment_merge.segment_rows``
-    of ``batch`` (one row per ad, ``transform.latest_per_ad``) over the state that ``manifest``
-    (``{"shards": [...]}`` of the full version and the kept segments) knows.
+    of ``batch``'s latest record per ad over the state that ``manifest`` (``{"shards": [...]}`` of the
+    full version and the kept segments) knows. ``batch``: the valid records read (``TYPED_FIELDS``
+    columns at least; several records per ad possible).
 
-    One Python task receives the batch, reads the state rows it needs (:func:`select_rows`), merges
-    them (Arrow) and, for one shard (the default), writes the shard itself: one Spark job after the
-    batch's aggregation, whatever the window. More shards: the merged rows are hash-split and written
-    by :func:`write_index_shards` as in any build.
+    One Python task receives the batch (narrow: no shuffle before it), keeps the latest record per ad
+    (``segment_merge.latest_per_ad``, the rule of ``transform.latest_per_ad``), reads the state rows it
+    needs (:func:`select_rows`), merges them (Arrow) and, for one shard (the default), writes the shard
+    itself: one single-stage Spark job over the build's checkpoint, whatever the window. More shards: the
+    merged rows are hash-split and written by :func:`write_index_shards` as in any build.
     """
     files = [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)]
     files += [(k, COVERED_FILE) for k in version_files(manifest, COVERED_FILE)]
@@ -71,9 +76,14 @@ def segment_shards(spark: SparkSession, store_config: StoreConfig, manifest: dic
     return write_index_shards(merged, store_config, index, version, num_shards)
 
 
-def _merged(config: StoreConfig, files: list[tuple[str, str]], batches: Iterable[pa.RecordBatch]
-            ) -> Iterator[pa.RecordBatch]:
-    batch = pa.Table.from_batches([conform(b, DOCS_ARROW_SCHEMA) for b in batches], schema=DOCS_ARROW_SCHEMA)
+def _merged(config: StoreConfig, files: list[tuple[str, str]], batches: Iterable[pa.RecordBatch],
+            seconds: dict[str, float] | None = None) -> Iterator[pa.RecordBatch]:
+    """The segment's rows; ``seconds`` receives the time spent receiving the batch, reading the state
+    rows and merging."""
+    t0 = time.monotonic()
+    records = pa.Table.from_batches([conform(b, DOCS_ARROW_SCHEMA) for b in batches], schema=DOCS_ARROW_SCHEMA)
+    t1 = time.monotonic()
+    batch = segment_merge.latest_per_ad(records)
     if batch.num_rows == 0:
         return
     fs = config.arrow_fs()
@@ -83,12 +93,21 @@ def _merged(config: StoreConfig, files: list[tuple[str, str]], batches: Iterable
     finally:
         for f, _ in opened:
             f.close()
-    yield from segment_merge.segment_rows(batch, state).to_batches()
+    t2 = time.monotonic()
+    rows = segment_merge.segment_rows(batch, state)
+    if seconds is not None:
+        seconds.update(batch=round(t1 - t0, 3), state=round(t2 - t1, 3), merge=round(time.monotonic() - t2, 3))
+    yield from rows.to_batches()
 
 
 def _merge_and_write(files: list[tuple[str, str]], index: str, version: str) -> ShardWriter:
     def write(config: StoreConfig, shard: int, attempt: int, batches: Iterable[pa.RecordBatch]) -> ShardCommit:
-        return write_one_index_shard(config, index, version, shard, attempt, _merged(config, files, batches))
+        seconds: dict[str, float] = {}
+        commit = write_one_index_shard(config, index, version, shard, attempt,
+                                       _merged(config, files, batches, seconds))
+        # "rows" (the time until the merged rows were in) is spent in batch + state + merge
+        written = {k: v for k, v in commit.seconds.items() if k != "rows"}
+        return dataclasses.replace(commit, seconds={**seconds, **written})
 
     return write
 
