@@ -34,9 +34,9 @@ class ServerConfig:
     state_dir: Path = DEFAULT_STATE_DIR
     restart_every_s: float = 24 * 3600.0
     max_heap_fraction: float = 0.85
-    # Spark Connect starts Python worker daemons per client session and does not reap them
-    # (measured ~3 processes / ~150 MiB RSS per run without worker reuse, see spark_conf): the
-    # heap stays fine while the session grows.
+    # Spark Connect starts a Python worker daemon per client session and does not reap it
+    # (SPARK-54055; idle workers go after a minute, see spark_conf): the heap stays fine while the
+    # session grows.
     # More processes than this in the JVM's session → a planned (drained) restart. 0 = off.
     max_session_processes: int = 48
     health_interval_s: float = 5.0
@@ -104,11 +104,15 @@ class ServerConfig:
             "spark.sql.execution.arrow.pyspark.enabled": "true",
             "spark.pyspark.python": self.python,
             "spark.python.worker.faulthandler.enabled": "true",
-            # Connect keys Python worker pools by session (SPARK_JOB_ARTIFACT_UUID) and never reaps a
-            # closed session's pool (SPARK-54055). Without reuse only the pool's daemon stays behind:
-            # measured 3 instead of 7 processes and ~150 instead of ~650 MiB RSS left per run, at
-            # the same batch latency (docs/benchmarks.md).
-            "spark.python.worker.reuse": "false",
+            # Python workers are reused (Spark's default, restated because it was off here before): a
+            # fresh worker per task costs fork + pyarrow/freshidx imports, ~0.35-0.45 s per Python task
+            # on this box, and a micro-batch has two in a row (read, segment). Measured, warm Connect
+            # session, 100k-doc window: micro-batch 2.7-3.7 s -> 2.2-2.5 s (docs/benchmarks.md).
+            # Connect keys worker pools by session and never drops a closed session's daemon
+            # (SPARK-54055); its idle workers are stopped after a minute (measured: 19 -> 9 processes,
+            # 3.4 -> 1.8 GiB 80 s after three sessions closed), so reuse adds no lasting processes.
+            # max_session_processes bounds what stays.
+            "spark.python.worker.reuse": "true",
             # the `store` option of our data source carries credentials
             "spark.sql.redaction.options.regex": "(?i)url|^store$",
             # Every run shares this one application. FIFO would queue a micro-batch's small stages
