@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import random
 import re
 import sys
@@ -142,7 +143,14 @@ def seed_history(store_dir: Path, cfg: GeneratorConfig, now: dt.datetime, window
     parts = history_partitions(now, dt.timedelta(minutes=window_minutes))
     records = 0
     for p in parts:
-        records += write_partition(store, cfg, p).records
+        written = write_partition(store, cfg, p)
+        records += written.records
+        # A history partition's files arrived at its own time, as upstream's would: otherwise every seeded
+        # file is newer than the first full index's listing minus the clock-skew margin
+        # (segments.files_to_read), and the first micro-batch after it re-reads the whole window.
+        at = p.at.timestamp()
+        for key in written.keys:
+            os.utime(store_dir / key, (at, at))
     return records, round(time.monotonic() - t0, 1)
 
 
