@@ -181,7 +181,8 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
     """The Spark part: read what is known, build and stage the segment. Returns (result, state seconds);
     the state is read inside the build (once the batch is known) or, for a rebuild, before it."""
     num_shards = settings.delta_shards if kind is BuildKind.REBUILD else settings.delta_segment_shards
-    state = _StateRead(spark, store_config, kind, state_manifest, version, num_shards)
+    state = _StateRead(spark, store_config, kind, state_manifest, version, num_shards,
+                       settings.delta_state_cache_mb * 2**20)
     try:
         result = build_version(
             spark, store_config, index=INDEX, version=version, files=file_list, num_shards=num_shards,
@@ -212,9 +213,9 @@ class _StateRead:
     """
 
     def __init__(self, spark: SparkSession, store_config: StoreConfig, kind: BuildKind,
-                 manifest: dict[str, Any] | None, version: str, num_shards: int) -> None:
+                 manifest: dict[str, Any] | None, version: str, num_shards: int, cache_bytes: int) -> None:
         self.spark, self.store_config, self.kind, self.manifest = spark, store_config, kind, manifest
-        self.version, self.num_shards = version, num_shards
+        self.version, self.num_shards, self.cache_bytes = version, num_shards, cache_bytes
         self.seconds = 0.0
         self.frame: DataFrame | None = None
         if manifest is not None and kind is BuildKind.REBUILD:
@@ -228,7 +229,8 @@ class _StateRead:
             assert self.manifest is not None
             manifest = self.manifest
             return lambda valid: segment_shards(self.spark, self.store_config, manifest, valid, index=INDEX,
-                                                version=self.version, num_shards=self.num_shards)
+                                                version=self.version, num_shards=self.num_shards,
+                                                state_cache_bytes=self.cache_bytes)
         assert self.frame is not None
         frame = self.frame
         return lambda valid: write_index_shards(transform.expand_to_products(transform.latest_per_ad(valid), frame),

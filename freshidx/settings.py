@@ -95,6 +95,10 @@ class PipelineSettings(BaseModel):
         description="delta micro-batches: incremental (append a segment of what changed) | window (rebuild "
         "the window every time)")
     delta_segment_shards: int = Field(1, ge=1, le=4096, description="output shards of one incremental segment")
+    delta_state_cache_mb: int = Field(
+        256, ge=0, le=65536,
+        description="per Python worker: MiB of decoded state files (immutable) kept for the next micro-batches "
+        "(reused workers: a continuous run decodes only new segments); 0 = off")
     delta_max_segments: int = Field(
         24, ge=1, le=1000,
         description="segments one delta version may hold before a micro-batch rebuilds the window instead")

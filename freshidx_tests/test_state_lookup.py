@@ -1,5 +1,6 @@
 """The micro-batch's state lookup (freshidx.spark.state_lookup.select_rows), pure Arrow: which rows of
-the published state a batch needs, read from row groups that hold them only."""
+the published state a batch needs, read from row groups that hold them only, and decoded once per worker
+(freshidx.spark.decoded_cache)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,18 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from freshidx.spark.decoded_cache import DecodedCache
 from freshidx.spark.shards import COVERED_ARROW_SCHEMA, COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, conform
-from freshidx.spark.state_lookup import select_rows
+from freshidx.spark.state_lookup import StateFile, select_rows
+
+
+def _file(f: pq.ParquetFile, name: str, kind: str, opened: list[str] | None = None) -> StateFile:
+    def opener() -> pq.ParquetFile:
+        if opened is not None:
+            opened.append(name)
+        return f
+
+    return StateFile(name, kind, opener)
 
 
 def _docs(path: Path, rows: list[tuple[str, str]], row_group: int) -> pq.ParquetFile:
@@ -41,7 +52,8 @@ def test_selects_batch_ads_their_old_products_and_every_ad_of_touched_products(t
     # The batch: a10 changes (p1 touched), a30 moved to p7 (its old product p3 and p7 touched),
     # z (paused before, in no product now) comes back.
     keys = pa.table({"ad_id": ["a10", "a30", "z"], "product_id": ["p1", "p7", "p2"]})
-    out = pa.Table.from_batches(list(select_rows(keys, [(docs, DOCS_FILE), (covered, COVERED_FILE)])))
+    files = [_file(docs, "d", DOCS_FILE), _file(covered, "c", COVERED_FILE)]
+    out = pa.Table.from_batches(list(select_rows(keys, files, DecodedCache(0))))
     got = sorted(zip(out.column("ad_id").to_pylist(), out.column("status").to_pylist(), strict=True))
     touched = {"p1", "p2", "p3", "p7"}
     want = sorted([(a, "active") for a, p in rows if p in touched] + [("a11", "deleted"), ("z", "paused")])
@@ -52,6 +64,34 @@ def test_selects_batch_ads_their_old_products_and_every_ad_of_touched_products(t
 def test_reads_only_row_groups_that_hold_a_needed_row(tmp_path: Path) -> None:
     rows = [(f"a{p}{i}", f"p{p}") for p in range(10) for i in range(4)]
     docs = _docs(tmp_path / DOCS_FILE, rows, row_group=8)
+    read = _spy_row_groups(docs)
+    keys = pa.table({"ad_id": ["a00"], "product_id": ["p0"]})
+    out = pa.Table.from_batches(list(select_rows(keys, [_file(docs, "d", DOCS_FILE)], DecodedCache(0))))
+    assert sorted(out.column("ad_id").to_pylist()) == ["a00", "a01", "a02", "a03"]
+    assert read == [0]  # p0 lives in the first row group only
+
+
+def test_a_reused_worker_decodes_each_immutable_file_once(tmp_path: Path) -> None:
+    rows = [(f"a{p}{i}", f"p{p}") for p in range(10) for i in range(4)]
+    docs = _docs(tmp_path / DOCS_FILE, rows, row_group=8)
+    read = _spy_row_groups(docs)
+    cache, opened = DecodedCache(1 << 20), []
+    first = pa.table({"ad_id": ["a00"], "product_id": ["p0"]})
+    second = pa.table({"ad_id": ["a01", "a90"], "product_id": ["p0", "p9"]})
+    got = [sorted(pa.Table.from_batches(list(select_rows(k, [_file(docs, "d", DOCS_FILE, opened)], cache)))
+                  .column("ad_id").to_pylist()) for k in (first, second, first)]
+    assert got[0] == got[2] == ["a00", "a01", "a02", "a03"]
+    assert got[1] == ["a00", "a01", "a02", "a03", "a90", "a91", "a92", "a93"]
+    # the key pass and row group 0 once, row group 4 (p9) when first needed; the file opened twice only
+    assert read == [0, 4] and opened == ["d", "d"]
+    # over budget: nothing is kept, every call reads again
+    small, opened = DecodedCache(16), []
+    for _ in range(2):
+        list(select_rows(first, [_file(docs, "d", DOCS_FILE, opened)], small))
+    assert opened == ["d", "d"] and small.nbytes == 0
+
+
+def _spy_row_groups(docs: pq.ParquetFile) -> list[int]:
     read: list[int] = []
     original = docs.read_row_group
 
@@ -60,7 +100,4 @@ def test_reads_only_row_groups_that_hold_a_needed_row(tmp_path: Path) -> None:
         return original(i, *args, **kwargs)
 
     docs.read_row_group = spy  # type: ignore[method-assign]
-    keys = pa.table({"ad_id": ["a00"], "product_id": ["p0"]})
-    out = pa.Table.from_batches(list(select_rows(keys, [(docs, DOCS_FILE)])))
-    assert sorted(out.column("ad_id").to_pylist()) == ["a00", "a01", "a02", "a03"]
-    assert read == [0]  # p0 lives in the first row group only
+    return read

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -35,6 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from freshidx import segment_merge
 from freshidx.records import ACTIVE
+from freshidx.spark.decoded_cache import DecodedCache
 from freshidx.spark.index_shards import DOCS_DDL, version_files, widen, write_index_shards, write_one_index_shard
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.shards import (
@@ -50,10 +52,12 @@ from freshidx.store import StoreConfig
 from freshidx.transform import TYPED_FIELDS
 
 KEY_COLUMNS = ("ad_id", "product_id")
+#: The state files a Python worker decoded, for its next tasks (budget set by each task).
+_CACHE = DecodedCache(0)
 
 
 def segment_shards(spark: SparkSession, store_config: StoreConfig, manifest: dict[str, Any], batch: DataFrame,
-                   *, index: str, version: str, num_shards: int) -> list[ShardCommit]:
+                   *, index: str, version: str, num_shards: int, state_cache_bytes: int = 0) -> list[ShardCommit]:
     """Stage an incremental micro-batch's segment: ``num_shards`` shards of ``segment_merge.segment_rows``
     of ``batch``'s latest record per ad over the state that ``manifest`` (``{"shards": [...]}`` of the
     full version and the kept segments) knows. ``batch``: the valid records read (``TYPED_FIELDS``
@@ -64,19 +68,20 @@ def segment_shards(spark: SparkSession, store_config: StoreConfig, manifest: dic
     needs (:func:`select_rows`), merges them (Arrow) and, for one shard (the default), writes the shard
     itself: one single-stage Spark job over the build's checkpoint, whatever the window. More shards: the
     merged rows are hash-split and written by :func:`write_index_shards` as in any build.
+    ``state_cache_bytes``: what each Python worker may keep decoded between tasks (:data:`_CACHE`).
     """
     files = [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)]
     files += [(k, COVERED_FILE) for k in version_files(manifest, COVERED_FILE)]
     rows = batch.select(*TYPED_FIELDS).coalesce(1)
     store_json = store_to_json(store_config)
     if num_shards == 1:
-        return write_sharded(rows, store_config, 1, _merge_and_write(files, index, version),
+        return write_sharded(rows, store_config, 1, _merge_and_write(files, state_cache_bytes, index, version),
                              what="segment_shards")
-    merged = rows.mapInArrow(_merge_task(store_json, files), DOCS_DDL)
+    merged = rows.mapInArrow(_merge_task(store_json, files, state_cache_bytes), DOCS_DDL)
     return write_index_shards(merged, store_config, index, version, num_shards)
 
 
-def _merged(config: StoreConfig, files: list[tuple[str, str]], batches: Iterable[pa.RecordBatch],
+def _merged(config: StoreConfig, files: list[tuple[str, str]], cache_bytes: int, batches: Iterable[pa.RecordBatch],
             seconds: dict[str, float] | None = None) -> Iterator[pa.RecordBatch]:
     """The segment's rows; ``seconds`` receives the time spent receiving the batch, reading the state
     rows and merging."""
@@ -87,11 +92,15 @@ def _merged(config: StoreConfig, files: list[tuple[str, str]], batches: Iterable
     if batch.num_rows == 0:
         return
     fs = config.arrow_fs()
-    opened = [(pq.ParquetFile(fs.open_input_file(config.arrow_path(k))), kind) for k, kind in files]
+    _CACHE.resize(cache_bytes)
+    # Named by endpoint and path: two S3 servers may hold a bucket of the same name.
+    state_files = [StateFile(f"{config.endpoint_url or ''}|{config.arrow_path(k)}", kind,
+                             lambda k=k: pq.ParquetFile(fs.open_input_file(config.arrow_path(k))))
+                   for k, kind in files]
     try:
-        state = pa.Table.from_batches(list(select_rows(batch, opened)), schema=DOCS_ARROW_SCHEMA)
+        state = pa.Table.from_batches(list(select_rows(batch, state_files, _CACHE)), schema=DOCS_ARROW_SCHEMA)
     finally:
-        for f, _ in opened:
+        for f in state_files:
             f.close()
     t2 = time.monotonic()
     rows = segment_merge.segment_rows(batch, state)
@@ -100,11 +109,11 @@ def _merged(config: StoreConfig, files: list[tuple[str, str]], batches: Iterable
     yield from rows.to_batches()
 
 
-def _merge_and_write(files: list[tuple[str, str]], index: str, version: str) -> ShardWriter:
+def _merge_and_write(files: list[tuple[str, str]], cache_bytes: int, index: str, version: str) -> ShardWriter:
     def write(config: StoreConfig, shard: int, attempt: int, batches: Iterable[pa.RecordBatch]) -> ShardCommit:
         seconds: dict[str, float] = {}
         commit = write_one_index_shard(config, index, version, shard, attempt,
-                                       _merged(config, files, batches, seconds))
+                                       _merged(config, files, cache_bytes, batches, seconds))
         # "rows" (the time until the merged rows were in) is spent in batch + state + merge
         written = {k: v for k, v in commit.seconds.items() if k != "rows"}
         return dataclasses.replace(commit, seconds={**seconds, **written})
@@ -112,20 +121,50 @@ def _merge_and_write(files: list[tuple[str, str]], index: str, version: str) -> 
     return write
 
 
-def _merge_task(store_json: str, files: list[tuple[str, str]]
+def _merge_task(store_json: str, files: list[tuple[str, str]], cache_bytes: int
                 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from _merged(store_from_json(store_json), files, batches)
+        yield from _merged(store_from_json(store_json), files, cache_bytes, batches)
 
     return run
 
 
-def select_rows(keys: pa.Table, files: list[tuple[pq.ParquetFile, str]]) -> Iterator[pa.RecordBatch]:
-    """The two passes over opened state files (pure Arrow; tested without Spark)."""
+@dataclass
+class StateFile:
+    """One state file: ``name`` (its store path: state files are immutable, so the name is a cache key),
+    ``kind`` (``docs.parquet`` or ``covered.parquet``) and how to open it (on first use only)."""
+
+    name: str
+    kind: str
+    opener: Callable[[], pq.ParquetFile]
+    _file: pq.ParquetFile | None = None
+
+    def parquet(self) -> pq.ParquetFile:
+        if self._file is None:
+            self._file = self.opener()
+        return self._file
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _read_keys(f: pq.ParquetFile) -> tuple[pa.Table, list[int]]:
+    """The key columns (a covered file, the kill-list, has no product) and the row group sizes."""
+    keys = f.read(columns=[c for c in KEY_COLUMNS if c in f.schema_arrow.names])
+    return keys, [f.metadata.row_group(g).num_rows for g in range(f.metadata.num_row_groups)]
+
+
+def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache) -> Iterator[pa.RecordBatch]:
+    """The two passes over the state files (pure Arrow; tested without Spark). What is decoded goes
+    through ``cache`` (a reused worker's next micro-batch decodes only files it has not seen)."""
     batch_ads = pc.unique(keys.column("ad_id").combine_chunks())
     products = pc.unique(keys.column("product_id").combine_chunks().drop_null())
-    # Pass 1: key columns only. A covered file (kill-list) has no product.
-    key_tables = [f.read(columns=[c for c in KEY_COLUMNS if c in f.schema_arrow.names]) for f, _ in files]
+    # Pass 1: key columns only.
+    key_info = [cache.get((f.name, "keys"), lambda f=f: _read_keys(f.parquet()), lambda v: v[0].nbytes)
+                for f in files]
+    key_tables = [t for t, _ in key_info]
     prior = [t.filter(pc.is_in(t.column("ad_id"), value_set=batch_ads)) for t in key_tables]
     products = pc.unique(pa.concat_arrays([products, *(
         t.column("product_id").combine_chunks().drop_null() for t in prior if "product_id" in t.column_names)]))
@@ -133,19 +172,19 @@ def select_rows(keys: pa.Table, files: list[tuple[pq.ParquetFile, str]]) -> Iter
                    for t in key_tables if "product_id" in t.column_names]
     candidates = pc.unique(pa.concat_arrays([batch_ads, *in_products]))
     # Pass 2: whole records of the row groups holding a candidate's row, then just those rows.
-    for (f, kind), t in zip(files, key_tables, strict=True):
+    for f, (t, sizes) in zip(files, key_info, strict=True):
         hit = pc.is_in(t.column("ad_id"), value_set=candidates)
         if not pc.any(hit).as_py():
             continue
         groups, start = [], 0
-        for g in range(f.metadata.num_row_groups):
-            n = f.metadata.row_group(g).num_rows
+        for g, n in enumerate(sizes):
             if pc.any(hit.slice(start, n)).as_py():
                 groups.append((g, start, n))
             start += n
         for g, start, n in groups:
-            rows = f.read_row_group(g).filter(hit.slice(start, n))
-            if kind != DOCS_FILE:  # the kill-list's active ads are whole records in docs.parquet
+            group = cache.get((f.name, g), lambda f=f, g=g: f.parquet().read_row_group(g), lambda v: v.nbytes)
+            rows = group.filter(hit.slice(start, n))
+            if f.kind != DOCS_FILE:  # the kill-list's active ads are whole records in docs.parquet
                 rows = rows.filter(pc.not_equal(rows.column("status"), ACTIVE))
             for b in rows.to_batches():
-                yield conform(b, DOCS_ARROW_SCHEMA) if kind == DOCS_FILE else widen(b, DOCS_ARROW_SCHEMA)
+                yield conform(b, DOCS_ARROW_SCHEMA) if f.kind == DOCS_FILE else widen(b, DOCS_ARROW_SCHEMA)

@@ -1,0 +1,62 @@
+"""Decoded parts of immutable store files, kept by a Python worker between tasks (DESIGN §9).
+
+A micro-batch's segment task reads the key columns of every state file and the row groups that hold
+the rows it needs (:mod:`freshidx.spark.state_lookup`). Those files never change: every key carries its
+index version and task attempt. With Python worker reuse (``spark.python.worker.reuse``, on in
+``freshidx spark-server``) a continuous run's micro-batches land on the same few workers, so what one
+task decoded serves the next ones, and a micro-batch decodes only the newest segment's files instead
+of the whole state again. Bounded by bytes (least recently used out first); 0 turns it off.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class DecodedCache:
+    """A byte-bounded LRU of decoded values; ``size`` says what a value weighs."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def resize(self, max_bytes: int) -> None:
+        with self._lock:
+            self.max_bytes = max_bytes
+            self._evict()
+
+    def get(self, key: Hashable, load: Callable[[], T], size: Callable[[T], int]) -> T:
+        """The cached value of ``key``, or ``load()``'s (kept if it fits the budget)."""
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return found[0]  # type: ignore[return-value]
+            self.misses += 1
+        value = load()  # outside the lock: a slow read never blocks another key
+        weight = size(value)
+        with self._lock:
+            if weight <= self.max_bytes and key not in self._items:
+                self._items[key] = (value, weight)
+                self._bytes += weight
+                self._evict()
+        return value
+
+    def _evict(self) -> None:
+        while self._bytes > self.max_bytes and self._items:
+            _, (_, weight) = self._items.popitem(last=False)
+            self._bytes -= weight
