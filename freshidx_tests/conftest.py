@@ -37,7 +37,7 @@ SLOW_MODULES = frozenset({
 
 #: Seconds per module in a full run (junit XML of ``scripts/test.sh``'s pytest command, 2 workers, quiet
 #: 2-core box, 2026-11-24: 22:02; relative sizes are what matter). ``scripts/test.sh`` runs with
-#: ``--dist loadfile --no-loadscope-reorder`` and the modules are handed out longest first, so the two
+#: ``--dist loadfile --no-loadscope-reorder`` and the modules are handed out longest first, so the
 #: workers end together instead of one running a 4-minute end-to-end test alone at the end (xdist's
 #: default order puts single-test modules last). Modules not listed take a few seconds and go last.
 #: Not refreshed on purpose: three clean clones on 2026-11-25 took 1218 s and 1383 s in pytest with this
