@@ -101,3 +101,22 @@ def _spy_row_groups(docs: pq.ParquetFile) -> list[int]:
 
     docs.read_row_group = spy  # type: ignore[method-assign]
     return read
+
+
+def test_the_worker_cache_outlives_tasks_shipped_by_value() -> None:
+    # A Connect client ships freshidx by value (session.ship_package_by_value): every task unpickles its
+    # own copy of the module globals it references, yet must find the one cache of its worker process.
+    from pyspark import cloudpickle
+
+    import freshidx
+    from freshidx.spark import decoded_cache, state_lookup
+
+    cloudpickle.register_pickle_by_value(freshidx)
+    try:
+        payload = cloudpickle.dumps(state_lookup._merged)  # what a segment task carries
+        tasks = [cloudpickle.loads(payload) for _ in range(2)]
+    finally:
+        cloudpickle.unregister_pickle_by_value(freshidx)
+    caches = [t.__globals__["resolve_worker_cache"](1 << 20) for t in tasks]
+    assert caches[0] is caches[1] is decoded_cache.worker_cache(1 << 20)
+    assert tasks[0].__globals__ is not tasks[1].__globals__  # (the copies the cache must not live in)

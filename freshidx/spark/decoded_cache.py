@@ -10,6 +10,7 @@ of the whole state again. Bounded by bytes (least recently used out first); 0 tu
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -60,3 +61,31 @@ class DecodedCache:
         while self._bytes > self.max_bytes and self._items:
             _, (_, weight) = self._items.popitem(last=False)
             self._bytes -= weight
+
+
+_WORKER: DecodedCache | None = None
+
+
+def worker_cache(max_bytes: int) -> DecodedCache:
+    """This process's cache, with its budget set to ``max_bytes``.
+
+    Tasks must reach it through :func:`resolve_worker_cache`: a Spark Connect client may ship freshidx to
+    the server *by value* (``session.ship_package_by_value``), and a function pickled by value carries a
+    copy of its module's globals, so a module-level cache reached directly would be new in every task.
+    """
+    global _WORKER
+    if _WORKER is None:
+        _WORKER = DecodedCache(max_bytes)
+    else:
+        _WORKER.resize(max_bytes)
+    return _WORKER
+
+
+def resolve_worker_cache(max_bytes: int) -> DecodedCache:
+    """:func:`worker_cache` of the *installed* module (imported at run time, so the one instance of this
+    worker process); a cache that keeps nothing where freshidx is not installed on the worker."""
+    try:
+        module = importlib.import_module(__name__)
+    except ImportError:
+        return DecodedCache(0)
+    return module.worker_cache(max_bytes)  # type: ignore[no-any-return]

@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from freshidx import segment_merge
 from freshidx.records import ACTIVE
-from freshidx.spark.decoded_cache import DecodedCache
+from freshidx.spark.decoded_cache import DecodedCache, resolve_worker_cache
 from freshidx.spark.index_shards import DOCS_DDL, version_files, widen, write_index_shards, write_one_index_shard
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.shards import (
@@ -52,8 +52,6 @@ from freshidx.store import StoreConfig
 from freshidx.transform import TYPED_FIELDS
 
 KEY_COLUMNS = ("ad_id", "product_id")
-#: The state files a Python worker decoded, for its next tasks (budget set by each task).
-_CACHE = DecodedCache(0)
 
 
 def segment_shards(spark: SparkSession, store_config: StoreConfig, manifest: dict[str, Any], batch: DataFrame,
@@ -68,7 +66,8 @@ def segment_shards(spark: SparkSession, store_config: StoreConfig, manifest: dic
     needs (:func:`select_rows`), merges them (Arrow) and, for one shard (the default), writes the shard
     itself: one single-stage Spark job over the build's checkpoint, whatever the window. More shards: the
     merged rows are hash-split and written by :func:`write_index_shards` as in any build.
-    ``state_cache_bytes``: what each Python worker may keep decoded between tasks (:data:`_CACHE`).
+    ``state_cache_bytes``: what each Python worker may keep decoded between tasks
+    (:func:`freshidx.spark.decoded_cache.resolve_worker_cache`).
     """
     files = [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)]
     files += [(k, COVERED_FILE) for k in version_files(manifest, COVERED_FILE)]
@@ -92,13 +91,13 @@ def _merged(config: StoreConfig, files: list[tuple[str, str]], cache_bytes: int,
     if batch.num_rows == 0:
         return
     fs = config.arrow_fs()
-    _CACHE.resize(cache_bytes)
+    cache = resolve_worker_cache(cache_bytes)
     # Named by endpoint and path: two S3 servers may hold a bucket of the same name.
     state_files = [StateFile(f"{config.endpoint_url or ''}|{config.arrow_path(k)}", kind,
                              lambda k=k: pq.ParquetFile(fs.open_input_file(config.arrow_path(k))))
                    for k, kind in files]
     try:
-        state = pa.Table.from_batches(list(select_rows(batch, state_files, _CACHE)), schema=DOCS_ARROW_SCHEMA)
+        state = pa.Table.from_batches(list(select_rows(batch, state_files, cache)), schema=DOCS_ARROW_SCHEMA)
     finally:
         for f in state_files:
             f.close()
