@@ -27,8 +27,6 @@ class DecodedCache:
         self._items: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
 
     @property
     def nbytes(self) -> int:
@@ -45,9 +43,7 @@ class DecodedCache:
             found = self._items.get(key)
             if found is not None:
                 self._items.move_to_end(key)
-                self.hits += 1
                 return found[0]  # type: ignore[return-value]
-            self.misses += 1
         value = load()  # outside the lock: a slow read never blocks another key
         weight = size(value)
         with self._lock:

@@ -93,9 +93,10 @@ def _merged(config: StoreConfig, files: list[tuple[str, str]], cache_bytes: int,
     fs = config.arrow_fs()
     cache = resolve_worker_cache(cache_bytes)
     # Named by endpoint and path: two S3 servers may hold a bucket of the same name.
-    state_files = [StateFile(f"{config.endpoint_url or ''}|{config.arrow_path(k)}", kind,
-                             lambda k=k: pq.ParquetFile(fs.open_input_file(config.arrow_path(k))))
-                   for k, kind in files]
+    paths = [(config.arrow_path(k), kind) for k, kind in files]
+    state_files = [StateFile(f"{config.endpoint_url or ''}|{path}", kind,
+                             lambda path=path: pq.ParquetFile(fs.open_input_file(path)))
+                   for path, kind in paths]
     try:
         state = pa.Table.from_batches(list(select_rows(batch, state_files, cache)), schema=DOCS_ARROW_SCHEMA)
     finally:
