@@ -35,26 +35,25 @@ SLOW_MODULES = frozenset({
 })
 
 
-#: Seconds per module in a full run (junit XML of ``scripts/test.sh``'s pytest command, 2 workers, quiet
-#: 2-core box, 2026-11-24: 22:02; relative sizes are what matter). ``scripts/test.sh`` runs with
-#: ``--dist loadfile --no-loadscope-reorder`` and the modules are handed out longest first, so the
-#: workers end together instead of one running a 4-minute end-to-end test alone at the end (xdist's
-#: default order puts single-test modules last). Modules not listed take a few seconds and go last.
-#: Not refreshed on purpose: three clean clones on 2026-11-25 took 1218 s and 1383 s in pytest with this
-#: table and 1284 s with one rebuilt from measured sizes (spark_server 269, ledger_explains 199,
-#: daemon_e2e 146, backfill_e2e 138, ...): the run-to-run spread of this VM is larger than any effect of
-#: the order, so there is nothing to gain from re-tuning it on single runs.
+#: Seconds per module in a full run (``--durations=0`` of ``scripts/test.sh``'s pytest command, 3 workers,
+#: quiet 2-core box, 2026-11-26; the deployment modules measured beside each other the same day, the
+#: cluster's Connect case estimated). ``scripts/test.sh`` runs with ``--dist loadfile
+#: --no-loadscope-reorder`` and the modules are handed out longest first, so the workers end together
+#: instead of one running a 5-minute end-to-end module alone at the end (xdist's default order puts
+#: single-test modules last). Modules not listed take a few seconds and go last. Relative sizes are what
+#: matter: this VM's speed varies up to ~2x from day to day (the same suite took 871 and 1632 CPU-s).
 MODULE_SECONDS = {
-    "test_spark_server": 283, "test_daemon_e2e": 241, "test_backfill_e2e": 237, "test_ledger_explains": 210,
-    "test_catchup": 160, "test_incremental_equivalence": 143, "test_connect_retry": 128, "test_micro_batch_crash": 110,
-    "test_supervisor_stop": 127, "test_sensor_e2e": 116, "test_run_health_e2e": 101, "test_delta_versions": 75,
-    "test_devserver": 67, "test_demo_stop": 61, "test_search_e2e": 57, "test_version_conflicts": 56,
-    "test_sla": 55, "test_quarantine_replay": 51, "test_launchpad_graphql": 42, "test_listing": 40,
-    "test_hourly_build": 30, "test_checks_graphql": 21, "test_launchpad_validation": 21, "test_bench": 17,
-    "test_run_health": 17, "test_overlap": 14, "test_ambiguous_commit": 13, "test_publish": 13,
-    "test_full_late_inputs": 13, "test_no_green_noop": 13, "test_serving": 13, "test_readiness": 12,
-    "test_spark_source": 11, "test_store_contract": 10, "test_transform": 10, "test_generate": 10,
-    "test_continuous_e2e": 110, "test_continuous": 60,  # measured alone, 2026-11-24 (not yet in a full run)
+    "test_cluster": 350, "test_browser_ui": 306, "test_spark_server": 277, "test_postgres_e2e": 275,
+    "test_backfill_e2e": 173, "test_daemon_e2e": 173, "test_ledger_explains": 158, "test_supervisor_stop": 127,
+    "test_catchup": 120, "test_connect_retry": 102, "test_version_conflicts": 93, "test_sla": 92,
+    "test_devserver": 91, "test_run_health_e2e": 86, "test_sensor_e2e": 76, "test_delta_versions": 72,
+    "test_demo_stop": 65, "test_micro_batch_crash": 64, "test_continuous_e2e": 63,
+    "test_incremental_equivalence": 62, "test_launchpad_graphql": 48, "test_quarantine_replay": 44,
+    "test_search_e2e": 36, "test_compaction": 35, "test_listing": 35, "test_hourly_build": 33,
+    "test_checks_graphql": 26, "test_bench": 18, "test_continuous": 18, "test_run_health": 15,
+    "test_launchpad_validation": 13, "test_no_green_noop": 13, "test_overlap": 12, "test_serving": 11,
+    "test_transform": 10, "test_ambiguous_commit": 10, "test_shards": 9, "test_generate": 8,
+    "test_full_late_inputs": 8,
 }
 
 
@@ -64,21 +63,14 @@ def _module(item: pytest.Item) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks ``slow`` every test that starts a JVM or ``dagster dev`` (the fast lane, ``scripts/test.sh
-    --fast``, deselects them). Tests marked ``heavy`` run only with ``FRESHIDX_TEST_HEAVY=1``: together
-    they take longer than the whole rest of the suite on 2 cores, and the default suite must stay within
-    its time budget."""
+    --fast``, deselects them). Tests marked ``heavy`` (the deployment tests: standalone cluster, PostgreSQL,
+    the browser) are part of the suite; ``-m "not heavy"`` leaves them out of a quick local run."""
     items.sort(key=lambda item: -MODULE_SECONDS.get(_module(item), 0))  # stable: a module stays in order
     for item in items:
         module = _module(item)
         if (SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or module in SLOW_MODULES
                 or "daemon" in item.keywords or "heavy" in item.keywords):
             item.add_marker(pytest.mark.slow)
-    if os.environ.get("FRESHIDX_TEST_HEAVY") == "1":
-        return
-    skip = pytest.mark.skip(reason="heavy (cluster, PostgreSQL deployment, slow JVM restarts): FRESHIDX_TEST_HEAVY=1")
-    for item in items:
-        if "heavy" in item.keywords:
-            item.add_marker(skip)
 
 
 #: Set process-wide by a Spark Connect client session; they switch later ``pyspark.sql.functions``

@@ -211,7 +211,7 @@ def computed_outcomes(s: Setup) -> dict[tuple[str, str], sla.CheckOutcome]:
 
 
 @pytest.mark.daemon
-@pytest.mark.heavy  # 9-16 min on 2 cores: opt-in (FRESHIDX_TEST_HEAVY=1) to keep the default suite in budget
+@pytest.mark.heavy  # 4-16 min on 2 cores (the VM's speed varies): the module the suite starts among the first
 @pytest.mark.timeout(3600)  # four Spark runs and a full rebuild on a busy 2-core box, each polled generously
 def test_user_flows_and_asset_checks_in_a_real_browser(setup: Setup) -> None:
     s = setup

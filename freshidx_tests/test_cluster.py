@@ -130,9 +130,6 @@ def test_delta_full_and_hourly_through_the_cluster_match_local_mode(
     assert sum(len(v) for v in got["hourly"].values()) > 0
 
 
-@pytest.mark.skipif(os.environ.get("FRESHIDX_TEST_CLUSTER_CONNECT", "0") != "1",
-                    reason="opt-in (FRESHIDX_TEST_CLUSTER_CONNECT=1): a third JVM and 3 more builds cost minutes "
-                           "on the 2-core suite box; the Connect path itself is covered by test_connect_retry.py")
 def test_connect_server_attached_to_the_cluster_matches_local_mode(
         cluster: StandaloneCluster, moto_endpoint: str, spark: Any, reference: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -107,7 +107,7 @@ def _up(st: dict[str, Any]) -> Any:
 
 
 # Each case starts at least one JVM (two for the restarts); the CDS dump and a second full start are
-# the slowest and run with FRESHIDX_TEST_HEAVY=1 (conftest), so the suite keeps its time budget.
+# the slowest (marked heavy: ``-m "not heavy"`` leaves them out of a quick local run).
 MOMENTS = ["spawned", "warming-up", pytest.param("dumping-cds", marks=pytest.mark.heavy), "draining",
            "restarting-old-jvm", pytest.param("restarting-new-jvm", marks=pytest.mark.heavy), "sigkill-up"]
 

@@ -13,8 +13,8 @@ if [[ "${1:-}" == "--fast" ]]; then
     shift
     exec .venv/bin/python -m pytest -n 2 -m "not slow" --durations=10 freshidx_tests "$@"
 fi
-# Three workers on the 2-core box, one test file each at a time, longest files first
-# (conftest.MODULE_SECONDS): much of the suite waits on JVMs, dagster dev and sensor ticks (with two
-# workers the cores were busy ~48% of the time; clean clones: 1354 s with three, 1579-1677 s with two on
-# the code of a few commits earlier).
-exec .venv/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25 freshidx_tests "$@"
+# Four workers on the 2-core box, one test file each at a time, longest files first
+# (conftest.MODULE_SECONDS): much of the suite waits on JVMs, dagster dev and sensor ticks. With the
+# deployment tests (cluster, PostgreSQL, browser) in the suite, four workers took 1074 s on a quiet box
+# (~11.6 GiB used at peak); three without them 789 s the same day (the deployment modules alone: 343 s).
+exec .venv/bin/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=25 freshidx_tests "$@"

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import logging
 import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -103,25 +104,29 @@ def cmd_spark_server(*, status: bool, as_json: bool, **options: Any) -> int:
         rc = 1
     finally:
         sup.stop()
-        faulthandler.unregister(signal.SIGUSR1)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    _exit_now_if_client_threads_linger(rc)
+    _exit_without_joining_client_threads(rc)
     return rc
 
 
-def _exit_now_if_client_threads_linger(rc: int) -> None:
+def _exit_without_joining_client_threads(rc: int) -> NoReturn:
     """Once the JVM is stopped and ``down`` is written, exit without joining pyspark's client threads.
 
-    A warm-up or probe stopped mid-query leaves a ``ReleaseExecute`` RPC in pyspark's (non-daemon)
-    thread pool, retrying against the dead server for minutes; the interpreter's exit would join it,
-    and a supervisor told to stop must exit within seconds (the demo SIGKILLs it after 30 s)."""
+    A warm-up or probe stopped mid-query leaves its (daemon) thread inside a gRPC call to the dead server;
+    when that call fails, pyspark submits a ``ReleaseExecute`` to its release thread pool, whose new
+    (non-daemon) worker retries against the dead server for minutes, and the interpreter's exit joins it.
+    That can happen at any moment after the stop, so no check of the threads alive now is enough (seen:
+    a supervisor still running 60 s after SIGTERM during warm-up, no thread lingering at the check).
+    Nothing is left to do at this point: the state is written, the state dir unlocked, the JVM reaped."""
     lingering = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
     if lingering:
         print(f"freshidx spark-server: exiting without waiting for client threads {lingering}", file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    faulthandler.unregister(signal.SIGUSR1)
+    os._exit(rc)
 
 
 def _opt(*decls: str, **kw: Any) -> click.Option:
