@@ -318,10 +318,19 @@ class WebserverClient:
 
     def _set_sensor_status(self, name: str, want: str, mutate: Callable[[], None], timeout: float) -> dict[str, Any]:
         """Apply ``mutate`` until the sensor's status is ``want`` with no tick in flight: a tick that
-        started before the mutation can write back the status it read (seen once on a loaded box)."""
+        started before the mutation can write back the status it read (seen once on a loaded box). An
+        HTTP 5xx is retried too: on PostgreSQL the stop mutation failed with 500 once right after start-up,
+        while the daemon ran the sensor's first tick (likely both writing its state row)."""
         deadline = time.monotonic() + timeout
         while True:
-            mutate()
+            try:
+                mutate()
+            except requests.HTTPError as exc:
+                status = exc.response.status_code if exc.response is not None else 0
+                if status < 500 or time.monotonic() >= deadline:
+                    raise
+                time.sleep(POLL_INTERVAL)
+                continue
             while (st := self.sensor_state(name, tick_limit=1))["ticks"] and st["ticks"][0]["status"] == "STARTED":
                 if time.monotonic() >= deadline:
                     break
