@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,7 @@ import psutil
 import pytest
 
 from freshidx import procs
+from freshidx.cli.spark_server import _relay_signals
 from freshidx.spark.lease import acquire_lease
 from freshidx.spark.server_launch import port_accepts
 from freshidx.spark.server_state import read_state
@@ -167,3 +169,23 @@ def test_stop_at_any_moment_leaves_no_process(tmp_path: Path, moment: str) -> No
     finally:
         lease.close()
         cli.kill()
+
+
+@pytest.mark.timeout(120)
+def test_a_signal_arriving_while_the_main_thread_holds_an_events_lock_is_still_acted_on() -> None:
+    """The supervisor's main thread waits on the event a stop request sets (``Event.wait`` holds the
+    event's lock at its entry and exit). A handler that set the event itself would block on that lock in
+    the very thread holding it, forever (seen as a supervisor still running 60 s after SIGTERM while
+    draining); the relay acts from its own thread once the lock is free."""
+    event = threading.Event()
+    previous = _relay_signals([signal.SIGUSR2], lambda signum: event.set())
+    try:
+        with event._cond:  # as inside Event.wait: the lock held by the thread the handler runs in
+            os.kill(os.getpid(), signal.SIGUSR2)
+            for _ in range(10_000):  # the handler runs between these bytecodes, under the lock
+                pass
+            assert not event.is_set()  # the relay is still waiting for the lock
+        assert event.wait(60), "the relayed signal never set the event"
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

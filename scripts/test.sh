@@ -17,4 +17,4 @@ fi
 # (conftest.MODULE_SECONDS): much of the suite waits on JVMs, dagster dev and sensor ticks. With the
 # deployment tests (cluster, PostgreSQL, browser) in the suite, four workers took 1074 s on a quiet box
 # (~11.6 GiB used at peak); three without them 789 s the same day (the deployment modules alone: 343 s).
-exec .venv/bin/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=25 freshidx_tests "$@"
+exec .venv/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25 freshidx_tests "$@"

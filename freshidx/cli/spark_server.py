@@ -6,6 +6,7 @@ watches and when it restarts); ``python -m freshidx.spark.server`` runs this sam
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import logging
@@ -13,7 +14,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -82,18 +83,15 @@ def cmd_spark_server(*, status: bool, as_json: bool, **options: Any) -> int:
 
     sup = SparkConnectSupervisor(cfg, on_state=emit)
     stop = threading.Event()
-    previous: dict[int, Any] = {}
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        stop.set()
-        sup.request_stop()  # the JVM gets SIGTERM now, whatever run_forever is in the middle of
+    def on_signal(signum: int) -> None:
+        if signum == signal.SIGHUP:
+            sup.request_restart("planned-manual")
+        else:
+            stop.set()
+            sup.request_stop()  # the JVM gets SIGTERM now, whatever run_forever is in the middle of
 
-    def on_hup(signum: int, _frame: Any) -> None:
-        sup.request_restart("planned-manual")
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, on_signal)
-    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
+    previous = _relay_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), on_signal)
     # `kill -USR1 <supervisor>` prints every thread's stack to stderr: a stop that hangs is diagnosable
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     rc = 0
@@ -108,6 +106,29 @@ def cmd_spark_server(*, status: bool, as_json: bool, **options: Any) -> int:
             signal.signal(sig, handler)
     _exit_without_joining_client_threads(rc)
     return rc
+
+
+def _relay_signals(signums: Sequence[int], act: Callable[[int], None]) -> dict[int, Any]:
+    """Act on ``signums`` in a thread of their own; returns the previous handlers.
+
+    A Python signal handler runs in the main thread between two bytecodes, possibly while that thread
+    sits in ``Event.wait()`` holding the event's lock: ``Event.set()`` on the same event from the handler
+    then deadlocks (seen: SIGTERM while the supervisor waited for a drain, never exited). The handler only
+    writes the signal number to a pipe, which cannot block on a lock; the relay thread acts on it."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+
+    def handler(signum: int, _frame: Any) -> None:
+        with contextlib.suppress(OSError):  # a full pipe: signals are already waiting to be handled
+            os.write(write_end, bytes([signum]))
+
+    def relay() -> None:
+        while data := os.read(read_end, 64):
+            for signum in data:
+                act(signum)
+
+    threading.Thread(target=relay, name="freshidx-signal-relay", daemon=True).start()
+    return {sig: signal.signal(sig, handler) for sig in signums}
 
 
 def _exit_without_joining_client_threads(rc: int) -> NoReturn:

@@ -352,9 +352,11 @@ class ServerProcess:
             self._started_mono = None
 
     def request_stop(self) -> None:
-        """Ask for a stop from anywhere (a signal handler too: takes no lock). Whatever the supervisor is
-        doing, the current JVM gets SIGTERM now, every start or restart in progress gives up, and no
-        JVM is spawned after this. :meth:`stop` finishes the job (SIGKILL after the grace, reaping)."""
+        """Ask for a stop from any thread (not from a signal handler: ``Event.set`` takes the event's
+        lock, which the interrupted main thread may hold in ``wait``; the CLI relays signals to a thread).
+        Whatever the supervisor is doing, the current JVM gets SIGTERM now, every start or restart in
+        progress gives up, and no JVM is spawned after this. :meth:`stop` finishes the job (SIGKILL after
+        the grace, reaping)."""
         if self._stop_at is None:
             self._stop_at = time.monotonic()
         self._stop.set()
