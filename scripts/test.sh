@@ -14,7 +14,8 @@ if [[ "${1:-}" == "--fast" ]]; then
     exec .venv/bin/python -m pytest -n 2 -m "not slow" --durations=10 freshidx_tests "$@"
 fi
 # Four workers on the 2-core box, one test file each at a time, longest files first
-# (conftest.MODULE_SECONDS): much of the suite waits on JVMs, dagster dev and sensor ticks. With the
-# deployment tests (cluster, PostgreSQL, browser) in the suite, four workers took 1074 s on a quiet box
-# (~11.6 GiB used at peak); three without them 789 s the same day (the deployment modules alone: 343 s).
-exec .venv/bin/python -m pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25 freshidx_tests "$@"
+# (conftest.MODULE_SECONDS). The cores are busy ~100% of the run (JVMs, dagster dev, Dagster runs);
+# a fourth worker still overlaps the waits of start-ups and sensor ticks: clean clones with the
+# deployment tests (cluster, PostgreSQL, browser), back to back on 2026-11-26: 1128 s in pytest with
+# four workers, 1218 s with three (~11.6 GiB used at peak with four).
+exec .venv/bin/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=25 freshidx_tests "$@"
