@@ -212,6 +212,10 @@ def test_jvm_left_by_a_killed_supervisor_is_killed_on_next_start(tmp_path: Path)
     )
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     try:
+        # A real leftover JVM exec'd long ago; a child just forked still shows pytest's command line until
+        # its exec (on a loaded box that took long enough for kill_leftover to see no markers once).
+        poll_until(lambda: SERVER_CLASS in procs.cmdline(orphan.pid), timeout=120, interval=0.05,
+                   what="the stand-in orphan's command line")
         (tmp_path / "state.json").write_text(json.dumps(
             {"status": "up", "pid": orphan.pid, "hostname": HOSTNAME, "supervisor_pid": bystander.pid}))
         # not ours (no markers): left alone
