@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from freshidx import procs
-from freshidx.cli.spark_server import _relay_signals
+from freshidx.cli.spark_server import relay_signals
 from freshidx.spark.lease import acquire_lease
 from freshidx.spark.server_launch import port_accepts
 from freshidx.spark.server_state import read_state
@@ -178,7 +178,7 @@ def test_a_signal_arriving_while_the_main_thread_holds_an_events_lock_is_still_a
     the very thread holding it, forever (seen as a supervisor still running 60 s after SIGTERM while
     draining); the relay acts from its own thread once the lock is free."""
     event = threading.Event()
-    previous = _relay_signals([signal.SIGUSR2], lambda signum: event.set())
+    previous = relay_signals([signal.SIGUSR2], lambda signum: event.set())
     try:
         with event._cond:  # as inside Event.wait: the lock held by the thread the handler runs in
             os.kill(os.getpid(), signal.SIGUSR2)

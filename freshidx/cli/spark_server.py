@@ -91,7 +91,7 @@ def cmd_spark_server(*, status: bool, as_json: bool, **options: Any) -> int:
             stop.set()
             sup.request_stop()  # the JVM gets SIGTERM now, whatever run_forever is in the middle of
 
-    previous = _relay_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), on_signal)
+    previous = relay_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), on_signal)
     # `kill -USR1 <supervisor>` prints every thread's stack to stderr: a stop that hangs is diagnosable
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     rc = 0
@@ -108,7 +108,7 @@ def cmd_spark_server(*, status: bool, as_json: bool, **options: Any) -> int:
     return rc
 
 
-def _relay_signals(signums: Sequence[int], act: Callable[[int], None]) -> dict[int, Any]:
+def relay_signals(signums: Sequence[int], act: Callable[[int], None]) -> dict[int, Any]:
     """Act on ``signums`` in a thread of their own; returns the previous handlers.
 
     A Python signal handler runs in the main thread between two bytecodes, possibly while that thread
