@@ -79,7 +79,8 @@ def build_resources(settings: Settings) -> dict[str, Any]:
     return {
         "store": store,
         "spark": SparkResource(remote=settings.spark_remote, master=settings.spark_master,
-                               server_state_dir=settings.spark_server_state),
+                               server_state_dir=settings.spark_server_state,
+                               keep_sessions=settings.spark_keep_sessions),
         "freshidx": FreshidxSettings.from_settings(settings),
         "index_io_manager": IndexIOManager(store=store),
         "bucket_io_manager": BucketIOManager(store=store),

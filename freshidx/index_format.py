@@ -193,6 +193,10 @@ class IndexBuilder:
         self.writer.commit()
         self.writer.wait_merging_threads()  # consumes the writer
         self.finished = True
+        # Drop tantivy's index and writer now (their Rust side holds the directory, lock files and
+        # background threads), so nothing of tantivy's still touches the directory once the caller
+        # ships and deletes it.
+        del self.writer, self.index
         return self.docs
 
     def files(self) -> list[str]:

@@ -227,6 +227,9 @@ class Settings(PipelineSettings, BaseSettings):
     spark_master: str = Field("local[2]", description="master for local mode")
     spark_server_state: str | None = Field(
         None, description="state dir of a supervised `freshidx spark-server` (runs take leases from it)")
+    spark_keep_sessions: bool = Field(
+        True, description="delta runs attach to one Connect session the server keeps between runs (warm Python "
+                          "workers and caches); needs spark_server_state; false = a new session per run")
 
     @classmethod
     def settings_customise_sources(

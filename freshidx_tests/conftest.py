@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -245,39 +246,107 @@ def stop_spark_server(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(10)
 
 
+#: Set by the controller (the xdist controller, or the one process without xdist) in ``pytest_configure``:
+#: where the suite's one shared Spark Connect server keeps its pid, environment and logs. Workers inherit it.
+SHARED_CONNECT_DIR_VAR = "PYTEST_FRESHIDX_SHARED_CONNECT_DIR"
+#: Heap of the shared server: every xdist worker's Dagster runs lease it, so a few runs overlap; 2g keeps
+#: their builds clear of a heap-triggered planned restart (which would drain every worker's runs).
+SHARED_CONNECT_HEAP = "2g"
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _is_controller(config) and SHARED_CONNECT_DIR_VAR not in os.environ:
+        import tempfile
+
+        os.environ[SHARED_CONNECT_DIR_VAR] = tempfile.mkdtemp(prefix="freshidx-tests-connect-")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The controller stops the shared server once every worker is done (a worker that finishes early
+    must not stop it under the others), and removes its directory unless the run failed."""
+    if not _is_controller(session.config) or not (shared := os.environ.get(SHARED_CONNECT_DIR_VAR)):
+        return
+    root = Path(shared)
+    pid_file = root / "pid"
+    if pid_file.exists():
+        stop_spark_server_group(int(pid_file.read_text()))
+    if exitstatus == 0:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def stop_spark_server_group(pid: int, grace_s: float = 90.0) -> None:
+    """SIGTERM a ``freshidx spark-server`` that leads its own session (it drains and stops its JVM); SIGKILL
+    the whole session if it is still there after ``grace_s``. For a server this process did not start."""
+    import signal
+
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(grace_s)
+    except psutil.NoSuchProcess:
+        return
+    except psutil.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="session")
-def shared_spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """One supervised Spark Connect server (``freshidx spark-server``) per test worker, shared by the
-    Dagster runs of the end-to-end tests, as the demo shares one: a local JVM per run costs 10-60 s
-    of start-up each on a busy 2-core box. Yields the environment a run needs to use it. Started
-    only for the tests that ask for it; stopped (SIGTERM, then SIGKILL) at the end of the session.
+def shared_spark_connect() -> Iterator[dict[str, str]]:
+    """One supervised Spark Connect server (``freshidx spark-server``) for the whole suite, shared by the
+    Dagster runs of the end-to-end tests of every xdist worker, as the demo shares one: a local JVM per
+    run costs 10-60 s of start-up each on a busy 2-core box, and one server per worker cost a JVM start,
+    its JIT warm-up and its health probes four times over. The first worker that asks starts it (under
+    a file lock; the others wait and reuse it); the controller stops it at the end of the session
+    (:func:`pytest_sessionfinish`). Yields the environment a run needs to use it.
     Tests that restart, drain or kill a server start their own (test_connect_retry.py,
     test_spark_server.py)."""
+    import fcntl
+    import json
+
     from freshidx.spark.server_state import read_state
     from freshidx_tests.polling import poll_until
 
-    root = tmp_path_factory.mktemp("shared-spark-connect")
-    port = free_port()
+    root = Path(os.environ[SHARED_CONNECT_DIR_VAR])
     state_dir = root / "state"
-    with open(root / "spark-server.out", "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "freshidx.spark.server", "--port", str(port), "--state-dir", str(state_dir),
-             "--driver-memory", "1g", "--no-class-data-sharing", *TEST_JVM_ARGS],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable},
-        )
-    try:
-        def up() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"freshidx spark-server exited with {proc.returncode}; see {root / 'spark-server.out'}")
-            return (read_state(state_dir) or {}).get("status") == "up"
+    env_file = root / "env.json"
+    with open(root / "start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # held while one worker starts it; the others block here
+        if not env_file.exists():
+            port = free_port()
+            with open(root / "spark-server.out", "ab") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "freshidx.spark.server", "--port", str(port), "--state-dir",
+                     str(state_dir), "--driver-memory", SHARED_CONNECT_HEAP, "--no-class-data-sharing",
+                     *TEST_JVM_ARGS],
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                    env={**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable},
+                )
+            (root / "pid").write_text(str(proc.pid))
 
-        # Start-up and warm-up are polled with a generous deadline (a JVM start on a loaded box).
-        poll_until(up, timeout=600, interval=0.5, what=f"shared Spark Connect server on port {port} up")
-        yield {"FRESHIDX_SPARK_REMOTE": f"sc://127.0.0.1:{port}", "FRESHIDX_SPARK_SERVER_STATE": str(state_dir)}
-    finally:
-        stop_spark_server(proc)
+            def up() -> bool:
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"freshidx spark-server exited with {proc.returncode}; see {root / 'spark-server.out'}")
+                return (read_state(state_dir) or {}).get("status") == "up"
+
+            try:
+                # Start-up and warm-up are polled with a generous deadline (a JVM start on a loaded box).
+                poll_until(up, timeout=600, interval=0.5, what=f"shared Spark Connect server on port {port} up")
+            except BaseException:
+                stop_spark_server(proc)  # the next worker that asks starts a new one
+                (root / "pid").unlink(missing_ok=True)
+                raise
+            env_file.write_text(json.dumps(
+                {"FRESHIDX_SPARK_REMOTE": f"sc://127.0.0.1:{port}", "FRESHIDX_SPARK_SERVER_STATE": str(state_dir)}))
+    yield json.loads(env_file.read_text())
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from freshidx.defs.io_manager import (  # TAG_SKIPPED re-exported: the sensors s
     refusal_unless_newer,
 )
 from freshidx.defs.publishing_io_manager import PublishPolicy
-from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
+from freshidx.defs.resources import KEPT_SESSION, FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.delta import DeltaPlan, build_delta
 from freshidx.lifecycle import Decision, Mark, TriggerId, decision_for
 from freshidx.listing import newest_partition
@@ -176,7 +176,7 @@ def delta_index(
         _nothing_new_before_build(context, st, partition)
         return
     context.log.info(f"building delta for {partition.path} (watermark {watermark.path if watermark else None})")
-    with spark.session() as session:
+    with spark.session(keep_as=KEPT_SESSION) as session:
         draft = build_delta(
             session, st, store.store_config(), settings,
             DeltaPlan(partition=partition, watermark=watermark, run_id=context.run_id, run_info=run_info,

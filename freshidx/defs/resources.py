@@ -61,6 +61,10 @@ class ObjectStoreResource(dg.ConfigurableResource):
         return self._store
 
 
+#: The kept Connect session delta runs attach to (sensor-triggered, UI-launched and continuous alike).
+KEPT_SESSION = "delta"
+
+
 class SparkResource(dg.ConfigurableResource):
     """A SparkSession: local mode (embedded default), a cluster master (``spark://host:port``, the
     driver runs in this process and executors on the cluster's workers), or Spark Connect
@@ -82,15 +86,22 @@ class SparkResource(dg.ConfigurableResource):
     planned restart drains first, and a run arriving during a restart waits (then fails clearly)."""
     # A drained restart on a loaded 2-core box took 53-175 s: a retry must outwait one.
     lease_timeout_seconds: float = 300.0
+    keep_sessions: bool = True
+    """Runs that ask for a kept session (``session(keep_as="delta")``) attach to one server-side Connect
+    session by name instead of opening a new one (warm Python workers, plan cache, decoded state:
+    :mod:`freshidx.spark.kept_session`). Needs ``server_state_dir``; ``False`` = a new session per run."""
 
     _session: Any = PrivateAttr(default=None)
+    _kept: bool = PrivateAttr(default=False)
     _leases: Any = PrivateAttr(default=None)
     _run_id: str = PrivateAttr(default="adhoc")
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._run_id = context.run_id or "adhoc"
 
-    def get_session(self) -> Any:
+    def get_session(self, keep_as: str | None = None) -> Any:
+        """The run's session (created on first use). ``keep_as`` names the kept Connect session to attach
+        to (see :attr:`keep_sessions`); the first call decides, later calls return the same session."""
         if self._session is None:
             from freshidx.spark.session import build_connect_session, build_local_session
 
@@ -104,7 +115,15 @@ class SparkResource(dg.ConfigurableResource):
                         acquire_lease(self.server_state_dir, self._run_id, timeout_s=self.lease_timeout_seconds)
                     )
                     remote = lease.url or remote
-                self._session = build_connect_session(remote, dict(self.conf))
+                conf = dict(self.conf)
+                if keep_as and self.keep_sessions and self.server_state_dir:
+                    from freshidx.spark.kept_session import attach
+
+                    self._session = attach(remote, self.server_state_dir, keep_as,
+                                           lambda url: build_connect_session(url, conf))
+                    self._kept = True
+                else:
+                    self._session = build_connect_session(remote, conf)
             elif is_cluster_master(self.master):
                 session = build_local_session(self.master, conf={**cluster_conf(self.master), **self.conf})
                 ship_package_zip(session)
@@ -114,7 +133,7 @@ class SparkResource(dg.ConfigurableResource):
         return self._session
 
     @contextlib.contextmanager
-    def session(self) -> Iterator[Any]:
+    def session(self, keep_as: str | None = None) -> Iterator[Any]:
         """The run's session, dropped (with its lease) if the body fails.
 
         A step retry runs in the same process with the same resource instance; had the Connect
@@ -122,17 +141,20 @@ class SparkResource(dg.ConfigurableResource):
         (``NO_ACTIVE_SESSION``). Dropping it makes the retry lease and connect afresh.
         """
         try:
-            yield self.get_session()
+            yield self.get_session(keep_as)
         except BaseException:
             self.discard()
             raise
 
     def discard(self) -> None:
-        """Forget a Connect session and release its lease (local sessions stay: they are per process)."""
+        """Forget a Connect session and release its lease (local sessions stay: they are per process).
+        A kept session is left open on the server for the next run."""
         if self._session is not None and self.remote:
-            with contextlib.suppress(Exception):  # the server may be gone; nothing to close then
-                self._session.stop()
+            from freshidx.spark.connect_client import close_session
+
+            close_session(self._session, release=not self._kept)  # never raises: the server may be gone
             self._session = None
+            self._kept = False
         if self._leases is not None:
             self._leases.close()
             self._leases = None
