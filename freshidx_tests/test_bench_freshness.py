@@ -92,7 +92,10 @@ def test_mode_summary_goal_and_dominant_stage() -> None:
     assert r["dominant_stage_p50"] == "spark_job_to_published"
     assert r["worst_sample"].endswith("minute=01")
     assert r["dominant_stage_worst_sample"] == "published_to_searchable"
-    assert r["goal"]["met"] is False and r["goal"]["p50_met"] is False and r["goal"]["max_met"] is True
+    assert r["goal"] == {"p50_goal_s": 6.0, "max_goal_s": 10.0, "met": False, "p50_met": False, "max_met": False}
+    assert bf.goal_verdict(r, 11.0, 12.0) == {"p50_goal_s": 11.0, "max_goal_s": 12.0, "met": True, "p50_met": True,
+                                              "max_met": True}
+    assert bf.goal_verdict(r, 10.0, 12.0)["p50_met"] is False  # p50 10.5
     json.dumps(r)  # JSON-able
 
 
@@ -138,7 +141,7 @@ def test_continuous_stages_summary_and_table() -> None:
     assert "delta mode sensor" in sensor and "arrival → run created (sensor)" in sensor
     for *_, label, _ in bf.CONTINUOUS_STAGES:
         assert label in continuous
-    assert "goal p50 ≤ 3 s, max ≤ 6 s: met" in continuous and "goal p50 ≤ 8 s, max ≤ 15 s" in sensor
+    assert "goal p50 ≤ 3 s, max ≤ 6 s: met" in continuous and "goal p50 ≤ 6 s, max ≤ 10 s" in sensor
     json.dumps(r)
 
 

@@ -10,8 +10,10 @@ from typing import Any
 
 from freshidx.tools.bench_common import MODES
 
-GOAL_P50_S = 8.0
-GOAL_MAX_S = 15.0
+#: Sensor mode, Connect, 100k-doc window: the incremental-delta issue's goal (an earlier issue asked for
+#: p50 ≤ 8 s, max ≤ 15 s; the verdict line used to print that one).
+GOAL_P50_S = 6.0
+GOAL_MAX_S = 10.0
 
 #: Events recorded per partition, in pipeline order.
 EVENTS = ("arrival", "sensor_tick", "run_created", "run_start", "body_start", "listed", "built", "published",
