@@ -235,15 +235,11 @@ TEST_JVM_ARGS = [arg for key, value in TEST_JVM_CONF.items() for arg in ("--conf
 def stop_spark_server(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM a ``freshidx spark-server`` started in its own session (it drains and stops its JVM);
     SIGKILL its whole session if it is not gone within 90 s."""
-    import signal
-
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    if proc.poll() is not None:
+        return  # gone (and reaped): its pid may belong to another process by now
+    stop_spark_server_group(proc.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)  # reaped already by the wait above; this sets proc.returncode
 
 
 #: Set by the controller (the xdist controller, or the one process without xdist) in ``pytest_configure``:
@@ -282,13 +278,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def stop_spark_server_group(pid: int, grace_s: float = 90.0) -> None:
     """SIGTERM a ``freshidx spark-server`` that leads its own session (it drains and stops its JVM); SIGKILL
-    the whole session if it is still there after ``grace_s``. For a server this process did not start."""
+    the whole session if it is still there after ``grace_s``. Works for a server this process did not
+    start (the shared one, stopped by the xdist controller)."""
     import signal
 
     import psutil
 
     try:
         proc = psutil.Process(pid)
+        if "freshidx.spark.server" not in " ".join(proc.cmdline()):
+            return  # not ours: the server is gone and its pid was reused
         proc.send_signal(signal.SIGTERM)
         proc.wait(grace_s)
     except psutil.NoSuchProcess:
@@ -296,6 +295,8 @@ def stop_spark_server_group(pid: int, grace_s: float = 90.0) -> None:
     except psutil.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(psutil.Error):
+            proc.wait(10)
 
 
 @pytest.fixture(scope="session")

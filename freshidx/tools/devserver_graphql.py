@@ -292,7 +292,7 @@ class WebserverClient:
         """``{name, id, selectorId, status, minIntervalSeconds, ticks: [...]}`` (newest tick first).
 
         ``id`` is the instigation-state id (what ``stopSensor`` takes); each tick has
-        ``tickId status timestamp runIds runKeys skipReason error``.
+        ``tickId status timestamp endTimestamp runIds runKeys skipReason error``.
         """
         variables = {"sensorSelector": self._sensor_selector(name), "tickLimit": tick_limit}
         data = self.graphql(SENSOR_QUERY, variables)

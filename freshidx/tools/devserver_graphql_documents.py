@@ -88,7 +88,7 @@ _SENSOR_FIELDS = """
       selectorId
       status
       ticks(limit: $tickLimit) {
-        tickId status timestamp runIds runKeys skipReason error { message }
+        tickId status timestamp endTimestamp runIds runKeys skipReason error { message }
       }
     }
   }
