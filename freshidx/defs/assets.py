@@ -244,7 +244,7 @@ def full_index(
     run_info = {**_run_info(context, settings), **policy.run_record()}
     # No pre-build shortcut here: the same cutoff can be newer (late partitions), which only the
     # built draft's inputs can tell.
-    with spark.session() as session:
+    with spark.session(keep_as="full") as session:
         draft = build_full(session, st, store.store_config(), settings, cutoff=cutoff, run_id=context.run_id,
                            run_info=run_info)
     yield from _output_if_newer(context, st, draft)

@@ -59,7 +59,7 @@ def delta_compaction(
     tags = context.run.tags
     run_info = {"run_id": context.run_id, "trigger": tags.get(TAG_TRIGGER, "manual"),
                 "run_key": tags.get("dagster/run_key"), "code_version": code_version()}
-    with spark.session() as session:
+    with spark.session(keep_as=PIPELINE) as session:
         result = compact_delta(session, st, store.store_config(), settings, run_id=context.run_id,
                                run_info=run_info)
     context.log.info(f"compaction {result.outcome}: {result.reason}")

@@ -103,7 +103,8 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
             hids = [catchup.layout.hour_id(i.hour) for i in todo]
             context.log.info(f"building {catchup.ASSET} {', '.join(hids)} in one Spark pass: "
                              f"{sum(len(i.files) for i in todo)} file(s), {kind}")
-            with spark.session() as session:  # a failure drops the session, so a step retry reconnects
+            # A failure drops the session, so a step retry reconnects.
+            with spark.session(keep_as=catchup.ASSET) as session:
                 built = build_buckets(session, store.store_config(), asset=catchup.ASSET, source=cfg.source,
                                       hours=todo, run_id=context.run_id,
                                       parts=cfg.hourly_parts, run_info=run_info, kind=kind,

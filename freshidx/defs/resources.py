@@ -62,6 +62,7 @@ class ObjectStoreResource(dg.ConfigurableResource):
 
 
 #: The kept Connect session delta runs attach to (sensor-triggered, UI-launched and continuous alike).
+#: Full, hourly and compaction runs keep one each too, named after their pipeline.
 KEPT_SESSION = "delta"
 
 
@@ -87,8 +88,9 @@ class SparkResource(dg.ConfigurableResource):
     # A drained restart on a loaded 2-core box took 53-175 s: a retry must outwait one.
     lease_timeout_seconds: float = 300.0
     keep_sessions: bool = True
-    """Runs that ask for a kept session (``session(keep_as="delta")``) attach to one server-side Connect
-    session by name instead of opening a new one (warm Python workers, plan cache, decoded state:
+    """Runs that ask for a kept session (``session(keep_as="delta")``: every freshidx run asks, by its
+    pipeline's name) attach to one server-side Connect session by name instead of opening a new one
+    (warm Python workers, plan cache, decoded state; and no Python worker daemon left behind per run:
     :mod:`freshidx.spark.kept_session`). Needs ``server_state_dir``; ``False`` = a new session per run."""
 
     _session: Any = PrivateAttr(default=None)
