@@ -270,7 +270,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     pid_file = root / "pid"
     if pid_file.exists():
         stop_spark_server_group(int(pid_file.read_text()))
-    if exitstatus == 0:
+    if exitstatus == 0 or not any(root.iterdir()):  # a failed run keeps the server's log
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
