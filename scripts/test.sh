@@ -17,5 +17,6 @@ fi
 # (conftest.MODULE_SECONDS). The cores are busy ~100% of the run (JVMs, dagster dev, Dagster runs);
 # a fourth worker still overlaps the waits of start-ups and sensor ticks: clean clones with the
 # deployment tests (cluster, PostgreSQL, browser), back to back on 2026-11-26: 1128 s in pytest with
-# four workers, 1218 s with three (~11.6 GiB used at peak with four).
+# four workers, 1218 s with three (~11.6 GiB used at peak with four); 1101 s with four that evening
+# (one shared Connect server for all workers, kept sessions).
 exec .venv/bin/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=25 freshidx_tests "$@"
