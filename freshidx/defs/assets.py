@@ -28,8 +28,9 @@ from freshidx.defs.io_manager import (  # TAG_SKIPPED re-exported: the sensors s
     refusal_unless_newer,
 )
 from freshidx.defs.publishing_io_manager import PublishPolicy
-from freshidx.defs.resources import KEPT_SESSION, FreshidxSettings, ObjectStoreResource, SparkResource
+from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.delta import DeltaPlan, build_delta
+from freshidx.latest_only import PIPELINE as DELTA_PIPELINE
 from freshidx.lifecycle import Decision, Mark, TriggerId, decision_for
 from freshidx.listing import newest_partition
 from freshidx.partitions import PartitionError, PartitionId
@@ -176,7 +177,7 @@ def delta_index(
         _nothing_new_before_build(context, st, partition)
         return
     context.log.info(f"building delta for {partition.path} (watermark {watermark.path if watermark else None})")
-    with spark.session(keep_as=KEPT_SESSION) as session:
+    with spark.session(keep_as=DELTA_PIPELINE) as session:
         draft = build_delta(
             session, st, store.store_config(), settings,
             DeltaPlan(partition=partition, watermark=watermark, run_id=context.run_id, run_info=run_info,
@@ -234,6 +235,7 @@ def full_index(
     spark: SparkResource,
     freshidx: FreshidxSettings,
 ) -> Iterator[dg.Output[DraftManifest]]:
+    from freshidx.full import INDEX as FULL_INDEX
     from freshidx.full import build_full
 
     settings = freshidx.settings(store.uri, store.endpoint_url)
@@ -244,7 +246,7 @@ def full_index(
     run_info = {**_run_info(context, settings), **policy.run_record()}
     # No pre-build shortcut here: the same cutoff can be newer (late partitions), which only the
     # built draft's inputs can tell.
-    with spark.session(keep_as="full") as session:
+    with spark.session(keep_as=FULL_INDEX) as session:
         draft = build_full(session, st, store.store_config(), settings, cutoff=cutoff, run_id=context.run_id,
                            run_info=run_info)
     yield from _output_if_newer(context, st, draft)

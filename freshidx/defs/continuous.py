@@ -49,7 +49,7 @@ from freshidx.continuous import (
 from freshidx.defs.assets import TAG_PIPELINE, TAG_TRIGGER, code_version, hourly_partitions
 from freshidx.defs.io_manager import outcome_metadata, outcome_tags, publish_index_draft, refusal_unless_newer
 from freshidx.defs.publishing_io_manager import PublishPolicy
-from freshidx.defs.resources import KEPT_SESSION, FreshidxSettings, ObjectStoreResource, SparkResource
+from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.defs.run_health import run_facts
 from freshidx.defs.runs import IN_FLIGHT, RUNNING
 from freshidx.defs.sensors import DagsterDeltaRuns, partition_observation
@@ -190,7 +190,7 @@ def _warm_up(context: dg.OpExecutionContext, spark: SparkResource) -> None:
     """Start (or attach to) the Spark session now, so the first micro-batch finds it warm."""
     t0 = time.monotonic()
     try:
-        with spark.session(keep_as=KEPT_SESSION):
+        with spark.session(keep_as=PIPELINE):
             pass
     except Exception as exc:  # the micro-batch retries; a failed warm-up is not a failed attempt
         context.log.warning(f"Spark session warm-up failed ({exc}); the first micro-batch will retry")
@@ -245,7 +245,7 @@ def _micro_batch(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectS
     # The same log lines as delta_index (the freshness bench reads them per stage).
     context.log.info(f"building delta for {p.path} (watermark {watermark.path if watermark else None})")
     try:
-        with spark.session(keep_as=KEPT_SESSION) as session:
+        with spark.session(keep_as=PIPELINE) as session:
             draft = build_delta(
                 session, st, store.store_config(), settings,
                 DeltaPlan(partition=p, watermark=watermark, run_id=context.run_id,

@@ -61,11 +61,6 @@ class ObjectStoreResource(dg.ConfigurableResource):
         return self._store
 
 
-#: The kept Connect session delta runs attach to (sensor-triggered, UI-launched and continuous alike).
-#: Full, hourly and compaction runs keep one each too, named after their pipeline.
-KEPT_SESSION = "delta"
-
-
 class SparkResource(dg.ConfigurableResource):
     """A SparkSession: local mode (embedded default), a cluster master (``spark://host:port``, the
     driver runs in this process and executors on the cluster's workers), or Spark Connect
