@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from freshidx import layout
 from freshidx.lifecycle import PublishOutcome
+from freshidx.segments import BuildKind
 from freshidx.store import NotFound, ObjectStore, PreconditionFailed, WriteOutcomeUnknown
 
 # What publish() answers; the ledger decision of each is freshidx.lifecycle.PUBLISH_DECISION.
@@ -272,9 +273,12 @@ def stale_base(draft: DraftManifest, current: Pointer | None) -> str:
     Iceberg's table commits, with the retry one level above the single attempt).
     """
     base = draft.inputs.get("based_on")
-    if not draft.segments or base is None or current is None or current.version == base:
+    if not draft.segments or current is None or current.version == base:
         return ""
-    return (f"validation failed: base changed: built on delta version {base}, but {current.version} serves "
+    if base is None and draft.inputs.get("build") != BuildKind.INCREMENTAL:
+        return ""  # a window rebuild rests on the window alone
+    built_on = f"delta version {base}" if base else "no delta (the full index alone)"
+    return (f"validation failed: base changed: built on {built_on}, but {current.version} serves "
             f"now (published meanwhile by run {current.run_id}); the next attempt builds on it")
 
 

@@ -39,7 +39,7 @@ class RebuildReason(StrEnum):
     """Why a micro-batch fell back to a window rebuild (recorded in the manifest and the ledger)."""
 
     FORCED = "forced"  # launchpad/CLI asked for it, or FRESHIDX_DELTA_BUILD=window
-    NO_DELTA = "no_delta"  # nothing published yet
+    NO_DELTA = "no_delta"  # nothing published yet, neither a delta nor a full index
     NOT_SEGMENTED = "not_segmented"  # the serving delta was written by a window build of an older format
     NO_FULL = "no_full"  # no full index: the delta alone covers the window
     FULL_BEHIND_WINDOW = "full_behind_window"  # the full cutoff is older than the window's start (outage)
@@ -116,20 +116,22 @@ def plan(
 
     ``previous``: segments of the serving delta version (``None``: it has none or cannot be read).
     Segments whose position is not after the full cutoff are dropped: the full index holds what they
-    consumed (files it did not list are read again, see :func:`files_to_read`). A rebuild is needed
-    when there is no earlier segment chain to extend, no full index to rest on, or the full index is
-    older than the window (an outage longer than the window: restart = jump to latest).
+    consumed (files it did not list are read again, see :func:`files_to_read`). The first delta after
+    a full index (no delta published yet) is incremental over the full index's state alone. A rebuild
+    is needed when there is no full index to rest on, the serving delta's segment chain cannot be read,
+    or the full index is older than the window (an outage longer than the window: restart = jump to
+    latest).
     """
     window_start = partition.at - window
+    if not has_previous_delta:
+        previous = ()  # the first delta rests on the full index alone: the state its build wrote
     rebuild: str | None = None
     if force_rebuild:
         rebuild = RebuildReason.FORCED
-    elif not has_previous_delta:
-        rebuild = RebuildReason.NO_DELTA
+    elif full is None:
+        rebuild = RebuildReason.NO_FULL if has_previous_delta else RebuildReason.NO_DELTA
     elif previous is None:
         rebuild = RebuildReason.NOT_SEGMENTED
-    elif full is None:
-        rebuild = RebuildReason.NO_FULL
     elif full.cutoff < window_start:
         rebuild = RebuildReason.FULL_BEHIND_WINDOW
     if rebuild is not None or full is None or previous is None:

@@ -28,6 +28,20 @@ def test_bench_build_json(spark: SparkSession, capsys: pytest.CaptureFixture[str
     assert not spark.sparkContext._jsc.sc().isStopped()  # a borrowed session is not stopped
 
 
+def test_bench_delta_json(spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 13's JSON shape; every measured micro-batch is incremental (the first one after the full build
+    too: it rests on the full index's state), and the borrowed session is left running."""
+    args = ["delta", "--window-docs", "3000", "--changes", "40", "--workdir", str(tmp_path / "w"), "--json"]
+    assert bench.main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    r = out["sizes"]["3000"]
+    assert r["incremental_s"] > 0 and r["rebuild_s"] > 0 and r["rebuild_docs"] > r["incremental_docs"] > 0
+    runs = r["incremental_runs_s"]
+    assert len(runs) == 3 and sorted(runs) == runs and runs[1] == r["incremental_s"]
+    assert {"state", "merge", "index"} <= set(r["incremental_steps"]), r["incremental_steps"]
+    assert not spark.sparkContext._jsc.sc().isStopped()
+
+
 def test_bench_query_json(spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["query", "--docs", "2000", "--queries", "30", "--shards", "2", "--workdir", str(tmp_path / "w"), "--json"]
     assert bench.main(args) == 0

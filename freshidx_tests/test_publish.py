@@ -221,15 +221,31 @@ def test_publishing_the_serving_draft_again_is_published_not_superseded(store: O
     assert not store.exists(layout.refusal_key("delta", d.version))
 
 
-def _segmented(store: ObjectStore, minutes: int, base: DraftManifest | None) -> DraftManifest:
-    """An incremental draft: the base's segments plus a new one (a rebuild when ``base`` is None)."""
+def _segmented(store: ObjectStore, minutes: int, base: DraftManifest | None, build: str = "") -> DraftManifest:
+    """An incremental draft: the base's segments plus a new one (a rebuild when ``base`` is None, unless
+    ``build`` says "incremental": the first delta over the full index alone)."""
     d = draft(store, minutes)
-    seg = {"version": d.version, "position": d.position, "kind": "incremental" if base else "rebuild",
+    build = build or ("incremental" if base else "rebuild")
+    seg = {"version": d.version, "position": d.position, "kind": build,
            "shards": d.shards, "doc_count": d.doc_count, "covered_count": d.doc_count, "files": [],
            "listed_at": d.position}
     earlier = list(base.segments or []) if base else []
     return dataclasses.replace(d, segments=[*earlier, seg], doc_count=d.doc_count * (len(earlier) + 1),
-                               inputs={"based_on": base.version if base else None})
+                               inputs={"based_on": base.version if base else None, "build": build})
+
+
+def test_two_first_micro_batches_over_the_full_index_never_lose_a_segment(store: ObjectStore) -> None:
+    """Two first deltas, each incremental over the full index alone (no delta yet): the second to publish
+    would drop the first one's segment, so it is refused (not final) and its retry builds on the first."""
+    b = _segmented(store, 5, None, build="incremental")
+    c = _segmented(store, 10, None, build="incremental")
+    assert publish(store, b).outcome == "published"
+    refused = publish(store, c)
+    assert refused.outcome == "invalid" and "built on no delta" in refused.reason, refused
+    retried = _segmented(store, 10, b)
+    assert publish(store, retried).outcome == "published"
+    manifest = store.get_json(layout.manifest_key("delta", retried.version))[0]
+    assert [s["version"] for s in manifest["segments"]] == [b.version, retried.version]
 
 
 def test_two_micro_batches_on_the_same_base_never_lose_a_segment(store: ObjectStore) -> None:
