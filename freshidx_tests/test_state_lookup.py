@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from freshidx.spark.decoded_cache import DecodedCache
+from freshidx.spark.key_index import MAX_KEY_BYTES, KeyIndex, query_keys
 from freshidx.spark.shards import COVERED_ARROW_SCHEMA, COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, conform
 from freshidx.spark.state_lookup import StateFile, select_rows
 
@@ -120,3 +123,47 @@ def test_the_worker_cache_outlives_tasks_shipped_by_value() -> None:
     caches = [t.__globals__["resolve_worker_cache"](1 << 20) for t in tasks]
     assert caches[0] is caches[1] is decoded_cache.worker_cache(1 << 20)
     assert tasks[0].__globals__ is not tasks[1].__globals__  # (the copies the cache must not live in)
+
+
+def _rows(out: pa.Table) -> list[tuple]:
+    return sorted(zip(*(out.column(c).to_pylist() for c in ("ad_id", "product_id", "status", "version")),
+                      strict=True), key=repr)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_key_index_answers_as_the_scan(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sorted key index (binary search) selects exactly the rows the is_in scan selects: ads in several
+    files, ads that moved product, products on row group edges, non-ASCII ids, ids of different lengths,
+    and (seed 5) an id too long for the index, which makes that file fall back to the scan."""
+    import random
+
+    rng = random.Random(seed)
+    ids = [f"ad-{i}" + ("é" * rng.randrange(3)) for i in range(300)]
+    if seed == 5:
+        ids[7] = "x" * (MAX_KEY_BYTES + 1)
+    products = [f"p{i}" for i in range(40)]
+    files = []
+    for n in range(3):  # three state files (full shard, segments), each with its own rows of some ads
+        rows = sorted(((a, rng.choice(products)) for a in rng.sample(ids, 150)), key=lambda r: r[1])
+        files.append(_file(_docs(tmp_path / f"docs-{n}.parquet", rows, row_group=rng.choice((7, 16, 64))),
+                           f"d{n}", DOCS_FILE))
+    gone = [(a, rng.choice(("deleted", "paused", "active"))) for a in rng.sample(ids, 40)]
+    files.append(_file(_covered(tmp_path / "covered.parquet", gone), "c", COVERED_FILE))
+    batch = pa.table({"ad_id": [*rng.sample(ids, 25), "never-seen"],
+                      "product_id": [*(rng.choice(products) for _ in range(25)), None]})
+    indexed = _rows(pa.Table.from_batches(list(select_rows(batch, files, DecodedCache(0))), DOCS_ARROW_SCHEMA))
+    monkeypatch.setattr(KeyIndex, "build", classmethod(lambda cls, keys, sizes: None))
+    scanned = _rows(pa.Table.from_batches(list(select_rows(batch, files, DecodedCache(0))), DOCS_ARROW_SCHEMA))
+    assert indexed == scanned and len(indexed) > 25
+
+
+def test_key_index_lookups() -> None:
+    keys = pa.table({"ad_id": ["b", "a", "c", "a", "é"], "product_id": ["p2", "p1", None, "p2", "p1"]})
+    index = KeyIndex.build(keys, [2, 3])
+    assert index is not None and index.num_rows == 5
+    assert index.rows_of_ads(query_keys(pa.array(["a", "zz", "é"]))).tolist() == [1, 3, 4]
+    assert sorted(index.products_of_rows(np.array([0, 2, 4]))) == [b"p1", b"p2"]  # row 2 has none
+    assert index.rows_of_products(query_keys(pa.array(["p2", "p9"]))).tolist() == [0, 3]
+    assert index.ads_of_rows(np.array([4, 0])).tolist() == ["é".encode(), b"b"]
+    assert KeyIndex.build(pa.table({"ad_id": ["a", "b" * (MAX_KEY_BYTES + 1)]}), [2]) is None
+    assert query_keys(pa.array(["a", None, "a\0", "b" * (MAX_KEY_BYTES + 1)])).tolist() == [b"a"]

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -38,6 +39,7 @@ from freshidx import segment_merge
 from freshidx.records import ACTIVE
 from freshidx.spark.decoded_cache import DecodedCache, resolve_worker_cache
 from freshidx.spark.index_shards import DOCS_DDL, version_files, widen, write_index_shards, write_one_index_shard
+from freshidx.spark.key_index import KeyIndex, query_keys
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.shards import (
     COVERED_FILE,
@@ -150,41 +152,69 @@ class StateFile:
             self._file = None
 
 
-def _read_keys(f: pq.ParquetFile) -> tuple[pa.Table, list[int]]:
-    """The key columns (a covered file, the kill-list, has no product) and the row group sizes."""
+def _read_keys(f: pq.ParquetFile) -> KeyIndex | tuple[pa.Table, list[int]]:
+    """The file's key index, or (for ids the index cannot hold) its key columns (a covered file, the
+    kill-list, has no product) and, either way, the row group sizes."""
     keys = f.read(columns=[c for c in KEY_COLUMNS if c in f.schema_arrow.names])
-    return keys, [f.metadata.row_group(g).num_rows for g in range(f.metadata.num_row_groups)]
+    sizes = [f.metadata.row_group(g).num_rows for g in range(f.metadata.num_row_groups)]
+    return KeyIndex.build(keys, sizes) or (keys, sizes)
+
+
+def _weight(keys: KeyIndex | tuple[pa.Table, list[int]]) -> int:
+    return keys.nbytes if isinstance(keys, KeyIndex) else keys[0].nbytes
+
+
+def _as_strings(values: np.ndarray) -> pa.Array:
+    return pa.array([v.decode() for v in values.tolist()], pa.string())
 
 
 def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache) -> Iterator[pa.RecordBatch]:
-    """The two passes over the state files (pure Arrow; tested without Spark). What is decoded goes
-    through ``cache`` (a reused worker's next micro-batch decodes only files it has not seen)."""
+    """The two passes over the state files (pure Arrow and numpy; tested without Spark). What is decoded
+    goes through ``cache`` (a reused worker's next micro-batch decodes only files it has not seen), and
+    a file's keys are looked up in its :class:`~freshidx.spark.key_index.KeyIndex` (binary search: the
+    cost follows the batch, not the state)."""
     batch_ads = pc.unique(keys.column("ad_id").combine_chunks())
     products = pc.unique(keys.column("product_id").combine_chunks().drop_null())
     # Pass 1: key columns only.
-    key_info = [cache.get((f.name, "keys"), lambda f=f: _read_keys(f.parquet()), lambda v: v[0].nbytes)
-                for f in files]
-    key_tables = [t for t, _ in key_info]
-    prior = [t.filter(pc.is_in(t.column("ad_id"), value_set=batch_ads)) for t in key_tables]
-    products = pc.unique(pa.concat_arrays([products, *(
-        t.column("product_id").combine_chunks().drop_null() for t in prior if "product_id" in t.column_names)]))
-    in_products = [t.filter(pc.is_in(t.column("product_id"), value_set=products)).column("ad_id").combine_chunks()
-                   for t in key_tables if "product_id" in t.column_names]
-    candidates = pc.unique(pa.concat_arrays([batch_ads, *in_products]))
+    key_info = [cache.get((f.name, "key-index"), lambda f=f: _read_keys(f.parquet()), _weight) for f in files]
+    wanted_ads = query_keys(batch_ads)
+    found: list[pa.Array] = [products]  # the batch's products and the products its ads were in
+    for info in key_info:
+        if isinstance(info, KeyIndex):
+            found.append(_as_strings(np.unique(info.products_of_rows(info.rows_of_ads(wanted_ads)))))
+        elif "product_id" in info[0].column_names:
+            prior = info[0].filter(pc.is_in(info[0].column("ad_id"), value_set=batch_ads))
+            found.append(prior.column("product_id").combine_chunks().drop_null())
+    products = pc.unique(pa.concat_arrays(found))
+    wanted_products = query_keys(products)
+    in_products: list[pa.Array] = [batch_ads]
+    for info in key_info:
+        if isinstance(info, KeyIndex):
+            in_products.append(_as_strings(np.unique(info.ads_of_rows(info.rows_of_products(wanted_products)))))
+        elif "product_id" in info[0].column_names:
+            t = info[0]
+            in_products.append(t.filter(pc.is_in(t.column("product_id"), value_set=products))
+                               .column("ad_id").combine_chunks())
+    candidates = pc.unique(pa.concat_arrays(in_products))
+    wanted_candidates = query_keys(candidates)
     # Pass 2: whole records of the row groups holding a candidate's row, then just those rows.
-    for f, (t, sizes) in zip(files, key_info, strict=True):
-        hit = pc.is_in(t.column("ad_id"), value_set=candidates)
-        if not pc.any(hit).as_py():
+    for f, info in zip(files, key_info, strict=True):
+        if isinstance(info, KeyIndex):
+            rows, sizes = info.rows_of_ads(wanted_candidates), info.row_group_sizes
+        else:
+            rows = np.flatnonzero(pc.is_in(info[0].column("ad_id"), value_set=candidates)
+                                  .to_numpy(zero_copy_only=False))
+            sizes = info[1]
+        if len(rows) == 0:
             continue
-        groups, start = [], 0
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
         for g, n in enumerate(sizes):
-            if pc.any(hit.slice(start, n)).as_py():
-                groups.append((g, start, n))
-            start += n
-        for g, start, n in groups:
+            lo, hi = np.searchsorted(rows, [bounds[g], bounds[g] + n], "left")
+            if lo == hi:
+                continue
             group = cache.get((f.name, g), lambda f=f, g=g: f.parquet().read_row_group(g), lambda v: v.nbytes)
-            rows = group.filter(hit.slice(start, n))
+            picked = group.take(pa.array(rows[lo:hi] - bounds[g]))
             if f.kind != DOCS_FILE:  # the kill-list's active ads are whole records in docs.parquet
-                rows = rows.filter(pc.not_equal(rows.column("status"), ACTIVE))
-            for b in rows.to_batches():
+                picked = picked.filter(pc.not_equal(picked.column("status"), ACTIVE))
+            for b in picked.to_batches():
                 yield conform(b, DOCS_ARROW_SCHEMA) if f.kind == DOCS_FILE else widen(b, DOCS_ARROW_SCHEMA)
