@@ -177,8 +177,10 @@ class DagsterUi:
         """Open the run's page; return the status shown next to its id (Success, Failure, Started, …)."""
         page = self.page
         self.goto(f"/runs/{run_id}")
-        page.get_by_text(run_id[:8], exact=True).first.wait_for()  # "Runs / <id>": this run's page
-        label = page.get_by_text(_RUN_STATUS_LABEL).first  # the tag right after the id comes first
+        # "Runs / <id>": this run's page. Any visible text that starts with the short id: on a backfill run's
+        # page the first exact match was once an element that never became visible (a suite failure).
+        page.get_by_text(re.compile("^" + re.escape(run_id[:8]))).filter(visible=True).first.wait_for()
+        label = page.get_by_text(_RUN_STATUS_LABEL).filter(visible=True).first  # the tag right after the id
         label.wait_for()
         return label.inner_text().strip()
 
