@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from freshidx import ledger
 from freshidx.lifecycle import LOST_REQUEST_GRACE, Decision, Mark, TriggerId, attempt_state
-from freshidx.listing import Ignored, Listing, partitions_after
+from freshidx.listing import Ignored, Listing, data_after, partitions_after
 from freshidx.partitions import PartitionId
 from freshidx.publish import parse_iso, read_pointer
 from freshidx.settings import Settings
@@ -89,6 +90,38 @@ class Applied:
     observations: list[tuple[PartitionId, dict[str, Any]]]
     request: Request | None
     skip_reason: str | None
+
+
+def wait_for_work(store: ObjectStore, settings: Settings, runs: RunIndex, *,
+                  clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Hold a tick until there is work: a partition newer than the watermark and (overlap policies
+    other than queue) no delta run in flight; True when there is, False after
+    ``settings.sensor_wait_seconds``. The daemon starts a sensor tick only every 5 s, so without this
+    an arrival waits 0-5 s before anyone looks; here it waits at most ``sensor_poll_seconds``.
+
+    Cost per look: one in-flight query; then, with no run in flight, one LIST call (the pointer is
+    read again only after a run was seen, since that run may have moved the watermark)."""
+    if settings.sensor_wait_seconds <= 0:
+        return True
+    deadline = clock() + settings.sensor_wait_seconds
+    watch_runs = settings.delta_overlap != "queue"
+    watermark: PartitionId | None = None
+    known = False  # whether `watermark` is the pointer's current partition
+    while True:
+        if watch_runs and runs.in_flight():
+            known = False
+        else:
+            if not known:
+                pointer, _ = read_pointer(store, PIPELINE)
+                if pointer is None or not pointer.source_partition:
+                    return True  # no delta yet: the full listing decides
+                watermark, known = PartitionId.parse(pointer.source_partition), True
+            if watermark is not None and data_after(store, settings.source, watermark):
+                return True
+        if clock() + settings.sensor_poll_seconds > deadline:
+            return False
+        sleep(settings.sensor_poll_seconds)
 
 
 def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.datetime,

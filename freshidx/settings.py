@@ -84,6 +84,16 @@ class PipelineSettings(BaseModel):
     source: str = Field("ad_updates", pattern=r"^[a-z][a-z0-9_]{0,62}$", description="raw source name")
     window_minutes: int = Field(300, gt=0, le=7 * 24 * 60, description="delta window length")
     sensor_interval_seconds: int = Field(5, ge=1, le=3600, description="delta sensor tick interval")
+    # The daemon evaluates sensors every 5 s (fixed in Dagster), so an arrival waited 0-5 s for a tick.
+    sensor_wait_seconds: float = Field(
+        4.0, ge=0, le=4.5,
+        description="delta sensor: a tick with nothing to do keeps watching for a newer partition (and for the "
+        "in-flight delta run to end) this long and requests the run as soon as there is one; 0 = answer at once. "
+        "At most 4.5 s: the next tick starts with the daemon's next 5 s loop")
+    sensor_poll_seconds: float = Field(
+        0.5, ge=0.05, le=5,
+        description="delta sensor: seconds between two looks while a tick waits (one LIST request each, "
+        "starting after the watermark; none while a delta run is in flight)")
     max_scan_hours: int = Field(
         0, ge=0, le=24 * 31,
         description="hours of listing the sensor may scan behind the newest partition (0 = window + 1 h)",

@@ -50,8 +50,8 @@ def test_percentile_interpolates_and_summarize_skips_missing() -> None:
     assert bf.summarize([None]) == {"p50": None, "p95": None, "max": None, "n": 0}
 
 
-def _events(t0: float, *, tick: float | None = 2.0, searchable: float | None = 9.0) -> dict[str, float | None]:
-    rel = {"arrival": 0.0, "sensor_tick": tick, "run_created": 2.5, "run_start": 4.0, "body_start": 4.5,
+def _events(t0: float, *, noticed: float | None = 2.0, searchable: float | None = 9.0) -> dict[str, float | None]:
+    rel = {"arrival": 0.0, "noticed": noticed, "run_created": 2.5, "run_start": 4.0, "body_start": 4.5,
            "listed": 5.0, "built": 7.5, "published": 7.6, "searchable": searchable}
     return {k: (t0 + v if v is not None else None) for k, v in rel.items()}
 
@@ -59,12 +59,12 @@ def _events(t0: float, *, tick: float | None = 2.0, searchable: float | None = 9
 def test_sample_stages_are_consecutive_and_add_up() -> None:
     st = bf.sample_stages(_events(1_000.0))
     assert st["arrival_to_run_created"] == 2.5
-    assert st["arrival_to_tick"] == 2.0 and st["tick_to_run_created"] == 0.5
+    assert st["arrival_to_noticed"] == 2.0 and st["noticed_to_run_created"] == 0.5
     assert st["session_and_listing"] == 0.5 and st["spark_build"] == 2.5 and st["publish"] == pytest.approx(0.1)
     assert sum(st[n] for n in bf.MAIN_STAGES) == pytest.approx(st["arrival_to_searchable"]) == 9.0
     assert st["arrival_to_published"] == pytest.approx(7.6)
-    missing = bf.sample_stages(_events(0.0, tick=None, searchable=None))
-    assert missing["arrival_to_tick"] is None and missing["arrival_to_searchable"] is None
+    missing = bf.sample_stages(_events(0.0, noticed=None, searchable=None))
+    assert missing["arrival_to_noticed"] is None and missing["arrival_to_searchable"] is None
     assert missing["run_created_to_start"] == 1.5
 
 
@@ -288,7 +288,7 @@ def _check_mode(r: dict[str, Any], mode: str, partitions: int) -> None:
         assert None not in ev.values(), ev
         assert ev["arrival"] <= ev["run_created"] <= ev["run_start"] <= ev["published"] <= ev["searchable"]
         assert ev["run_start"] <= ev["body_start"] <= ev["listed"] <= ev["built"] <= ev["published"]
-        assert ev["sensor_tick"] <= ev["run_created"]
+        assert ev["noticed"] <= ev["run_created"]
 
 
 def _bench(tmp_path: Path, *argv: str) -> tuple[int, dict[str, Any], str]:

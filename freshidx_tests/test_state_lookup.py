@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from freshidx.spark.decoded_cache import DecodedCache
-from freshidx.spark.key_index import MAX_KEY_BYTES, KeyIndex, query_keys
+from freshidx.spark.key_index import LAYOUT, MAX_KEY_BYTES, KeyIndex, query_keys
 from freshidx.spark.shards import COVERED_ARROW_SCHEMA, COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, conform
 from freshidx.spark.state_lookup import StateFile, select_rows
 
@@ -123,6 +123,36 @@ def test_the_worker_cache_outlives_tasks_shipped_by_value() -> None:
     caches = [t.__globals__["resolve_worker_cache"](1 << 20) for t in tasks]
     assert caches[0] is caches[1] is decoded_cache.worker_cache(1 << 20)
     assert tasks[0].__globals__ is not tasks[1].__globals__  # (the copies the cache must not live in)
+
+
+def test_an_index_another_client_cached_serves_the_next_one(tmp_path: Path) -> None:
+    # Each Connect client process ships its own by-value copy of KeyIndex; a kept session's reused worker
+    # keeps the index an earlier client built. Checking it with isinstance failed every sensor run's
+    # segment task once (TypeError, retried as attempt 1 on a worker without the decoded state).
+    rows = [(f"a{p}{i}", f"p{p}") for p in range(10) for i in range(4)]
+    docs = _docs(tmp_path / DOCS_FILE, rows, row_group=8)
+    used: list[str] = []
+
+    def rows_of_ads(self: KeyIndex, ads: np.ndarray) -> np.ndarray:
+        used.append("rows_of_ads")
+        return KeyIndex.rows_of_ads(self, ads)
+
+    other_client = type("KeyIndex", (), {**{k: v for k, v in vars(KeyIndex).items()
+                                            if k not in ("__dict__", "__weakref__")}, "rows_of_ads": rows_of_ads})
+    assert other_client is not KeyIndex
+    keys = docs.read(columns=["ad_id", "product_id"])
+    sizes = [docs.metadata.row_group(g).num_rows for g in range(docs.metadata.num_row_groups)]
+    cached = other_client.build(keys, sizes)
+    assert type(cached) is other_client and not isinstance(cached, KeyIndex)
+    cache = DecodedCache(1 << 20)
+    cache.get(("d", "key-index", LAYOUT), lambda: cached, lambda v: v.nbytes)
+    batch = pa.table({"ad_id": ["a30"], "product_id": ["p7"]})
+    opened: list[str] = []
+    got = _rows(pa.Table.from_batches(list(select_rows(batch, [_file(docs, "d", DOCS_FILE, opened)], cache))))
+    assert got == _rows(pa.Table.from_batches(list(select_rows(batch, [_file(docs, "d", DOCS_FILE)],
+                                                              DecodedCache(0)))))
+    assert {r[1] for r in got} == {"p3", "p7"} and len(got) == 8
+    assert used == ["rows_of_ads", "rows_of_ads"]  # the cached index answered both passes, none was rebuilt
 
 
 def _rows(out: pa.Table) -> list[tuple]:

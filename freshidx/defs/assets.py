@@ -49,6 +49,8 @@ TAG_PIPELINE = "freshidx/pipeline"
 TAG_PARTITION = "freshidx/source_partition"
 TAG_ATTEMPT = "freshidx/attempt"
 TAG_TRIGGER = "freshidx/trigger"
+#: When the delta sensor saw the partition it requests a run for (UTC, ISO): arrival → noticed is the trigger's share.
+TAG_NOTICED = "freshidx/noticed_at"
 
 
 def hourly_partitions(settings: Settings) -> dg.HourlyPartitionsDefinition:

@@ -19,6 +19,7 @@ import dagster as dg
 from freshidx import ledger, run_health
 from freshidx.defs.assets import (
     TAG_ATTEMPT,
+    TAG_NOTICED,
     TAG_PARTITION,
     TAG_PIPELINE,
     TAG_SKIPPED,
@@ -28,7 +29,7 @@ from freshidx.defs.assets import (
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.defs.run_health import failure_reason
 from freshidx.defs.runs import IN_FLIGHT, UNSUCCESSFUL, in_flight_runs, run_for_key
-from freshidx.latest_only import PIPELINE, RunView, apply, plan_tick
+from freshidx.latest_only import PIPELINE, RunView, apply, plan_tick, wait_for_work
 from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import utcnow
 
@@ -116,7 +117,10 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
             return dg.SkipReason("FRESHIDX_DELTA_MODE=continuous: the delta_continuous run (started by "
                                  "delta_continuous_watchdog) triggers the delta; this sensor requests no runs")
         st = store.open()
-        plan = plan_tick(st, settings, DagsterDeltaRuns(context.instance), utcnow(),
+        runs = DagsterDeltaRuns(context.instance)
+        wait_for_work(st, settings, runs)
+        noticed = utcnow()
+        plan = plan_tick(st, settings, runs, noticed,
                          json.loads(context.cursor) if context.cursor else {})
         events: list[dg.AssetObservation] = []
         if plan.ignored:
@@ -139,6 +143,7 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
                 run_config={"ops": {"delta_index": {"config": {"source_partition": req.partition.path}}}},
                 tags={TAG_PIPELINE: PIPELINE, TAG_PARTITION: req.partition.path, TAG_ATTEMPT: str(req.attempt),
                       TAG_TRIGGER: "sensor", TAG_SKIPPED: str(req.skipped),
+                      TAG_NOTICED: noticed.isoformat(timespec="milliseconds"),
                       "dagster/priority": "10"},  # freshness first: dequeued before catch-up and backfills
             )],
             asset_events=events,

@@ -22,10 +22,16 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["MAX_KEY_BYTES", "KeyIndex", "as_keys", "query_keys"]
+__all__ = ["LAYOUT", "MAX_KEY_BYTES", "KeyIndex", "as_keys", "query_keys"]
 
 #: Longest id the index stores (fixed width: every row pays for the longest).
 MAX_KEY_BYTES = 64
+
+#: Part of a cached index's key in a worker's decoded cache: bump it when KeyIndex's fields or methods
+#: change meaning. A Connect client ships freshidx by value, so each client process brings its own
+#: copy of the class, while a reused worker keeps the instances earlier clients built: an instance is
+#: used through its own methods (never checked with ``isinstance``), and only under the same layout.
+LAYOUT = 1
 
 
 def as_keys(values: pa.Array | pa.ChunkedArray) -> np.ndarray | None:

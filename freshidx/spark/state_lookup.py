@@ -39,7 +39,7 @@ from freshidx import segment_merge
 from freshidx.records import ACTIVE
 from freshidx.spark.decoded_cache import DecodedCache, resolve_worker_cache
 from freshidx.spark.index_shards import DOCS_DDL, version_files, widen, write_index_shards, write_one_index_shard
-from freshidx.spark.key_index import KeyIndex, query_keys
+from freshidx.spark.key_index import LAYOUT, KeyIndex, query_keys
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.shards import (
     COVERED_FILE,
@@ -152,7 +152,11 @@ class StateFile:
             self._file = None
 
 
-def _read_keys(f: pq.ParquetFile) -> KeyIndex | tuple[pa.Table, list[int]]:
+#: A file's keys as :func:`_read_keys` returns them when its ids cannot be indexed: (key columns, row group sizes).
+KeyColumns = tuple[pa.Table, list[int]]
+
+
+def _read_keys(f: pq.ParquetFile) -> KeyIndex | KeyColumns:
     """The file's key index, or (for ids the index cannot hold) its key columns (a covered file, the
     kill-list, has no product) and, either way, the row group sizes."""
     keys = f.read(columns=[c for c in KEY_COLUMNS if c in f.schema_arrow.names])
@@ -160,8 +164,12 @@ def _read_keys(f: pq.ParquetFile) -> KeyIndex | tuple[pa.Table, list[int]]:
     return KeyIndex.build(keys, sizes) or (keys, sizes)
 
 
-def _weight(keys: KeyIndex | tuple[pa.Table, list[int]]) -> int:
-    return keys.nbytes if isinstance(keys, KeyIndex) else keys[0].nbytes
+# Below, "isinstance(info, tuple)" tells the key columns from an index, never isinstance(info, KeyIndex):
+# a cached index may have been built by another client's copy of the class (LAYOUT).
+
+
+def _weight(keys: KeyIndex | KeyColumns) -> int:
+    return keys[0].nbytes if isinstance(keys, tuple) else keys.nbytes
 
 
 def _as_strings(values: np.ndarray) -> pa.Array:
@@ -176,11 +184,12 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache) -> 
     batch_ads = pc.unique(keys.column("ad_id").combine_chunks())
     products = pc.unique(keys.column("product_id").combine_chunks().drop_null())
     # Pass 1: key columns only.
-    key_info = [cache.get((f.name, "key-index"), lambda f=f: _read_keys(f.parquet()), _weight) for f in files]
+    key_info = [cache.get((f.name, "key-index", LAYOUT), lambda f=f: _read_keys(f.parquet()), _weight)
+                for f in files]
     wanted_ads = query_keys(batch_ads)
     found: list[pa.Array] = [products]  # the batch's products and the products its ads were in
     for info in key_info:
-        if isinstance(info, KeyIndex):
+        if not isinstance(info, tuple):
             found.append(_as_strings(np.unique(info.products_of_rows(info.rows_of_ads(wanted_ads)))))
         elif "product_id" in info[0].column_names:
             prior = info[0].filter(pc.is_in(info[0].column("ad_id"), value_set=batch_ads))
@@ -189,7 +198,7 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache) -> 
     wanted_products = query_keys(products)
     in_products: list[pa.Array] = [batch_ads]
     for info in key_info:
-        if isinstance(info, KeyIndex):
+        if not isinstance(info, tuple):
             in_products.append(_as_strings(np.unique(info.ads_of_rows(info.rows_of_products(wanted_products)))))
         elif "product_id" in info[0].column_names:
             t = info[0]
@@ -199,12 +208,12 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache) -> 
     wanted_candidates = query_keys(candidates)
     # Pass 2: whole records of the row groups holding a candidate's row, then just those rows.
     for f, info in zip(files, key_info, strict=True):
-        if isinstance(info, KeyIndex):
-            rows, sizes = info.rows_of_ads(wanted_candidates), info.row_group_sizes
-        else:
+        if isinstance(info, tuple):
             rows = np.flatnonzero(pc.is_in(info[0].column("ad_id"), value_set=candidates)
                                   .to_numpy(zero_copy_only=False))
             sizes = info[1]
+        else:
+            rows, sizes = info.rows_of_ads(wanted_candidates), info.row_group_sizes
         if len(rows) == 0:
             continue
         bounds = np.concatenate([[0], np.cumsum(sizes)])

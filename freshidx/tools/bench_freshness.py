@@ -16,7 +16,8 @@
 
     ============  ============================================================================
     arrival       ``write_partition`` returned (one file per partition: bursts are disabled)
-    sensor_tick   the delta sensor tick that requested the run (GraphQL tick timestamp)
+    noticed       the delta sensor saw the partition (run tag ``freshidx/noticed_at``: a tick watches
+                  for up to ``FRESHIDX_SENSOR_WAIT_SECONDS``, so it may have started before the arrival)
     run_created   first event of the run (``create_timestamp`` has only 1 s resolution in SQLite)
     run_start     the run record's ``start_time`` (the ``PIPELINE_START`` event)
     body_start    ``building delta for …`` log line: the asset body = the Spark job starts

@@ -45,7 +45,6 @@ from freshidx.tools.bench_report import (
 )
 from freshidx.tools.generate import GeneratorConfig, write_partition
 
-_SENSOR = "delta_index_sensor"
 _TAG_PARTITION = "freshidx/source_partition"
 
 
@@ -135,15 +134,12 @@ def _run_events(instance: Any, run_id: str) -> dict[str, float | None]:
     return out
 
 
-def _tick_time(dev: Any, run_id: str) -> float | None:
-    try:
-        ticks = dev.sensor_state(_SENSOR, tick_limit=30)["ticks"]
-    except Exception:
-        return None
-    for t in ticks:
-        if run_id in (t.get("runIds") or []):
-            return float(t["timestamp"])
-    return None
+def _noticed_time(run: Any) -> float | None:
+    """When the delta sensor saw the partition (its run tag), epoch seconds."""
+    from freshidx.defs.assets import TAG_NOTICED
+
+    text = run.tags.get(TAG_NOTICED)
+    return _iso_epoch(text) if text else None
 
 
 def _iso_epoch(text: str) -> float:
@@ -220,7 +216,7 @@ def _measure_partition(
         events.update(ev)
         events["run_start"] = float(rec.start_time) if rec.start_time else None
         sample["run_end"] = float(rec.end_time) if rec.end_time else None
-        events["sensor_tick"] = _tick_time(dev, run_id)
+        events["noticed"] = _noticed_time(rec.dagster_run)
     elif sample["error"] is None:
         sample["error"] = "no run found for the partition"
     sample["events"] = {k: (round(v, 3) if v is not None else None) for k, v in events.items()}

@@ -16,7 +16,7 @@ GOAL_P50_S = 6.0
 GOAL_MAX_S = 10.0
 
 #: Events recorded per partition, in pipeline order.
-EVENTS = ("arrival", "sensor_tick", "run_created", "run_start", "body_start", "listed", "built", "published",
+EVENTS = ("arrival", "noticed", "run_created", "run_start", "body_start", "listed", "built", "published",
           "searchable")
 
 #: (name, from event, to event, label, depth). Depth 0 rows are consecutive and add up to the total;
@@ -40,8 +40,8 @@ def _from_spark_job(session: str) -> tuple[Stage, ...]:
 
 STAGES: Stages = (
     ("arrival_to_run_created", "arrival", "run_created", "arrival → run created (sensor)", 0),
-    ("arrival_to_tick", "arrival", "sensor_tick", "arrival → sensor tick (loop phase)", 1),
-    ("tick_to_run_created", "sensor_tick", "run_created", "tick → run created (evaluation)", 1),
+    ("arrival_to_noticed", "arrival", "noticed", "arrival → noticed (sensor watch)", 1),
+    ("noticed_to_run_created", "noticed", "run_created", "noticed → run created (plan, ledger)", 1),
     ("run_created_to_start", "run_created", "run_start", "run created → run start (queue, worker)", 0),
     ("run_start_to_spark_job", "run_start", "body_start", "run start → Spark job start (step)", 0),
     *_from_spark_job("session (+lease)"),
