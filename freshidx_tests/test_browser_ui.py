@@ -29,7 +29,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,21 +155,6 @@ def follow_run(s: Setup, run_id: str, what: str) -> str:
     return shown
 
 
-def wait_for_daemon_loops_after_stop(d: DagsterDev, stopped_at: float) -> None:
-    """After stopping the delta sensor: wait until the daemon has begun two loops since, and no delta tick
-    is in flight. The daemon reads which sensors run at the start of a loop, so a loop already under way
-    may still tick a sensor just stopped (seen once: that tick took the partition the UI's button was
-    about to publish). ``freshidx_run_health_sensor`` ticks once per loop: two of its ticks after the stop
-    mean a loop that began after it."""
-    def later_loops() -> bool:
-        health = d.sensor_state("freshidx_run_health_sensor", tick_limit=5)["ticks"]
-        done = [t for t in health if t["timestamp"] > stopped_at and t["status"] != "STARTED"]
-        delta = d.sensor_state(SENSOR, tick_limit=1)["ticks"]
-        return len(done) >= 2 and not (delta and delta[0]["status"] == "STARTED")
-
-    poll_until(later_loops, timeout=RUN_DEADLINE, interval=1, what="two daemon loops after stopping the delta sensor")
-
-
 def ledger_entries(s: Setup, pipeline: str, **filters: str) -> list[dict[str, Any]]:
     args = ["ledger", "--pipeline", pipeline]
     for key, value in filters.items():
@@ -254,8 +238,8 @@ def test_user_flows_and_asset_checks_in_a_real_browser(setup: Setup) -> None:
     assert {("accepted", sensor_run), ("published", sensor_run)} <= decisions, decisions
 
     # --- 2. Materialize delta_index from its asset page ----------------------------------------------
-    d.stop_sensor(SENSOR)  # so that the newer partition below is the button's to publish, not the sensor's
-    wait_for_daemon_loops_after_stop(d, time.time())
+    # So that the newer partition below is the button's to publish, not the sensor's.
+    d.stop_sensor(SENSOR, settle_with="freshidx_run_health_sensor")
     p_ui = PartitionId.from_datetime(dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
     assert p_ui > p_sensor
     write_partition(s.store, GEN, p_ui)

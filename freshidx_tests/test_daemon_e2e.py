@@ -103,7 +103,7 @@ def test_daemon_latest_only_and_ui_materialize(cpu_load: list, dev: tuple[Dagste
     poll_until(lambda: pointer_at(cfg) == at(25).path, timeout=420, interval=1, what="first publish")
 
     # Three partitions land between two ticks: stop the sensor so they are all visible at once.
-    d.stop_sensor("delta_index_sensor")
+    d.stop_sensor("delta_index_sensor", settle_with="freshidx_run_health_sensor")
     for m in (30, 35, 40):
         write_partition(store, GEN, at(m))
     d.start_sensor("delta_index_sensor")
@@ -147,7 +147,7 @@ def test_daemon_latest_only_and_ui_materialize(cpu_load: list, dev: tuple[Dagste
         None, "HEALTHY", "WARNING", "DEGRADED", "UNKNOWN"}  # evaluated below, once it has been built
 
     # UI "Materialize" with no config builds for the newest visible partition.
-    d.stop_sensor("delta_index_sensor")
+    d.stop_sensor("delta_index_sensor", settle_with="freshidx_run_health_sensor")
     write_partition(store, GEN, at(45))
     run_id = d.materialize(["delta_index"])
     assert d.wait_run(run_id, timeout=420) == "SUCCESS"

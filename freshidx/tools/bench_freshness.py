@@ -186,7 +186,7 @@ def _run_and_report(
 def cmd_bench_freshness(*, partitions: int, window_docs: int, window_minutes: int, modes: list[str],
                         delta_modes: list[str], max_delay: float, timeout: float, driver_memory: str,
                         full_warmup: bool, health_timeout: float, health_failures: int, seed: int,
-                        workdir: str | None, keep: bool, as_json: bool) -> int:
+                        workdir: str | None, keep: bool, as_json: bool, changes: int | None = None) -> int:
     """``freshidx bench freshness`` (options: freshidx.cli.bench)."""
 
     def passed(r: dict[str, Any]) -> bool:
@@ -199,6 +199,7 @@ def cmd_bench_freshness(*, partitions: int, window_docs: int, window_minutes: in
             timeout_s=timeout, workdir=workdir, keep=keep, driver_memory=driver_memory,
             window_minutes=window_minutes, health_timeout_s=health_timeout,
             health_failures=health_failures, full_warmup=full_warmup, delta_modes=delta_modes,
+            changes=changes,
         ),
         render_freshness, passed, as_json=as_json,
     )

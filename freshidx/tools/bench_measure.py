@@ -5,6 +5,7 @@ is described in :mod:`freshidx.tools.bench_freshness`)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import os
 import random
@@ -142,6 +143,22 @@ def _noticed_time(run: Any) -> float | None:
     return _iso_epoch(text) if text else None
 
 
+def _build_stats(store: Any, version: str | None) -> dict[str, Any] | None:
+    """The published version's own account of its build (manifest stats: Spark step seconds, segment
+    task steps, segments) and the task attempts of its new segment (a retried task shows attempt 1)."""
+    from freshidx.publish import read_manifest
+
+    if version is None:
+        return None
+    try:
+        manifest = read_manifest(store, "delta", version)
+    except Exception as exc:  # measurement goes on; reported in the result
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    newest = (manifest.get("segments") or [{}])[-1]
+    return {**{k: v for k, v in (manifest.get("stats") or {}).items() if isinstance(v, int | float)},
+            "kind": newest.get("kind"), "attempts": [sh.get("attempt") for sh in newest.get("shards") or []]}
+
+
 def _iso_epoch(text: str) -> float:
     from freshidx.publish import parse_iso
 
@@ -221,6 +238,7 @@ def _measure_partition(
         sample["error"] = "no run found for the partition"
     sample["events"] = {k: (round(v, 3) if v is not None else None) for k, v in events.items()}
     sample["stages"] = sample_stages(events)
+    sample["build"] = _build_stats(store, sample.get("version"))
     return sample
 
 
@@ -324,7 +342,7 @@ def _measure_all(
 def _run_mode(
     mode: str, *, root: Path, seed_raw: Path, cfg: GeneratorConfig, partitions: int, timeout_s: float,
     max_delay_s: float, rng: random.Random, server: ConnectServer | None, seed: int, window_minutes: int,
-    full_warmup: bool = True, delta_mode: str = "sensor",
+    full_warmup: bool = True, delta_mode: str = "sensor", measure_cfg: GeneratorConfig | None = None,
 ) -> dict[str, Any]:
     import dagster as dg
 
@@ -363,7 +381,8 @@ def _run_mode(
         log(f"{label}: warm-up done after {out['warmup_s']} s: delta {delta.doc_count} docs, full "
             f"{out['full_docs']} docs; measuring {partitions} partitions")
         out["phase"] = "measure"
-        samples = _measure_all(label, dev, instance, store, vis, cfg, partitions=partitions, timeout_s=timeout_s,
+        samples = _measure_all(label, dev, instance, store, vis, measure_cfg or cfg, partitions=partitions,
+                               timeout_s=timeout_s,
                                max_delay_s=max_delay_s, rng=rng, seed=seed, loads=loads, **extra)
         out["samples"] = samples
         out["searchable_method"] = vis.method
@@ -410,8 +429,12 @@ def bench_freshness(
     max_delay_s: float = 5.0, timeout_s: float = 300.0, workdir: str | None = None, keep: bool = False,
     driver_memory: str = "2g", window_minutes: int = WINDOW_MINUTES, health_timeout_s: float = 15.0,
     health_failures: int = 3, full_warmup: bool = True, delta_modes: Sequence[str] = DELTA_MODES,
+    changes: int | None = None,
 ) -> dict[str, Any]:
     """Run the freshness benchmark (module docstring) for ``modes``; returns the JSON-able result.
+
+    ``changes``: records per measured partition (default: the window's own rate, ``window_docs`` spread
+    over a partition every 5 minutes, so 10x the window means 10x the change per partition).
 
     ``full_warmup=False`` measures as soon as the first delta is published, without waiting for the
     SLA sensor's first full index (which then may run during the measurement: smoke tests only).
@@ -432,11 +455,14 @@ def bench_freshness(
     root = Path(workdir or tempfile.mkdtemp(prefix="freshidx-bench-freshness-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     cfg = generator_config_for(window_docs, seed, window_minutes)
+    # The window's own rate by default; a fixed size shows what the window's size alone costs.
+    measure_cfg = cfg if changes is None else dataclasses.replace(cfg, changes_per_partition=changes)
     rng = random.Random(seed)
     result: dict[str, Any] = {"config": {
         "partitions": partitions, "window_docs": window_docs, "modes": list(modes), "seed": seed,
         "max_delay_s": max_delay_s, "timeout_s": timeout_s, "window_minutes": window_minutes,
-        "generator": {"ads": cfg.ads, "products": cfg.products, "changes_per_partition": cfg.changes_per_partition},
+        "generator": {"ads": cfg.ads, "products": cfg.products, "changes_per_partition": cfg.changes_per_partition,
+                      "measured_changes_per_partition": measure_cfg.changes_per_partition},
         "dagster_yaml": str(packaged_dagster_yaml()), "cores": os.cpu_count(), "workdir": str(root),
         "percentiles": "linear interpolation",
         "spark_server_health": {"timeout_s": health_timeout_s, "failures": health_failures},
@@ -466,6 +492,7 @@ def bench_freshness(
                     mode, root=root, seed_raw=root / "seed" / "raw", cfg=cfg, partitions=partitions,
                     timeout_s=timeout_s, max_delay_s=max_delay_s, rng=rng, server=srv, seed=seed,
                     window_minutes=window_minutes, full_warmup=full_warmup, delta_mode=delta_mode,
+                    measure_cfg=measure_cfg,
                 )
                 (result if delta_mode == "sensor" else result.setdefault(delta_mode, {}))[mode] = r
                 if srv is not None and srv.ready_s is not None:

@@ -307,14 +307,34 @@ class WebserverClient:
 
         return self._set_sensor_status(name, "RUNNING", start, timeout)
 
-    def stop_sensor(self, name: str, timeout: float = 120) -> dict[str, Any]:
-        """Stop (disable) a sensor; return its :meth:`sensor_state` once the status holds."""
+    def stop_sensor(self, name: str, timeout: float = 120, *, settle_with: str | None = None) -> dict[str, Any]:
+        """Stop (disable) a sensor; return its :meth:`sensor_state` once the status holds.
+
+        ``settle_with``: a sensor that ticks once per daemon loop (freshidx's ``freshidx_run_health_sensor``).
+        The daemon reads which sensors run when a loop begins, so a loop already under way may still start a
+        tick of the stopped sensor, and a freshidx delta tick then watches for new data for seconds. With
+        ``settle_with``, return only once two of its ticks began after the stop (a loop that began after
+        it) and the stopped sensor has no tick in flight: nothing written afterwards can reach it."""
         def stop() -> None:
             state_id = self.sensor_state(name, tick_limit=0)["id"]
             _check_union(self.graphql(STOP_SENSOR_MUTATION, {"id": state_id})["stopSensor"],
                          "StopSensorMutationResult", f"stop sensor {name}")
 
-        return self._set_sensor_status(name, "STOPPED", stop, timeout)
+        stopped_at = time.time()
+        state = self._set_sensor_status(name, "STOPPED", stop, timeout)
+        if settle_with is None:
+            return state
+        deadline = time.monotonic() + timeout
+        while True:
+            loops = [t for t in self.sensor_state(settle_with, tick_limit=5)["ticks"]
+                     if t["timestamp"] > stopped_at and t["status"] != "STARTED"]
+            ticks = self.sensor_state(name, tick_limit=1)["ticks"]
+            if len(loops) >= 2 and not (ticks and ticks[0]["status"] == "STARTED"):
+                return self.sensor_state(name)
+            if time.monotonic() >= deadline:
+                raise DagsterDevError(f"sensor {name} stopped, but no two daemon loops of {settle_with} "
+                                      f"after it within {timeout}s")
+            time.sleep(POLL_INTERVAL)
 
     def _set_sensor_status(self, name: str, want: str, mutate: Callable[[], None], timeout: float) -> dict[str, Any]:
         """Apply ``mutate`` until the sensor's status is ``want`` with no tick in flight: a tick that
