@@ -95,21 +95,24 @@ class Applied:
 def wait_for_work(store: ObjectStore, settings: Settings, runs: RunIndex, *,
                   clock: Callable[[], float] = time.monotonic,
                   sleep: Callable[[float], None] = time.sleep) -> bool:
-    """Hold a tick until there is work: a partition newer than the watermark and (overlap policies
-    other than queue) no delta run in flight; True when there is, False after
-    ``settings.sensor_wait_seconds``. The daemon starts a sensor tick only every 5 s, so without this
-    an arrival waits 0-5 s before anyone looks; here it waits at most ``sensor_poll_seconds``.
+    """Hold a tick until there is work: a partition newer than the watermark and (overlap policy
+    serialize) no delta run in flight; True when there is, False after ``settings.sensor_wait_seconds``.
+    Under overlap policy skip a run in flight ends the wait at once (the plan records the skips).
+    The daemon starts a sensor tick only every 5 s, so without this an arrival waits 0-5 s before
+    anyone looks; here it waits at most ``sensor_poll_seconds``.
 
     Cost per look: one in-flight query; then, with no run in flight, one LIST call (the pointer is
     read again only after a run was seen, since that run may have moved the watermark)."""
     if settings.sensor_wait_seconds <= 0:
         return True
     deadline = clock() + settings.sensor_wait_seconds
-    watch_runs = settings.delta_overlap != "queue"
     watermark: PartitionId | None = None
     known = False  # whether `watermark` is the pointer's current partition
     while True:
-        if watch_runs and runs.in_flight():
+        in_flight = settings.delta_overlap != "queue" and bool(runs.in_flight())
+        if in_flight and settings.delta_overlap == "skip":
+            return True  # the plan records what arrives while a run is in flight as skipped: now, not later
+        if in_flight:  # serialize: the run's end is the next chance to request
             known = False
         else:
             if not known:

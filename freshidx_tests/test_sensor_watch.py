@@ -165,6 +165,18 @@ def test_overlap_queue_does_not_wait_for_runs(local_store_config: StoreConfig) -
     assert _wait(store, _settings(local_store_config, delta_overlap="queue"), runs, Clock()) == (True, 1)
 
 
+def test_overlap_skip_plans_at_once_while_a_run_is_in_flight(local_store_config: StoreConfig) -> None:
+    # Policy skip records partitions that arrive during a run as skipped, so it must not wait for the run.
+    store = open_store(local_store_config)
+    _write(store, at(0))
+    _point_at(store, at(0))
+    runs = FakeRuns()
+    runs.launch("delta:p1:a1", at(1).path)
+    clock = Clock()
+    assert _wait(store, _settings(local_store_config, delta_overlap="skip"), runs, clock) == (True, 0)
+    assert clock.sleeps == 0
+
+
 def test_the_setting_is_bounded_below_the_daemon_loop() -> None:
     with pytest.raises(ValueError, match="sensor_wait_seconds"):
         Settings.from_env({"FRESHIDX_SENSOR_WAIT_SECONDS": "5"})
