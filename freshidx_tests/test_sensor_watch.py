@@ -135,15 +135,21 @@ def test_a_full_page_without_an_answer_says_yes(local_store_config: StoreConfig)
     assert not listing.data_after(store, "ad_updates", at(0), max_keys=10)
 
 
-def test_no_listing_while_a_run_is_in_flight_and_the_pointer_is_read_again_after_it(
-    local_store_config: StoreConfig,
-) -> None:
-    store = open_store(local_store_config)
+def _run_in_flight(store: ObjectStore) -> FakeRuns:
+    """Partitions 0 and 1 visible, the delta at 0, a run for 1 in flight."""
     _write(store, at(0))
     _write(store, at(1))
     _point_at(store, at(0))
     runs = FakeRuns()
     runs.launch("delta:p1:a1", at(1).path)
+    return runs
+
+
+def test_no_listing_while_a_run_is_in_flight_and_the_pointer_is_read_again_after_it(
+    local_store_config: StoreConfig,
+) -> None:
+    store = open_store(local_store_config)
+    runs = _run_in_flight(store)
 
     def run_publishes_and_ends() -> None:
         _point_at(store, at(1))  # the run's publication moves the watermark past the newest partition
@@ -157,21 +163,14 @@ def test_no_listing_while_a_run_is_in_flight_and_the_pointer_is_read_again_after
 
 def test_overlap_queue_does_not_wait_for_runs(local_store_config: StoreConfig) -> None:
     store = open_store(local_store_config)
-    _write(store, at(0))
-    _write(store, at(1))
-    _point_at(store, at(0))
-    runs = FakeRuns()
-    runs.launch("delta:p1:a1", at(1).path)
+    runs = _run_in_flight(store)
     assert _wait(store, _settings(local_store_config, delta_overlap="queue"), runs, Clock()) == (True, 1)
 
 
 def test_overlap_skip_plans_at_once_while_a_run_is_in_flight(local_store_config: StoreConfig) -> None:
     # Policy skip records partitions that arrive during a run as skipped, so it must not wait for the run.
     store = open_store(local_store_config)
-    _write(store, at(0))
-    _point_at(store, at(0))
-    runs = FakeRuns()
-    runs.launch("delta:p1:a1", at(1).path)
+    runs = _run_in_flight(store)
     clock = Clock()
     assert _wait(store, _settings(local_store_config, delta_overlap="skip"), runs, clock) == (True, 0)
     assert clock.sleeps == 0
