@@ -16,6 +16,7 @@ falls back to the scan.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -140,8 +141,8 @@ class KeyIndex:
         first_valid = int(np.searchsorted(codes[rows_by_product], 0, "left"))
         rows_by_product = rows_by_product[first_valid:]  # rows without a product belong to none
         starts = np.searchsorted(codes[rows_by_product], np.arange(len(sort) + 1), "left")
-        return cls(index.row_group_sizes, index.ads, index.ad_rows, index.ad_place, dictionary[sort], codes,
-                   rows_by_product, starts)
+        return dataclasses.replace(index, products=dictionary[sort], product_of_row=codes,
+                                   rows_by_product=rows_by_product, product_starts=starts)
 
     @property
     def nbytes(self) -> int:

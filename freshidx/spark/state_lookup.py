@@ -172,8 +172,30 @@ def _weight(keys: KeyIndex | KeyColumns) -> int:
     return keys[0].nbytes if isinstance(keys, tuple) else keys.nbytes
 
 
-def _as_strings(values: np.ndarray) -> pa.Array:
-    return pa.array([v.decode() for v in values.tolist()], pa.string())
+@dataclass
+class _Ids:
+    """A set of ids from two sources: Arrow strings (the batch, scanned key columns) and fixed-width bytes
+    (key indexes). Indexes are queried in bytes, scans in Arrow; each form is built once, when asked
+    for, so a state whose files all have an index never turns its ids into Python strings and back.
+    (No functools.cached_property: its lock cannot be pickled when a client ships freshidx by value.)"""
+
+    strings: list[pa.Array]
+    keys: list[np.ndarray] = dataclasses.field(default_factory=list)
+    _wanted: np.ndarray | None = None
+    _arrow: pa.Array | None = None
+
+    def wanted(self) -> np.ndarray:
+        """For key indexes (ids no index can hold are left out: they match none)."""
+        if self._wanted is None:
+            self._wanted = np.unique(np.concatenate([query_keys(pa.concat_arrays(self.strings)), *self.keys]))
+        return self._wanted
+
+    def arrow(self) -> pa.Array:
+        """For key columns (every id)."""
+        if self._arrow is None:
+            decoded = [pa.array([v.decode() for v in k.tolist()], pa.string()) for k in self.keys]
+            self._arrow = pc.unique(pa.concat_arrays([*self.strings, *decoded]))
+        return self._arrow
 
 
 def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache) -> Iterator[pa.RecordBatch]:
@@ -181,39 +203,38 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache) -> 
     goes through ``cache`` (a reused worker's next micro-batch decodes only files it has not seen), and
     a file's keys are looked up in its :class:`~freshidx.spark.key_index.KeyIndex` (binary search: the
     cost follows the batch, not the state)."""
-    batch_ads = pc.unique(keys.column("ad_id").combine_chunks())
-    products = pc.unique(keys.column("product_id").combine_chunks().drop_null())
+    batch_ads = _Ids([pc.unique(keys.column("ad_id").combine_chunks())])
     # Pass 1: key columns only.
     key_info = [cache.get((f.name, "key-index", LAYOUT), lambda f=f: _read_keys(f.parquet()), _weight)
                 for f in files]
-    wanted_ads = query_keys(batch_ads)
-    found: list[pa.Array] = [products]  # the batch's products and the products its ads were in
+    # The batch's products and the products its ads were in ...
+    strings: list[pa.Array] = [keys.column("product_id").combine_chunks().drop_null()]
+    indexed: list[np.ndarray] = []
     for info in key_info:
         if not isinstance(info, tuple):
-            found.append(_as_strings(np.unique(info.products_of_rows(info.rows_of_ads(wanted_ads)))))
+            indexed.append(info.products_of_rows(info.rows_of_ads(batch_ads.wanted())))
         elif "product_id" in info[0].column_names:
-            prior = info[0].filter(pc.is_in(info[0].column("ad_id"), value_set=batch_ads))
-            found.append(prior.column("product_id").combine_chunks().drop_null())
-    products = pc.unique(pa.concat_arrays(found))
-    wanted_products = query_keys(products)
-    in_products: list[pa.Array] = [batch_ads]
+            prior = info[0].filter(pc.is_in(info[0].column("ad_id"), value_set=batch_ads.arrow()))
+            strings.append(prior.column("product_id").combine_chunks().drop_null())
+    products = _Ids(strings, indexed)
+    # ... and every ad of those products, the batch's own ads included.
+    strings, indexed = [*batch_ads.strings], []
     for info in key_info:
         if not isinstance(info, tuple):
-            in_products.append(_as_strings(np.unique(info.ads_of_rows(info.rows_of_products(wanted_products)))))
+            indexed.append(info.ads_of_rows(info.rows_of_products(products.wanted())))
         elif "product_id" in info[0].column_names:
             t = info[0]
-            in_products.append(t.filter(pc.is_in(t.column("product_id"), value_set=products))
-                               .column("ad_id").combine_chunks())
-    candidates = pc.unique(pa.concat_arrays(in_products))
-    wanted_candidates = query_keys(candidates)
+            strings.append(t.filter(pc.is_in(t.column("product_id"), value_set=products.arrow()))
+                           .column("ad_id").combine_chunks())
+    candidates = _Ids(strings, indexed)
     # Pass 2: whole records of the row groups holding a candidate's row, then just those rows.
     for f, info in zip(files, key_info, strict=True):
         if isinstance(info, tuple):
-            rows = np.flatnonzero(pc.is_in(info[0].column("ad_id"), value_set=candidates)
+            rows = np.flatnonzero(pc.is_in(info[0].column("ad_id"), value_set=candidates.arrow())
                                   .to_numpy(zero_copy_only=False))
             sizes = info[1]
         else:
-            rows, sizes = info.rows_of_ads(wanted_candidates), info.row_group_sizes
+            rows, sizes = info.rows_of_ads(candidates.wanted()), info.row_group_sizes
         if len(rows) == 0:
             continue
         bounds = np.concatenate([[0], np.cumsum(sizes)])
