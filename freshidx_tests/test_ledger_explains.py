@@ -100,9 +100,9 @@ def policy_harness(request: pytest.FixtureRequest, local_store_config: StoreConf
             h.close()
 
 
-# Every policy on the local store; the most involved one (queue) on moto S3 too.
-@pytest.mark.parametrize("policy_harness", [("serialize", "local"), ("skip", "local"), ("queue", "local"),
-                                            ("queue", "s3")], indirect=True, ids=lambda p: "-".join(p))
+# Every policy once: the most involved one (queue) on moto S3, the other two on the local store.
+@pytest.mark.parametrize("policy_harness", [("serialize", "local"), ("skip", "local"), ("queue", "s3")],
+                         indirect=True, ids=lambda p: "-".join(p))
 def test_ledger_explains_every_visible_partition(policy_harness: Harness, spark: Any, capsys: Any) -> None:
     h = policy_harness
     policy = h.settings.delta_overlap
@@ -206,7 +206,7 @@ def catchup_harness(request: pytest.FixtureRequest, local_store_config: StoreCon
             h.close()
 
 
-@pytest.mark.parametrize("catchup_harness", ["local", "s3"], indirect=True)
+@pytest.mark.parametrize("catchup_harness", ["s3"], indirect=True)
 def test_late_hour_behind_the_catchup_start_is_processed_or_out_of_range(catchup_harness: Harness,
                                                                          spark: Any) -> None:
     """Late data for a closed hour inside the lookback: before the consumer's first hour it is processed;

@@ -36,9 +36,9 @@ def good(ad: str, minutes: int, title: str) -> bytes:
 
 
 def test_non_utf8_line_survives_quarantine_and_replays(tmp_path: Path, spark: Any, capsys: Any,
-                                                       store_config: StoreConfig) -> None:
-    """On the local store and on moto S3 (the CLI reaches S3 through the harness's environment)."""
-    cfg = store_config
+                                                       s3_store_config: StoreConfig) -> None:
+    """On moto S3 (the CLI reaches S3 through the harness's environment)."""
+    cfg = s3_store_config
     bad_line = good("ad-bin", 0, "PLACEHOLDER").replace(b"PLACEHOLDER", LATIN1_TITLE.encode("latin-1"))
     prefix = layout.raw_partition_prefix("ad_updates", at(0))
     with dg.instance_for_test() as instance:
@@ -86,12 +86,13 @@ def test_non_utf8_line_survives_quarantine_and_replays(tmp_path: Path, spark: An
             h.close()
 
 
-def test_unreadable_object_never_blocks_the_indexes(tmp_path: Path, spark: Any, store_config: StoreConfig) -> None:
+def test_unreadable_object_never_blocks_the_indexes(tmp_path: Path, spark: Any, s3_store_config: StoreConfig
+                                                    ) -> None:
     """A truncated gzip and a plain file named .gz in the history: delta and full both publish from
     everything else, the bad object is counted, the mis-named plain file is read. Local store and moto S3."""
     import gzip
 
-    cfg = store_config
+    cfg = s3_store_config
     with dg.instance_for_test() as instance:
         h = Harness(cfg, instance)
         try:

@@ -1,4 +1,6 @@
-"""generate → sensor → run → pointer, under a real Dagster instance, on local files and on moto S3.
+"""generate → sensor → run → pointer, under a real Dagster instance, on moto S3 (the local store's
+end-to-end path: test_incremental_equivalence, test_search_e2e, the ``dagster dev`` tests; both stores
+meet the same contract, test_store_contract).
 
 The sensor is evaluated with ``build_sensor_context`` against a real (temporary, SQLite-backed)
 ``DagsterInstance``; its run requests are executed in-process on that instance with the same
@@ -50,9 +52,9 @@ def expected_index(partitions: list[PartitionId]) -> tuple[int, int, dict[str, i
 
 
 @pytest.fixture
-def harness(store_config: StoreConfig) -> Iterator[Harness]:
+def harness(s3_store_config: StoreConfig) -> Iterator[Harness]:
     with dg.instance_for_test() as instance:
-        h = Harness(store_config, instance)
+        h = Harness(s3_store_config, instance)
         yield h
         h.close()
 
@@ -149,9 +151,9 @@ def test_failed_partition_is_retried_as_a_new_attempt(harness: Harness, spark: A
     assert read_pointer(h.store, "delta")[0].source_partition == at(5).path  # type: ignore[union-attr]
 
 
-def test_parked_after_max_attempts(store_config: StoreConfig, spark: Any) -> None:
+def test_parked_after_max_attempts(s3_store_config: StoreConfig, spark: Any) -> None:
     with dg.instance_for_test() as instance:
-        h = Harness(store_config, instance, max_attempts=2)
+        h = Harness(s3_store_config, instance, max_attempts=2)
         try:
             h.write(0, dataclasses.replace(GEN, malformed_rate=1.0, duplicate_rate=0.0))
             for _ in range(2):
@@ -161,9 +163,7 @@ def test_parked_after_max_attempts(store_config: StoreConfig, spark: Any) -> Non
             assert "parked-2" in ledger.partition_entries(h.store, "delta", at(0))
             assert not h.tick().run_requests  # stays parked
             # An operator grants an explicit retry: a new attempt number, a new run.
-            env = {**os.environ, "FRESHIDX_STORE": h.settings.store}
-            if store_config.is_s3:
-                env.update(s3_env(store_config))
+            env = {**os.environ, "FRESHIDX_STORE": h.settings.store, **s3_env(s3_store_config)}
             subprocess.run([sys.executable, "-m", "freshidx.cli", "ledger", "retry", "--partition", at(0).path],
                            env=env, check=True, capture_output=True, timeout=120)
             retried = h.tick().run_requests

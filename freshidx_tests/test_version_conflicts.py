@@ -1,4 +1,4 @@
-"""(ad_id, version) conflicts and quarantine-once (issue 18, item 4), on Spark, local store and moto S3.
+"""(ad_id, version) conflicts and quarantine-once (issue 18, item 4), on Spark; end to end on moto S3.
 
 Two records with the same ``ad_id`` and ``version`` but different content are reported with every
 copy (quarantine reason ``version_conflict``, raw line kept, counted in the manifest's
@@ -130,8 +130,9 @@ def _invalid(h: Harness, index: str) -> dict[str, Any]:
 
 
 def test_conflicts_and_quarantine_once_across_delta_full_and_hourly(
-    tmp_path: Path, spark: Any, store_config: StoreConfig
+    tmp_path: Path, spark: Any, s3_store_config: StoreConfig
 ) -> None:
+    store_config = s3_store_config  # moto S3 (the store contract holds both stores to the same semantics)
     with dg.instance_for_test() as instance:
         h = Harness(store_config, instance)
         try:
