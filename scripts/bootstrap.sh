@@ -62,8 +62,14 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   echo "installing freshidx and its dependencies into .venv (log: .venv/install.log) …" >&2
-  if ! { .venv/bin/python -m pip install --upgrade pip && .venv/bin/python -m pip install -e '.[dev]'; } \
-      > .venv/install.log 2>&1; then
+  # uv resolves and installs the same versions as pip in ~45 s instead of ~75 s on 2 cores (bytecode
+  # compiled at install, as pip does, so test processes do not each compile on first import); pip
+  # when uv cannot be installed or cannot reach the index (uv ignores pip.conf).
+  if ! { .venv/bin/python -m pip install -q uv \
+           && .venv/bin/uv pip install --python .venv/bin/python --compile-bytecode -e '.[dev]'; } \
+      > .venv/install.log 2>&1 \
+     && ! { echo "uv failed; installing with pip" && .venv/bin/python -m pip install --upgrade pip \
+              && .venv/bin/python -m pip install -e '.[dev]'; } >> .venv/install.log 2>&1; then
     tail -40 .venv/install.log >&2
     echo "package installation failed; full log in .venv/install.log" >&2
     exit 1
