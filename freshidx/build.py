@@ -20,7 +20,7 @@ from freshidx.index_format import FORMAT
 from freshidx.records import DEFAULT_MAX_FUTURE_SKEW_SECONDS
 from freshidx.spark.index_shards import write_index_shards
 from freshidx.spark.quarantine_once import ConflictReport, quarantined_files, report_conflicts
-from freshidx.spark.raw_source import read_raw_lines
+from freshidx.spark.raw_source import group_files, read_raw_lines
 from freshidx.spark.shards import QuarantineCommit, ShardCommit, write_quarantine
 from freshidx.store import StoreConfig, open_store
 
@@ -95,7 +95,13 @@ def build_version(
     # action re-read the whole window: 6 read stages per delta build); a checkpoint is referenced by id.
     parsed = transform.parse_records(lines, max_future_skew_seconds).localCheckpoint(eager=True)
     stages = {"read_parse": round(time.monotonic() - t0, 3)}
-    valid, invalid = transform.split_valid(parsed)
+    valid, _ = transform.split_valid(parsed)
+    # One read task (a micro-batch of one partition): its records are in one partition anyway, and a
+    # single-partition child lets the bookkeeping aggregations run as one task each, without a shuffle
+    # (two stages and 200 planned partitions each) beside the index task on the same cores.
+    one_task = len(group_files(files, max_read_tasks)) <= 1
+    bookkeeping = parsed.coalesce(1) if one_task else parsed
+    _, invalid = transform.split_valid(bookkeeping)
     try:
         # The bookkeeping (invalid counts + quarantine, the conflict report) and the index are independent
         # Spark jobs over the same checkpoint: run side by side (Spark schedules concurrent jobs of one
@@ -103,8 +109,8 @@ def build_version(
         # the sum of their job and round-trip overheads. Their step seconds overlap.
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="freshidx-build") as pool:
             quarantine = pool.submit(_quarantine_invalid, stages, invalid, files, store_config, source, run_id,
-                                     quarantine_after)
-            conflicts = pool.submit(_report_conflicts, stages, parsed, store_config, source,
+                                     quarantine_after, one_task)
+            conflicts = pool.submit(_report_conflicts, stages, bookkeeping, store_config, source,
                                     quarantine_after is not False)
             index_started = time.monotonic()
             if write_shards is not None:
@@ -121,8 +127,8 @@ def build_version(
 
 
 def _quarantine_invalid(stages: dict[str, float], invalid: DataFrame, files: list[tuple[str, str]],
-                       store_config: StoreConfig, source: str, run_id: str, quarantine_after: str | bool | None
-                       ) -> tuple[dict[str, int], list[QuarantineCommit]]:
+                       store_config: StoreConfig, source: str, run_id: str, quarantine_after: str | bool | None,
+                       one_task: bool) -> tuple[dict[str, int], list[QuarantineCommit]]:
     """Count the invalid records per reason and quarantine those no earlier build quarantined."""
     t0 = time.monotonic()
     # Counted per file (one small row per file and reason): which files hold invalid records, so
@@ -141,7 +147,7 @@ def _quarantine_invalid(stages: dict[str, float], invalid: DataFrame, files: lis
                                                     [f for f in files if f[0] in bad_files]))
     if todo:
         quarantined = write_quarantine(invalid.filter(F.col("file").isin(todo)), store_config, source, run_id,
-                                       quarantine_after or None, once=True)
+                                       quarantine_after or None, once=True, one_task=one_task)
     stages["quarantine"] = round(time.monotonic() - t1, 3)
     return reasons, quarantined
 

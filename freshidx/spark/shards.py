@@ -399,6 +399,7 @@ def write_quarantine(
     after_partition: str | None,
     *,
     once: bool = False,
+    one_task: bool = False,
 ) -> list[QuarantineCommit]:
     """Write invalid records of partitions strictly after ``after_partition`` (None: all) as JSON lines.
 
@@ -410,6 +411,8 @@ def write_quarantine(
     Written by Spark tasks; returns their commits sorted by partition and key (empty list when
     nothing was written). ``once``: skip raw files whose done marker exists and write the marker of
     every file written (:mod:`freshidx.spark.quarantine_once`: each bad record quarantined once).
+    ``one_task``: ``invalid`` is in one partition already (a build that read one file group): written by
+    that one task, without a shuffle by partition.
     """
     check_name("source", source)
     check_name("run_id", run_id)
@@ -418,7 +421,7 @@ def write_quarantine(
     df = invalid.select(*INVALID_COLUMNS, *(c for c in QUARANTINE_EXTRA_COLUMNS if c in invalid.columns))
     if after_partition is not None:
         df = df.filter(F.col("partition") > F.lit(after_partition))
-    df = df.repartition("partition").sortWithinPartitions("partition", "file", "line")
+    df = (df if one_task else df.repartition("partition")).sortWithinPartitions("partition", "file", "line")
     rows = df.mapInArrow(
         _quarantine_task(store_to_json(store_config), source, run_id, once), _QUARANTINE_RESULT_DDL
     ).collect()
