@@ -22,6 +22,9 @@ from pathlib import Path
 
 from freshidx import procs
 
+#: One line per heap part: G1 prints one ("garbage-first heap total …K, used …K"), the generational
+#: collectors one per generation (Serial: "def new generation" + "tenured generation"; Parallel:
+#: "PSYoungGen" + "ParOldGen"), so the heap used is the sum over every match.
 _HEAP_USED_RE = re.compile(r"\btotal (\d+)K, used (\d+)K")
 _MAX_HEAP_RE = re.compile(r"-XX:MaxHeapSize=(\d+)")
 
@@ -76,12 +79,19 @@ def run_jcmd(
     return out if proc.returncode == 0 else None
 
 
+def heap_used_bytes(heap_info: str) -> int | None:
+    """The heap used according to ``jcmd <pid> GC.heap_info``: every part's "used" (young and old
+    generations for Serial and Parallel GC, the one G1 heap), or None when nothing matched (e.g. ZGC)."""
+    parts = _HEAP_USED_RE.findall(heap_info)
+    return sum(int(used) for _, used in parts) * 1024 if parts else None
+
+
 def sample_memory(pid: int, xmx_bytes: int, max_heap_cache: dict[int, int] | None = None) -> MemorySample:
     """Heap used / max of JVM ``pid`` via ``jcmd``; falls back to RSS vs ``xmx_bytes``."""
     rss = procs.rss_bytes(pid)
     out = run_jcmd(pid, "GC.heap_info")
-    m = _HEAP_USED_RE.search(out or "")
-    if m:
+    used = heap_used_bytes(out or "")
+    if used is not None:
         heap_max: int | None = (max_heap_cache or {}).get(pid)
         if heap_max is None:
             flags = run_jcmd(pid, "VM.flags")
@@ -89,5 +99,5 @@ def sample_memory(pid: int, xmx_bytes: int, max_heap_cache: dict[int, int] | Non
             heap_max = int(mm.group(1)) if mm else xmx_bytes
             if max_heap_cache is not None:
                 max_heap_cache[pid] = heap_max
-        return MemorySample(int(m.group(2)) * 1024, heap_max, rss, "jcmd")
+        return MemorySample(used, heap_max, rss, "jcmd")
     return MemorySample(None, xmx_bytes, rss, "rss")
