@@ -73,6 +73,9 @@ def query_keys(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     cannot equal an indexed id."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
+    keys = as_keys(values)  # vectorized when every id fits (the usual case), as the index was built
+    if keys is not None:
+        return np.unique(keys) if len(keys) else np.zeros(0, "S1")
     encoded = {v.encode() for v in values.drop_null().to_pylist()}
     kept = sorted(v for v in encoded if len(v) <= MAX_KEY_BYTES and not v.endswith(b"\0"))
     return np.array(kept, dtype=f"S{max((len(v) for v in kept), default=1) or 1}")
