@@ -64,6 +64,10 @@ RUN_QUERY = """
 query FreshidxUiRun($runId: ID!) { runOrError(runId: $runId) { __typename
   ... on Run { runId status tags { key value } } ... on Error { message } } }
 """
+RUNS_BY_TAG_QUERY = """
+query FreshidxUiRunsByTag($filter: RunsFilter!) { runsOrError(filter: $filter) { __typename
+  ... on Runs { results { runId } } ... on PythonError { message } } }
+"""
 CHECKS_QUERY = """
 { assetNodes { assetKey { path }
     assetChecksOrError { __typename ... on AssetChecks { checks { name description
@@ -126,6 +130,14 @@ def cli_json(env: dict[str, str], *args: str) -> Any:
     return json.loads(proc.stdout)
 
 
+def run_ids_tagged(d: DagsterDev, key: str, value: str) -> list[str]:
+    """Ids of the runs carrying tag ``key=value``, through GraphQL: the test waits with this (cheap) and
+    reads the UI once there is something to show (every read of a page loads the whole UI)."""
+    runs = d.graphql(RUNS_BY_TAG_QUERY, {"filter": {"tags": [{"key": key, "value": value}]}})["runsOrError"]
+    assert runs["__typename"] == "Runs", runs
+    return [r["runId"] for r in runs["results"]]
+
+
 def run_info(d: DagsterDev, run_id: str) -> tuple[str, dict[str, str]]:
     run = d.graphql(RUN_QUERY, {"runId": run_id})["runOrError"]
     assert run["__typename"] == "Run", run
@@ -139,6 +151,7 @@ def follow_run(s: Setup, run_id: str, what: str) -> str:
     with s.ui.step(f"open the {what} run {run_id[:8]}"):
         first = s.ui.run_status_label(run_id)
     assert first in RUN_STATUS_LABELS.values(), f"{what} run {run_id}: the UI shows status {first!r}"
+    s.ui.park()  # read again once the run has ended
 
     def ended() -> str | None:
         status = s.dev.run_status(run_id)
@@ -220,6 +233,8 @@ def test_user_flows_and_asset_checks_in_a_real_browser(setup: Setup) -> None:
     # --- 1. delta_index_sensor requests a run by itself for a partition that just landed ------------
     p_sensor = PartitionId.from_datetime(dt.datetime.now(dt.UTC) - dt.timedelta(minutes=4))
     write_partition(s.store, GEN, p_sensor)
+    poll_until(lambda: run_ids_tagged(d, TAG_PARTITION, p_sensor.path), timeout=RUN_DEADLINE, interval=2,
+               what=f"a run tagged {p_sensor.path}")
     with ui.step(f"find the sensor's run for {p_sensor.path} in the Runs list"):
         runs = poll_until(lambda: ui.run_ids_in_list(tag=(TAG_PARTITION, p_sensor.path)), timeout=RUN_DEADLINE,
                           interval=5, what=f"a run tagged {p_sensor.path} in the UI's Runs list")
@@ -269,6 +284,8 @@ def test_user_flows_and_asset_checks_in_a_real_browser(setup: Setup) -> None:
         ids = ui.backfill_run_ids(backfill_id)
         return ids if len(ids) >= 3 else None
 
+    poll_until(lambda: len(run_ids_tagged(d, "dagster/backfill", backfill_id)) >= 3, timeout=RUN_DEADLINE,
+               interval=2, what=f"3 runs of backfill {backfill_id}")
     with ui.step(f"list the runs of backfill {backfill_id}"):
         backfill_runs = poll_until(three_runs_listed, timeout=RUN_DEADLINE, interval=5,
                                    what=f"3 runs on backfill {backfill_id}'s page")
@@ -288,6 +305,7 @@ def test_user_flows_and_asset_checks_in_a_real_browser(setup: Setup) -> None:
         b = d.backfill_status(backfill_id)
         return b if b["status"] in BACKFILL_TERMINAL_STATUSES else None
 
+    ui.park()
     final = poll_until(backfill_ended, timeout=300, interval=2, what=f"backfill {backfill_id} to end")
     assert final["status"] == "COMPLETED_SUCCESS", final
     with ui.step(f"read backfill {backfill_id}'s status"):
@@ -318,18 +336,19 @@ def test_user_flows_and_asset_checks_in_a_real_browser(setup: Setup) -> None:
             def agrees(asset: str = asset, name: str = name, last: list[str] = last) -> CheckView | None:
                 # GraphQL before and after reading the page: a new evaluation in between is retried.
                 before = graphql_checks(d)[asset][name]
-                with ui.step(f"read check {asset}.{name} on the Checks tab"):
-                    view = ui.check_view(asset, name)
-                after = graphql_checks(d)[asset][name]
-                want = expected_view(before)
                 execution = before["executionForLatestMaterialization"] or {}
                 truth = computed_outcomes(s)[(asset, name)]
                 reported_passed = execution.get("status") == "SUCCEEDED"
-                last[:] = [f"UI {view}", f"GraphQL {before}", f"computed now: {truth.state}: {truth.description}"]
-                if before != after or view != want:
-                    return None
-                # What the checks report is what they compute from the store now (evaluated, same verdict).
+                last[:] = ["UI not read yet", f"GraphQL {before}", f"computed now: {truth.state}: {truth.description}"]
+                # What the checks report is what they compute from the store now (evaluated, same verdict);
+                # until then the page is not read (each read loads the whole UI).
                 if execution.get("status") not in {"SUCCEEDED", "FAILED"} or reported_passed != truth.passed:
+                    return None
+                with ui.step(f"read check {asset}.{name} on the Checks tab"):
+                    view = ui.check_view(asset, name)
+                after = graphql_checks(d)[asset][name]
+                last[0] = f"UI {view}"
+                if before != after or view != expected_view(before):
                     return None
                 return view
 
