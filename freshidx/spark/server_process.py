@@ -301,7 +301,9 @@ class ServerProcess:
             if rows[0]["s"] != 499500:
                 raise ServerStartError(f"warm-up SQL returned {rows!r}")
             t_sql = time.monotonic()
-            df = session.range(4, numPartitions=2).mapInArrow(warmup_batches, "module string, python string")
+            # One Python task: it proves the workers import freshidx and warms the JVM's Arrow/Python path;
+            # Connect pools Python workers per session, so no run would ever reuse a second warm one.
+            df = session.range(4, numPartitions=1).mapInArrow(warmup_batches, "module string, python string")
             got = df.distinct().collect()
             if not got or not all(r["module"] for r in got):
                 raise ServerStartError(f"warm-up Python job returned {got!r}")
