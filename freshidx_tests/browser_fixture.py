@@ -181,11 +181,20 @@ class DagsterUi:
 
     def run_status_label(self, run_id: str) -> str:
         """Open the run's page; return the status shown next to its id (Success, Failure, Started, …)."""
+        from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
         page = self.page
         self.goto(f"/runs/{run_id}")
         # "Runs / <id>": this run's page. Any visible text that starts with the short id: on a backfill run's
         # page the first exact match was once an element that never became visible (a suite failure).
-        page.get_by_text(re.compile("^" + re.escape(run_id[:8]))).filter(visible=True).first.wait_for()
+        header = page.get_by_text(re.compile("^" + re.escape(run_id[:8]))).filter(visible=True).first
+        try:
+            header.wait_for(timeout=ACTION_TIMEOUT_MS / 2)
+        except PlaywrightTimeout:
+            # Once, on the loaded suite box, a backfill run's page showed no header for 90 s, yet the
+            # screenshot right after had it: reload once, as a user would, and give it the full wait.
+            self.goto(f"/runs/{run_id}")
+            header.wait_for()
         label = page.get_by_text(_RUN_STATUS_LABEL).filter(visible=True).first  # the tag right after the id
         label.wait_for()
         return label.inner_text().strip()
