@@ -356,12 +356,12 @@ def test_progressing_leased_job_is_not_restarted_when_probes_fail_under_load(
             spark = _client(lease.url)
             spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "10")
 
-            # Long Python tasks (~2.5 s CPU each), one at a time, job after job: one busy slot shows the
-            # progress as well as two, and leaves the other core to the rest of the suite (40 s of it).
+            # One long Python task per job (~5 s CPU), job after job: one busy slot shows the progress as
+            # well as two, and leaves the other core to the rest of the suite (40 s of it).
             def work() -> None:
                 while not stop.is_set():
                     try:
-                        spark.range(0, 200, numPartitions=2).mapInArrow(_udfs()[0], "id long").coalesce(1).count()
+                        spark.range(0, 200, numPartitions=1).mapInArrow(_udfs()[0], "id long").count()
                     except Exception as exc:
                         if not stop.is_set():
                             errors.append(exc)
