@@ -152,6 +152,8 @@ def merged_segment(run: Sequence[Segment], *, version: str, shards: list[dict[st
         touched_products=sum(s.touched_products for s in run),  # an upper bound: runs overlap
         extra={MERGED_KEY: [c for s in run for c in constituents(s)], "compacted_at": compacted_at,
                "segments_merged": [s.version for s in run]},
+        # M's row for an ad is one of the run's, so it rests on a full version only if all of them do.
+        full_version=run[0].full_version if len({s.full_version for s in run}) == 1 else None,
     )
 
 

@@ -36,7 +36,7 @@ from freshidx.segments import BuildKind, FullBase, Segment
 from freshidx.settings import Settings
 from freshidx.spark.index_shards import read_version_state, write_index_shards
 from freshidx.spark.shards import ShardCommit
-from freshidx.spark.state_lookup import segment_shards
+from freshidx.spark.state_lookup import StateLayer, segment_shards
 from freshidx.store import NotFound, ObjectInfo, ObjectStore, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -107,14 +107,14 @@ def build_delta(
     crash_point("delta_listed")  # tests: a kill -9 here (nothing written yet)
 
     version = new_version(p.at)
-    state_manifest: dict[str, Any] | None
+    state: list[StateLayer] | dict[str, Any] | None
     if mb.kind is BuildKind.INCREMENTAL:
-        state_manifest = {"shards": [*(full_manifest or {}).get("shards", []),
-                                     *(sh for s in mb.kept for sh in s.shards)]}
+        assert full is not None and full_manifest is not None
+        state = [StateLayer(full_manifest.get("shards", [])),
+                 *(StateLayer(s.shards, over_full=s.full_version == full.version) for s in mb.kept)]
     else:
-        state_manifest = full_manifest
-    result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, file_list,
-                                   state_manifest)
+        state = full_manifest
+    result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, file_list, state)
     # An incremental build reads its state inside the index step (the same task merges and writes).
     build_seconds = round(result.seconds + state_seconds, 3)
     stages = result.stages
@@ -126,6 +126,8 @@ def build_delta(
         version=version, position=iso(p.at), kind=str(mb.kind), shards=shards, doc_count=result.doc_count,
         covered_count=result.covered_count, files=[k for k, _ in file_list], listed_at=iso(listed_at),
         extra={"partitions": len(to_read), "reason": mb.reason},
+        # Both kinds read the serving full version's state and never let a row beat a higher one it holds.
+        full_version=full.version if full is not None else None,
     )
     all_segments = [*mb.kept, new_segment]
     return DraftManifest(
@@ -176,13 +178,13 @@ def _inputs(source: str, mb: segments.MicroBatchPlan, serving: str | None, full:
 
 
 def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, run_id: str, kind: BuildKind,
-           version: str, file_list: list[tuple[str, str]], state_manifest: dict[str, Any] | None
+           version: str, file_list: list[tuple[str, str]], known: list[StateLayer] | dict[str, Any] | None
            ) -> tuple[BuildResult, float]:
-    """The Spark part: read what is known, build and stage the segment. Returns (result, state seconds);
-    the state is read inside the build (once the batch is known) or, for a rebuild, before it."""
+    """The Spark part: read what is known (an incremental build: the full version and kept segments as
+    layers; a rebuild: the full version's manifest, if any), build and stage the segment. Returns (result,
+    state seconds); the state is read inside the build (once the batch is known) or, for a rebuild, before it."""
     num_shards = settings.delta_shards if kind is BuildKind.REBUILD else settings.delta_segment_shards
-    state = _StateRead(spark, store_config, kind, state_manifest, version, num_shards,
-                       settings.delta_state_cache_mb * 2**20)
+    state = _StateRead(spark, store_config, kind, known, version, num_shards, settings.delta_state_cache_mb * 2**20)
     try:
         result = build_version(
             spark, store_config, index=INDEX, version=version, files=file_list, num_shards=num_shards,
@@ -190,7 +192,7 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
             # Every file read not quarantined yet, late ones included (files an earlier build quarantined
             # have a done marker: freshidx.spark.quarantine_once).
             quarantine_after=None,
-            write_shards=state.writer() if state_manifest is not None else None,
+            write_shards=state.writer() if known is not None else None,
             # A few files per task: one Python task per 5-minute file costs more in task start-up than
             # in reading (60 files in a 5 h window).
             max_read_tasks=READ_TASKS,
@@ -213,22 +215,23 @@ class _StateRead:
     """
 
     def __init__(self, spark: SparkSession, store_config: StoreConfig, kind: BuildKind,
-                 manifest: dict[str, Any] | None, version: str, num_shards: int, cache_bytes: int) -> None:
-        self.spark, self.store_config, self.kind, self.manifest = spark, store_config, kind, manifest
+                 known: list[StateLayer] | dict[str, Any] | None, version: str, num_shards: int,
+                 cache_bytes: int) -> None:
+        self.spark, self.store_config, self.kind, self.known = spark, store_config, kind, known
         self.version, self.num_shards, self.cache_bytes = version, num_shards, cache_bytes
         self.seconds = 0.0
         self.frame: DataFrame | None = None
-        if manifest is not None and kind is BuildKind.REBUILD:
+        if isinstance(known, dict) and kind is BuildKind.REBUILD:
             t0 = time.monotonic()
-            self.frame = read_version_state(spark, store_config, manifest, max_tasks=1).localCheckpoint(eager=True)
+            self.frame = read_version_state(spark, store_config, known, max_tasks=1).localCheckpoint(eager=True)
             self.seconds = round(time.monotonic() - t0, 3)
 
     def writer(self) -> Callable[[DataFrame], list[ShardCommit]]:
         """How the valid records read become the segment's staged shards."""
         if self.kind is BuildKind.INCREMENTAL:
-            assert self.manifest is not None
-            manifest = self.manifest
-            return lambda valid: segment_shards(self.spark, self.store_config, manifest, valid, index=INDEX,
+            assert isinstance(self.known, list)
+            layers = self.known
+            return lambda valid: segment_shards(self.spark, self.store_config, layers, valid, index=INDEX,
                                                 version=self.version, num_shards=self.num_shards,
                                                 state_cache_bytes=self.cache_bytes)
         assert self.frame is not None

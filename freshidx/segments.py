@@ -61,6 +61,9 @@ class Segment:
     listed_at: str  # ISO time its build listed the store: files newer than this were not seen
     touched_products: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # The full version its state rested on (None: none, or written before this field): its rows supersede
+    # that version's (freshidx.spark.state_lookup.StateFile).
+    full_version: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

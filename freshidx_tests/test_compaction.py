@@ -9,6 +9,7 @@ brute-force oracle over every record written, and at the end a from-scratch rebu
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import random
 import time
@@ -95,6 +96,20 @@ def test_merged_segment_replaces_the_run_in_place() -> None:
     m2 = compaction.merged_segment([segs[0], m], version="m2", shards=[], doc_count=1, covered_count=1,
                                    compacted_at="now")
     assert [c["version"] for c in compaction.constituents(m2)] == ["v0", "v5", "v10"]
+
+
+def test_a_merged_segment_rests_on_a_full_version_only_if_its_whole_run_does() -> None:
+    # (the segment task then reads no full-version row of an ad the merged segment holds: state_lookup)
+    on_f1 = [dataclasses.replace(seg(n), full_version="f1") for n in (5, 10)]
+
+    def merged(run: list[Segment]) -> Segment:
+        return compaction.merged_segment(run, version="m", shards=[], doc_count=1, covered_count=1, compacted_at="x")
+
+    assert merged(on_f1).full_version == "f1"
+    assert merged([seg(0), *on_f1]).full_version is None  # seg(0): written before the field, or over none
+    assert merged([on_f1[0], dataclasses.replace(seg(15), full_version="f2")]).full_version is None
+    assert Segment.from_dict(merged(on_f1).to_dict()).full_version == "f1"
+    assert Segment.from_dict({k: v for k, v in seg(0).to_dict().items() if k != "full_version"}).full_version is None
 
 
 def test_files_to_read_is_unchanged_by_a_compaction_of_the_kept_segments() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -145,7 +146,7 @@ def test_an_index_another_client_cached_serves_the_next_one(tmp_path: Path) -> N
     cached = other_client.build(keys, sizes)
     assert type(cached) is other_client and not isinstance(cached, KeyIndex)
     cache = DecodedCache(1 << 20)
-    cache.get(("d", "key-index", LAYOUT), lambda: cached, lambda v: v.nbytes)
+    cache.get(("d", "key-index", LAYOUT), lambda: cached, lambda v: v.nbytes, lasting=True)
     batch = pa.table({"ad_id": ["a30"], "product_id": ["p7"]})
     opened: list[str] = []
     got = _rows(pa.Table.from_batches(list(select_rows(batch, [_file(docs, "d", DOCS_FILE, opened)], cache))))
@@ -197,3 +198,72 @@ def test_key_index_lookups() -> None:
     assert index.ads_of_rows(np.array([4, 0])).tolist() == ["é".encode(), b"b"]
     assert KeyIndex.build(pa.table({"ad_id": ["a", "b" * (MAX_KEY_BYTES + 1)]}), [2]) is None
     assert query_keys(pa.array(["a", None, "a\0", "b" * (MAX_KEY_BYTES + 1)])).tolist() == [b"a"]
+
+
+def _layer(tmp: Path, name: str, rows: pa.Table, layer: int, over_full: bool) -> list[StateFile]:
+    """A published piece of state as the shard writer leaves it: the active rows whole (docs), every row's
+    key columns (covered, the kill-list)."""
+    docs = rows.filter(pc.equal(rows.column("status"), "active"))
+    pq.write_table(docs.cast(DOCS_ARROW_SCHEMA), tmp / f"{name}-docs.parquet", row_group_size=7)
+    pq.write_table(rows.select(COVERED_ARROW_SCHEMA.names).cast(COVERED_ARROW_SCHEMA),
+                   tmp / f"{name}-covered.parquet", row_group_size=7)
+    return [StateFile(f"{name}/{kind}", kind, lambda p=tmp / f"{name}-{stem}.parquet": pq.ParquetFile(p),
+                      layer, over_full)
+            for kind, stem in ((DOCS_FILE, "docs"), (COVERED_FILE, "covered"))]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_newest_layer_answers_as_every_row(tmp_path: Path, seed: int) -> None:
+    """Each needed ad's row from the newest segment holding it (and from the full version unless that
+    segment was built over it) gives the micro-batch's merge the same rows as every row of every piece of
+    state: over micro-batches of updates, deletes, pauses, products moving and versions out of order,
+    with a new full version in the middle that knows late records no kept segment saw."""
+    import datetime as dt
+    import random
+
+    from freshidx import segment_merge
+
+    rng = random.Random(seed)
+    t0 = dt.datetime(2026, 11, 27, tzinfo=dt.UTC)
+
+    def records(n: int, top: int) -> pa.Table:
+        return pa.Table.from_pylist([{
+            "ad_id": f"a{rng.randrange(40)}", "campaign_id": "c", "product_id": f"p{rng.randrange(6)}",
+            "title": rng.choice(["x", "y"]), "keywords": [rng.choice(["k", "l"])], "bid": 1.0,
+            "status": rng.choice(["active", "active", "active", "paused", "deleted"]),
+            "updated_at": t0 + dt.timedelta(seconds=rng.randrange(3)), "version": rng.randint(1, top),
+        } for _ in range(n)], schema=DOCS_ARROW_SCHEMA)
+
+    seen = records(60, 3)
+    full, full_id = segment_merge.latest_per_ad(seen), 0
+    segments: list[tuple[pa.Table, int]] = []
+    fewer = 0
+    for step in range(10):
+        if step == 5:  # a new full version; it also holds late records the kept segments never saw
+            seen = pa.concat_tables([seen, records(15, step + 3)])
+            full, full_id = segment_merge.latest_per_ad(seen), 1
+        batch = segment_merge.latest_per_ad(records(rng.randint(1, 8), step + 3))
+        seen = pa.concat_tables([seen, batch])
+        newest, every = (_state(tmp_path / f"{step}-{layered}", batch, full, full_id, segments, layered)
+                         for layered in (True, False))
+        merged = segment_merge.segment_rows(batch, newest)
+        assert _all_rows(merged) == _all_rows(segment_merge.segment_rows(batch, every))
+        assert newest.num_rows <= every.num_rows
+        fewer += newest.num_rows < every.num_rows
+        segments.append((segment_merge.segment_rows(batch, every), full_id))
+    assert fewer  # the layers did leave rows unread
+
+
+def _state(tmp: Path, batch: pa.Table, full: pa.Table, full_id: int, segments: list[tuple[pa.Table, int]],
+           layered: bool) -> pa.Table:
+    """The rows select_rows reads for ``batch``: with the layers (each segment's own, over the full version
+    when built on ``full_id``), or every piece of state as one layer (every row of every file)."""
+    tmp.mkdir()
+    files = _layer(tmp, "full", full, 0, False)
+    for n, (rows, base) in enumerate(segments, start=1):
+        files += _layer(tmp, f"seg{n}", rows, n if layered else 0, layered and base == full_id)
+    return pa.Table.from_batches(list(select_rows(batch, files, DecodedCache(0))), DOCS_ARROW_SCHEMA)
+
+
+def _all_rows(t: pa.Table) -> list[tuple]:
+    return sorted((tuple(r.values()) for r in t.to_pylist()), key=repr)

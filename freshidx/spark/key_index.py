@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["LAYOUT", "MAX_KEY_BYTES", "KeyIndex", "as_keys", "query_keys"]
+__all__ = ["LAYOUT", "MAX_KEY_BYTES", "KeyIndex", "as_keys", "query_keys", "rows_and_hits"]
 
 #: Longest id the index stores (fixed width: every row pays for the longest).
 MAX_KEY_BYTES = 64
@@ -82,13 +82,17 @@ def query_keys(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def _matches(sorted_keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end (exclusive) in ``sorted_keys`` of each wanted key's run of equal keys."""
+    """Start and end (exclusive) in ``sorted_keys`` of each wanted key's run of equal keys (aligned with
+    ``wanted``: an absent key has an empty run)."""
     if len(wanted) == 0 or len(sorted_keys) == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.zeros(len(wanted), np.int64), np.zeros(len(wanted), np.int64)
     # A wanted key longer than the index's width cannot be in it (numpy would truncate it to compare).
-    wanted = wanted[np.char.str_len(wanted) <= sorted_keys.dtype.itemsize]
-    wanted = wanted.astype(sorted_keys.dtype)
-    return np.searchsorted(sorted_keys, wanted, "left"), np.searchsorted(sorted_keys, wanted, "right")
+    fits = np.char.str_len(wanted) <= sorted_keys.dtype.itemsize
+    starts, ends = np.zeros(len(wanted), np.int64), np.zeros(len(wanted), np.int64)
+    narrowed = wanted[fits].astype(sorted_keys.dtype)
+    starts[fits] = np.searchsorted(sorted_keys, narrowed, "left")
+    ends[fits] = np.searchsorted(sorted_keys, narrowed, "right")
+    return starts, ends
 
 
 def _ranges(starts: np.ndarray, ends: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -102,6 +106,14 @@ def _ranges(starts: np.ndarray, ends: np.ndarray, values: np.ndarray) -> np.ndar
     begins = np.cumsum(lengths) - lengths
     offsets = np.repeat(starts.astype(np.int64) - begins, lengths)
     return values[offsets + np.arange(total, dtype=np.int64)]
+
+
+def rows_and_hits(index: KeyIndex, ads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``index.rows_of_ads(ads)``, and which of ``ads`` the file holds (a mask aligned with ``ads``), in one
+    search. A module function, not a method: a cached index may be an instance of another client's copy
+    of the class, built before this function existed (:data:`LAYOUT`); its fields mean the same."""
+    starts, ends = _matches(index.ads, ads)
+    return np.sort(_ranges(starts, ends, index.ad_rows)).astype(np.int64), ends > starts
 
 
 @dataclass(frozen=True)

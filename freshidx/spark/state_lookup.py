@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,7 @@ from freshidx import segment_merge
 from freshidx.records import ACTIVE
 from freshidx.spark.decoded_cache import DecodedCache, resolve_worker_cache
 from freshidx.spark.index_shards import DOCS_DDL, version_files, widen, write_index_shards, write_one_index_shard
-from freshidx.spark.key_index import LAYOUT, KeyIndex, query_keys
+from freshidx.spark.key_index import LAYOUT, KeyIndex, query_keys, rows_and_hits
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.shards import (
     COVERED_FILE,
@@ -56,12 +56,26 @@ from freshidx.transform import TYPED_FIELDS
 KEY_COLUMNS = ("ad_id", "product_id")
 
 
-def segment_shards(spark: SparkSession, store_config: StoreConfig, manifest: dict[str, Any], batch: DataFrame,
+@dataclass(frozen=True)
+class StateLayer:
+    """The shards (ShardCommit dicts) of one published piece of state: the full version (the first
+    layer) or a kept segment (then oldest first); ``over_full``: a segment built over that full version
+    (:class:`StateFile` says what that allows)."""
+
+    shards: list[dict[str, Any]]
+    over_full: bool = False
+
+
+#: A state file as a task receives it: (store key, kind, layer, over_full).
+_FileRef = tuple[str, str, int, bool]
+
+
+def segment_shards(spark: SparkSession, store_config: StoreConfig, layers: Sequence[StateLayer], batch: DataFrame,
                    *, index: str, version: str, num_shards: int, state_cache_bytes: int = 0) -> list[ShardCommit]:
     """Stage an incremental micro-batch's segment: ``num_shards`` shards of ``segment_merge.segment_rows``
-    of ``batch``'s latest record per ad over the state that ``manifest`` (``{"shards": [...]}`` of the
-    full version and the kept segments) knows. ``batch``: the valid records read (``TYPED_FIELDS``
-    columns at least; several records per ad possible).
+    of ``batch``'s latest record per ad over the state ``layers`` (the full version's, then the kept
+    segments') know. ``batch``: the valid records read (``TYPED_FIELDS`` columns at least; several
+    records per ad possible).
 
     One Python task receives the batch (narrow: no shuffle before it), keeps the latest record per ad
     (``segment_merge.latest_per_ad``, the rule of ``transform.latest_per_ad``), reads the state rows it
@@ -71,8 +85,9 @@ def segment_shards(spark: SparkSession, store_config: StoreConfig, manifest: dic
     ``state_cache_bytes``: what each Python worker may keep decoded between tasks
     (:func:`freshidx.spark.decoded_cache.resolve_worker_cache`).
     """
-    files = [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)]
-    files += [(k, COVERED_FILE) for k in version_files(manifest, COVERED_FILE)]
+    files: list[_FileRef] = [(k, kind, n, layer.over_full) for n, layer in enumerate(layers)
+                             for kind in (DOCS_FILE, COVERED_FILE)
+                             for k in version_files({"shards": layer.shards}, kind)]
     rows = batch.select(*TYPED_FIELDS).coalesce(1)
     store_json = store_to_json(store_config)
     if num_shards == 1:
@@ -82,7 +97,7 @@ def segment_shards(spark: SparkSession, store_config: StoreConfig, manifest: dic
     return write_index_shards(merged, store_config, index, version, num_shards)
 
 
-def _merged(config: StoreConfig, files: list[tuple[str, str]], cache_bytes: int, batches: Iterable[pa.RecordBatch],
+def _merged(config: StoreConfig, files: list[_FileRef], cache_bytes: int, batches: Iterable[pa.RecordBatch],
             seconds: dict[str, float] | None = None) -> Iterator[pa.RecordBatch]:
     """The segment's rows; ``seconds`` receives the time spent receiving the batch, reading the state
     rows and merging."""
@@ -95,10 +110,10 @@ def _merged(config: StoreConfig, files: list[tuple[str, str]], cache_bytes: int,
     fs = config.arrow_fs()
     cache = resolve_worker_cache(cache_bytes)
     # Named by endpoint and path: two S3 servers may hold a bucket of the same name.
-    paths = [(config.arrow_path(k), kind) for k, kind in files]
+    paths = [(config.arrow_path(k), kind, layer, over_full) for k, kind, layer, over_full in files]
     state_files = [StateFile(f"{config.endpoint_url or ''}|{path}", kind,
-                             lambda path=path: pq.ParquetFile(fs.open_input_file(path)))
-                   for path, kind in paths]
+                             lambda path=path: pq.ParquetFile(fs.open_input_file(path)), layer, over_full)
+                   for path, kind, layer, over_full in paths]
     try:
         state = pa.Table.from_batches(list(select_rows(batch, state_files, cache)), schema=DOCS_ARROW_SCHEMA)
     finally:
@@ -111,7 +126,7 @@ def _merged(config: StoreConfig, files: list[tuple[str, str]], cache_bytes: int,
     yield from rows.to_batches()
 
 
-def _merge_and_write(files: list[tuple[str, str]], cache_bytes: int, index: str, version: str) -> ShardWriter:
+def _merge_and_write(files: list[_FileRef], cache_bytes: int, index: str, version: str) -> ShardWriter:
     def write(config: StoreConfig, shard: int, attempt: int, batches: Iterable[pa.RecordBatch]) -> ShardCommit:
         seconds: dict[str, float] = {}
         commit = write_one_index_shard(config, index, version, shard, attempt,
@@ -123,7 +138,7 @@ def _merge_and_write(files: list[tuple[str, str]], cache_bytes: int, index: str,
     return write
 
 
-def _merge_task(store_json: str, files: list[tuple[str, str]], cache_bytes: int
+def _merge_task(store_json: str, files: list[_FileRef], cache_bytes: int
                 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         yield from _merged(store_from_json(store_json), files, cache_bytes, batches)
@@ -134,11 +149,27 @@ def _merge_task(store_json: str, files: list[tuple[str, str]], cache_bytes: int
 @dataclass
 class StateFile:
     """One state file: ``name`` (its store path: state files are immutable, so the name is a cache key),
-    ``kind`` (``docs.parquet`` or ``covered.parquet``) and how to open it (on first use only)."""
+    ``kind`` (``docs.parquet`` or ``covered.parquet``) and how to open it (on first use only).
+
+    ``layer``: 0 for the full version's files, 1, 2, ... for the kept segments' (oldest first).
+    ``over_full``: the segment was built over the serving full version.
+
+    Why layers: every segment's row for an ad is the latest that its micro-batch knew, over the full
+    version and every segment before it (:func:`freshidx.segment_merge.segment_rows` never lets a row
+    beat a higher known one, and segments are published in build order: a micro-batch that lost its
+    base is rebuilt, or rebased only onto a compaction of the very segments it read). So a newer
+    segment's row for an ad is at least any older segment's, and at least the full version's when it
+    was built over it. A full version published after a segment may know more (late partitions), so
+    for such a segment the full's row is read too. Kept segments re-emit every ad of the products they
+    touched, so without layers the rows read grew with the segments kept (~2.5 rows per needed ad at
+    1M documents and five segments).
+    """
 
     name: str
     kind: str
     opener: Callable[[], pq.ParquetFile]
+    layer: int = 0
+    over_full: bool = False
     _file: pq.ParquetFile | None = None
 
     def parquet(self) -> pq.ParquetFile:
@@ -205,7 +236,7 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache) -> 
     cost follows the batch, not the state)."""
     batch_ads = _Ids([pc.unique(keys.column("ad_id").combine_chunks())])
     # Pass 1: key columns only.
-    key_info = [cache.get((f.name, "key-index", LAYOUT), lambda f=f: _read_keys(f.parquet()), _weight)
+    key_info = [cache.get((f.name, "key-index", LAYOUT), lambda f=f: _read_keys(f.parquet()), _weight, lasting=True)
                 for f in files]
     # The batch's products and the products its ads were in ...
     strings: list[pa.Array] = [keys.column("product_id").combine_chunks().drop_null()]
@@ -228,23 +259,54 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache) -> 
                            .column("ad_id").combine_chunks())
     candidates = _Ids(strings, indexed)
     # Pass 2: whole records of the row groups holding a candidate's row, then just those rows.
+    if any(f.layer for f in files) and not any(isinstance(info, tuple) for info in key_info):
+        yield from _newest_rows(files, key_info, candidates.wanted(), cache)
+        return
     for f, info in zip(files, key_info, strict=True):
         if isinstance(info, tuple):
             rows = np.flatnonzero(pc.is_in(info[0].column("ad_id"), value_set=candidates.arrow())
                                   .to_numpy(zero_copy_only=False))
-            sizes = info[1]
+            yield from _read_rows(f, rows, info[1], cache)
         else:
-            rows, sizes = info.rows_of_ads(candidates.wanted()), info.row_group_sizes
-        if len(rows) == 0:
+            yield from _read_rows(f, info.rows_of_ads(candidates.wanted()), info.row_group_sizes, cache)
+
+
+def _newest_rows(files: list[StateFile], key_info: list[KeyIndex | KeyColumns], wanted: np.ndarray,
+                 cache: DecodedCache) -> Iterator[pa.RecordBatch]:
+    """Pass 2 over layered state: each candidate's row from the newest segment that holds it and, unless
+    that segment was built over the serving full version, from the full version too (module docstring of
+    :class:`StateFile`). Rows read: at most two per candidate, however many segments are kept."""
+    by_layer: dict[int, list[tuple[StateFile, KeyIndex]]] = {}
+    for f, info in zip(files, key_info, strict=True):
+        assert not isinstance(info, tuple)
+        by_layer.setdefault(f.layer, []).append((f, info))
+    for_segments, for_full = wanted, wanted
+    for layer in sorted(by_layer, reverse=True):
+        asked = for_full if layer == 0 else for_segments
+        held = np.zeros(len(asked), bool)
+        for f, info in by_layer[layer]:
+            rows, hits = rows_and_hits(info, asked)
+            held |= hits
+            yield from _read_rows(f, rows, info.row_group_sizes, cache)
+        if layer == 0:
             continue
-        bounds = np.concatenate([[0], np.cumsum(sizes)])
-        for g, n in enumerate(sizes):
-            lo, hi = np.searchsorted(rows, [bounds[g], bounds[g] + n], "left")
-            if lo == hi:
-                continue
-            group = cache.get((f.name, g), lambda f=f, g=g: f.parquet().read_row_group(g), lambda v: v.nbytes)
-            picked = group.take(pa.array(rows[lo:hi] - bounds[g]))
-            if f.kind != DOCS_FILE:  # the kill-list's active ads are whole records in docs.parquet
-                picked = picked.filter(pc.not_equal(picked.column("status"), ACTIVE))
-            for b in picked.to_batches():
-                yield conform(b, DOCS_ARROW_SCHEMA) if f.kind == DOCS_FILE else widen(b, DOCS_ARROW_SCHEMA)
+        if all(f.over_full for f, _ in by_layer[layer]):
+            for_full = for_full[~np.isin(for_full, asked[held], assume_unique=True)]
+        for_segments = asked[~held]
+
+
+def _read_rows(f: StateFile, rows: np.ndarray, sizes: Sequence[int], cache: DecodedCache) -> Iterator[pa.RecordBatch]:
+    """Rows ``rows`` (sorted) of ``f``, from the row groups holding them (decoded through ``cache``)."""
+    if len(rows) == 0:
+        return
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    for g, n in enumerate(sizes):
+        lo, hi = np.searchsorted(rows, [bounds[g], bounds[g] + n], "left")
+        if lo == hi:
+            continue
+        group = cache.get((f.name, g), lambda f=f, g=g: f.parquet().read_row_group(g), lambda v: v.nbytes)
+        picked = group.take(pa.array(rows[lo:hi] - bounds[g]))
+        if f.kind != DOCS_FILE:  # the kill-list's active ads are whole records in docs.parquet
+            picked = picked.filter(pc.not_equal(picked.column("status"), ACTIVE))
+        for b in picked.to_batches():
+            yield conform(b, DOCS_ARROW_SCHEMA) if f.kind == DOCS_FILE else widen(b, DOCS_ARROW_SCHEMA)
