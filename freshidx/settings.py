@@ -104,7 +104,10 @@ class PipelineSettings(BaseModel):
         "incremental", pattern=r"^(incremental|window)$",
         description="delta micro-batches: incremental (append a segment of what changed) | window (rebuild "
         "the window every time)")
-    delta_segment_shards: int = Field(1, ge=1, le=4096, description="output shards of one incremental segment")
+    delta_segment_shards: int = Field(
+        1, ge=1, le=4096,
+        description="output shards of one incremental segment, each built by its own task (the touched products "
+        "of its part)")
     delta_state_cache_mb: int = Field(
         256, ge=0, le=65536,
         description="per Python worker: MiB of decoded state files (immutable) kept for the next micro-batches "

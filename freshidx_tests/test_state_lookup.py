@@ -15,7 +15,7 @@ import pytest
 from freshidx.spark.decoded_cache import DecodedCache
 from freshidx.spark.key_index import LAYOUT, MAX_KEY_BYTES, KeyIndex, query_keys
 from freshidx.spark.shards import COVERED_ARROW_SCHEMA, COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, conform
-from freshidx.spark.state_lookup import StateFile, select_rows
+from freshidx.spark.state_lookup import Parts, StateFile, select_rows
 
 
 def _file(f: pq.ParquetFile, name: str, kind: str, opened: list[str] | None = None) -> StateFile:
@@ -217,7 +217,8 @@ def test_newest_layer_answers_as_every_row(tmp_path: Path, seed: int) -> None:
     """Each needed ad's row from the newest segment holding it (and from the full version unless that
     segment was built over it) gives the micro-batch's merge the same rows as every row of every piece of
     state: over micro-batches of updates, deletes, pauses, products moving and versions out of order,
-    with a new full version in the middle that knows late records no kept segment saw."""
+    with a new full version in the middle that knows late records no kept segment saw. Split over two
+    segment tasks (each reading the rows of its own part's products), the same rows, each written once."""
     import datetime as dt
     import random
 
@@ -249,20 +250,30 @@ def test_newest_layer_answers_as_every_row(tmp_path: Path, seed: int) -> None:
         merged = segment_merge.segment_rows(batch, newest)
         assert _all_rows(merged) == _all_rows(segment_merge.segment_rows(batch, every))
         assert newest.num_rows <= every.num_rows
+        # Two segment tasks, each building the touched products of its part, write exactly those rows.
+        by_part = []
+        for p in range(2):
+            owned = Parts(2, frozenset({p}))
+            rows = segment_merge.segment_rows(
+                batch, _state(tmp_path / f"{step}-part{p}", batch, full, full_id, segments, True, owned))
+            by_part.append(_all_rows(rows.filter(pa.array(owned.owns_rows(rows)))))
+        assert sorted(by_part[0] + by_part[1], key=repr) == _all_rows(merged)
+        assert not {r[0] for r in by_part[0]} & {r[0] for r in by_part[1]}  # an ad in one part only ...
+        assert not {r[2] for r in by_part[0]} - {None} & {r[2] for r in by_part[1]}  # ... and a product
         fewer += newest.num_rows < every.num_rows
         segments.append((segment_merge.segment_rows(batch, every), full_id))
     assert fewer  # the layers did leave rows unread
 
 
 def _state(tmp: Path, batch: pa.Table, full: pa.Table, full_id: int, segments: list[tuple[pa.Table, int]],
-           layered: bool) -> pa.Table:
+           layered: bool, parts: Parts | None = None) -> pa.Table:
     """The rows select_rows reads for ``batch``: with the layers (each segment's own, over the full version
     when built on ``full_id``), or every piece of state as one layer (every row of every file)."""
     tmp.mkdir()
     files = _layer(tmp, "full", full, 0, False)
     for n, (rows, base) in enumerate(segments, start=1):
         files += _layer(tmp, f"seg{n}", rows, n if layered else 0, layered and base == full_id)
-    return pa.Table.from_batches(list(select_rows(batch, files, DecodedCache(0))), DOCS_ARROW_SCHEMA)
+    return pa.Table.from_batches(list(select_rows(batch, files, DecodedCache(0), parts)), DOCS_ARROW_SCHEMA)
 
 
 def _all_rows(t: pa.Table) -> list[tuple]:

@@ -14,7 +14,10 @@ on the executors), keeps its latest record per ad (``segment_merge.latest_per_ad
 job runs before it), reads the state files in two passes (the key columns of every file first, to find
 those rows, then whole records of the row groups that hold them only), merges in Arrow and writes the
 segment's shard. The key pass is the only part that still scans the state, at a few bytes per row;
-everything downstream of it is the size of the change.
+everything downstream of it is the size of the change. Of each needed ad only the newest segment's row is
+read (and the full version's, unless that segment rests on it: :class:`StateFile`). With more than one
+segment shard, one task per part does all of this for the touched products of its part
+(:mod:`freshidx.spark.segment_parts`).
 
 The selection is a superset of what ``segment_rows`` uses (it also keeps the rows of the products of
 a batch ad's inactive or older rows), so ``segment_rows`` over it answers exactly as over the whole
@@ -34,13 +37,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from freshidx import segment_merge
 from freshidx.records import ACTIVE
+from freshidx.spark import segment_parts
 from freshidx.spark.decoded_cache import DecodedCache, resolve_worker_cache
-from freshidx.spark.index_shards import DOCS_DDL, version_files, widen, write_index_shards, write_one_index_shard
+from freshidx.spark.index_shards import version_files, widen, write_one_index_shard
 from freshidx.spark.key_index import LAYOUT, KeyIndex, query_keys, rows_and_hits
-from freshidx.spark.raw_source import store_from_json, store_to_json
+from freshidx.spark.segment_parts import LABEL_COLUMN, PART_COLUMN
 from freshidx.spark.shards import (
     COVERED_FILE,
     DOCS_ARROW_SCHEMA,
@@ -79,32 +84,42 @@ def segment_shards(spark: SparkSession, store_config: StoreConfig, layers: Seque
 
     One Python task receives the batch (narrow: no shuffle before it), keeps the latest record per ad
     (``segment_merge.latest_per_ad``, the rule of ``transform.latest_per_ad``), reads the state rows it
-    needs (:func:`select_rows`), merges them (Arrow) and, for one shard (the default), writes the shard
-    itself: one single-stage Spark job over the build's checkpoint, whatever the window. More shards: the
-    merged rows are hash-split and written by :func:`write_index_shards` as in any build.
+    needs (:func:`select_rows`), merges them (Arrow) and writes the shard itself: one single-stage Spark
+    job over the build's checkpoint, whatever the window. More shards: ``num_shards`` tasks, each
+    receiving a copy of the whole batch (one shuffle of the batch alone) and doing the same for the
+    touched products of its part (:mod:`freshidx.spark.segment_parts`), side by side.
     ``state_cache_bytes``: what each Python worker may keep decoded between tasks
     (:func:`freshidx.spark.decoded_cache.resolve_worker_cache`).
     """
     files: list[_FileRef] = [(k, kind, n, layer.over_full) for n, layer in enumerate(layers)
                              for kind in (DOCS_FILE, COVERED_FILE)
                              for k in version_files({"shards": layer.shards}, kind)]
-    rows = batch.select(*TYPED_FIELDS).coalesce(1)
-    store_json = store_to_json(store_config)
+    rows = batch.select(*TYPED_FIELDS)
+    write = _merge_and_write(files, state_cache_bytes, index, version, num_shards)
     if num_shards == 1:
-        return write_sharded(rows, store_config, 1, _merge_and_write(files, state_cache_bytes, index, version),
-                             what="segment_shards")
-    merged = rows.mapInArrow(_merge_task(store_json, files, state_cache_bytes), DOCS_DDL)
-    return write_index_shards(merged, store_config, index, version, num_shards)
+        return write_sharded(rows.coalesce(1), store_config, 1, write, what="segment_shards")
+    labels = segment_parts.label_of_part(num_shards)
+    copies = rows.withColumn("_copy", F.explode(F.array(*(
+        F.struct(F.lit(p).cast("int").alias(PART_COLUMN), F.lit(label).cast("int").alias(LABEL_COLUMN))
+        for p, label in enumerate(labels)))))
+    copies = copies.select(*TYPED_FIELDS, f"_copy.{PART_COLUMN}", f"_copy.{LABEL_COLUMN}")
+    return write_sharded(copies.repartition(num_shards, LABEL_COLUMN), store_config, num_shards, write,
+                         what="segment_shards")
 
 
 def _merged(config: StoreConfig, files: list[_FileRef], cache_bytes: int, batches: Iterable[pa.RecordBatch],
-            seconds: dict[str, float] | None = None) -> Iterator[pa.RecordBatch]:
-    """The segment's rows; ``seconds`` receives the time spent receiving the batch, reading the state
-    rows and merging."""
+            parts: int = 1, seconds: dict[str, float] | None = None) -> Iterator[pa.RecordBatch]:
+    """The segment's rows (of the products of the parts whose copies of the batch ``batches`` hold, when
+    ``parts`` > 1); ``seconds`` receives the time spent receiving the batch, reading the state rows and
+    merging."""
     t0 = time.monotonic()
-    records = pa.Table.from_batches([conform(b, DOCS_ARROW_SCHEMA) for b in batches], schema=DOCS_ARROW_SCHEMA)
+    received = list(batches)
+    mine: set[int] | None = None
+    if parts > 1:
+        mine = {int(p) for b in received for p in pc.unique(b.column(PART_COLUMN)).to_pylist()}
+    records = pa.Table.from_batches([conform(b, DOCS_ARROW_SCHEMA) for b in received], schema=DOCS_ARROW_SCHEMA)
     t1 = time.monotonic()
-    batch = segment_merge.latest_per_ad(records)
+    batch = segment_merge.latest_per_ad(records)  # also drops the copies of other parts a task received
     if batch.num_rows == 0:
         return
     fs = config.arrow_fs()
@@ -114,36 +129,48 @@ def _merged(config: StoreConfig, files: list[_FileRef], cache_bytes: int, batche
     state_files = [StateFile(f"{config.endpoint_url or ''}|{path}", kind,
                              lambda path=path: pq.ParquetFile(fs.open_input_file(path)), layer, over_full)
                    for path, kind, layer, over_full in paths]
+    owned = None if mine is None else Parts(parts, frozenset(mine))
     try:
-        state = pa.Table.from_batches(list(select_rows(batch, state_files, cache)), schema=DOCS_ARROW_SCHEMA)
+        state = pa.Table.from_batches(list(select_rows(batch, state_files, cache, owned)), schema=DOCS_ARROW_SCHEMA)
     finally:
         for f in state_files:
             f.close()
     t2 = time.monotonic()
     rows = segment_merge.segment_rows(batch, state)
+    if owned is not None:
+        rows = rows.filter(pa.array(owned.owns_rows(rows)))
     if seconds is not None:
         seconds.update(batch=round(t1 - t0, 3), state=round(t2 - t1, 3), merge=round(time.monotonic() - t2, 3))
     yield from rows.to_batches()
 
 
-def _merge_and_write(files: list[_FileRef], cache_bytes: int, index: str, version: str) -> ShardWriter:
+@dataclass(frozen=True)
+class Parts:
+    """The parts (of ``count``) a segment task owns: the touched products whose part is one of ``mine``,
+    and the rows without a product (a batch ad's inactive row) whose ad's part is."""
+
+    count: int
+    mine: frozenset[int]
+
+    def owns_keys(self, keys: np.ndarray) -> np.ndarray:
+        return np.isin(segment_parts.part_of_keys(keys, self.count), list(self.mine))
+
+    def owns_rows(self, rows: pa.Table) -> np.ndarray:
+        products = segment_parts.part_of(rows.column("product_id"), self.count)
+        ads = segment_parts.part_of(rows.column("ad_id"), self.count)
+        return np.isin(np.where(products >= 0, products, ads), list(self.mine))
+
+
+def _merge_and_write(files: list[_FileRef], cache_bytes: int, index: str, version: str, parts: int) -> ShardWriter:
     def write(config: StoreConfig, shard: int, attempt: int, batches: Iterable[pa.RecordBatch]) -> ShardCommit:
         seconds: dict[str, float] = {}
         commit = write_one_index_shard(config, index, version, shard, attempt,
-                                       _merged(config, files, cache_bytes, batches, seconds))
+                                       _merged(config, files, cache_bytes, batches, parts, seconds))
         # "rows" (the time until the merged rows were in) is spent in batch + state + merge
         written = {k: v for k, v in commit.seconds.items() if k != "rows"}
         return dataclasses.replace(commit, seconds={**seconds, **written})
 
     return write
-
-
-def _merge_task(store_json: str, files: list[_FileRef], cache_bytes: int
-                ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from _merged(store_from_json(store_json), files, cache_bytes, batches)
-
-    return run
 
 
 @dataclass
@@ -229,7 +256,8 @@ class _Ids:
         return self._arrow
 
 
-def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache) -> Iterator[pa.RecordBatch]:
+def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
+                parts: Parts | None = None) -> Iterator[pa.RecordBatch]:
     """The two passes over the state files (pure Arrow and numpy; tested without Spark). What is decoded
     goes through ``cache`` (a reused worker's next micro-batch decodes only files it has not seen), and
     a file's keys are looked up in its :class:`~freshidx.spark.key_index.KeyIndex` (binary search: the
@@ -248,11 +276,15 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache) -> 
             prior = info[0].filter(pc.is_in(info[0].column("ad_id"), value_set=batch_ads.arrow()))
             strings.append(prior.column("product_id").combine_chunks().drop_null())
     products = _Ids(strings, indexed)
-    # ... and every ad of those products, the batch's own ads included.
+    # ... and every ad of those products (of the task's own parts: the products it writes), the batch's
+    # own ads included (every task needs their rows: they decide which products are touched).
+    own_products = products.wanted()
+    if parts is not None:
+        own_products = own_products[parts.owns_keys(own_products)]
     strings, indexed = [*batch_ads.strings], []
     for info in key_info:
         if not isinstance(info, tuple):
-            indexed.append(info.ads_of_rows(info.rows_of_products(products.wanted())))
+            indexed.append(info.ads_of_rows(info.rows_of_products(own_products)))
         elif "product_id" in info[0].column_names:
             t = info[0]
             strings.append(t.filter(pc.is_in(t.column("product_id"), value_set=products.arrow()))
