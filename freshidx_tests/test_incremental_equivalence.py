@@ -93,8 +93,6 @@ def _micro_batch(h: Harness) -> None:
     assert steps <= mat.metadata.keys(), sorted(mat.metadata)
 
 
-
-
 def _delta_build(h: Harness) -> tuple[str, int]:
     pointer, _ = read_pointer(h.store, "delta")
     assert pointer is not None

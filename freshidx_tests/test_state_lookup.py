@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from freshidx.spark.decoded_cache import DecodedCache
-from freshidx.spark.key_index import LAYOUT, MAX_KEY_BYTES, KeyIndex, query_keys
+from freshidx.spark.key_index import LAYOUT, MAX_KEY_BYTES, KeyIndex, query_keys, rows_and_hits
 from freshidx.spark.shards import COVERED_ARROW_SCHEMA, COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, conform
 from freshidx.spark.state_lookup import Parts, StateFile, select_rows
 
@@ -197,6 +197,10 @@ def test_key_index_lookups() -> None:
     assert index.rows_of_products(query_keys(pa.array(["p2", "p9"]))).tolist() == [0, 3]
     assert index.ads_of_rows(np.array([4, 0])).tolist() == ["é".encode(), b"b"]
     assert KeyIndex.build(pa.table({"ad_id": ["a", "b" * (MAX_KEY_BYTES + 1)]}), [2]) is None
+    # rows and which of the asked ids the file holds, aligned with the ask (an id wider than the index: absent)
+    rows, hits = rows_and_hits(index, query_keys(pa.array(["a", "zz", "é", "x" * 9])))
+    assert rows.tolist() == [1, 3, 4] and hits.tolist() == [True, False, False, True] == [
+        k in (b"a", "é".encode()) for k in query_keys(pa.array(["a", "zz", "é", "x" * 9])).tolist()]
     assert query_keys(pa.array(["a", None, "a\0", "b" * (MAX_KEY_BYTES + 1)])).tolist() == [b"a"]
 
 
@@ -278,3 +282,35 @@ def _state(tmp: Path, batch: pa.Table, full: pa.Table, full_id: int, segments: l
 
 def _all_rows(t: pa.Table) -> list[tuple]:
     return sorted((tuple(r.values()) for r in t.to_pylist()), key=repr)
+
+
+def test_key_indexes_outlast_row_groups_in_the_worker_cache() -> None:
+    """A micro-batch touching more row groups than the budget holds must not push the key indexes (small,
+    ~1 s to rebuild at a million documents) out on every pass; they go only once nothing else is left."""
+    cache = DecodedCache(100)
+    loads: list[str] = []
+
+    def get(key: str, weight: int, lasting: bool = False) -> str:
+        def load() -> str:
+            loads.append(key)
+            return key
+        return cache.get(key, load, lambda _: weight, lasting=lasting)
+
+    get("index-1", 20, True)
+    get("index-2", 20, True)
+    for g in range(10):  # a pass over more row groups than fit
+        get(f"group-{g}", 30)
+    loads.clear()
+    get("index-1", 20, True)
+    get("index-2", 20, True)
+    assert loads == [] and cache.nbytes <= 100  # both indexes still there
+    get("group-9", 30)
+    assert loads == []  # the newest row groups too
+    get("big", 90)  # a row group that would need the indexes' room is not kept: other row groups go first
+    assert cache.nbytes == 40
+    get("index-3", 90, True)  # key indexes alone over the budget: the least recently used go
+    assert cache.nbytes == 90
+    loads.clear()
+    get("index-1", 20, True)
+    get("index-3", 90, True)
+    assert loads == ["index-1", "index-3"]
