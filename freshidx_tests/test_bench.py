@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from freshidx.store import StoreConfig, open_store
 from freshidx.tools import bench
 
 
@@ -30,10 +31,18 @@ def test_bench_build_json(spark: SparkSession, capsys: pytest.CaptureFixture[str
 
 def test_bench_delta_json(spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 13's JSON shape; every measured micro-batch is incremental (the first one after the full build
-    too: it rests on the full index's state), and the borrowed session is left running."""
-    args = ["delta", "--window-docs", "3000", "--changes", "40", "--workdir", str(tmp_path / "w"), "--json"]
+    too: it rests on the full index's state) and built with the segment shards asked for, and the borrowed
+    session is left running."""
+    args = ["delta", "--window-docs", "3000", "--changes", "40", "--segment-shards", "2",
+            "--workdir", str(tmp_path / "w"), "--json"]
     assert bench.main(args) == 0
     out = json.loads(capsys.readouterr().out)
+    assert out["segment_shards"] == 2
+    store = open_store(StoreConfig(uri=(tmp_path / "w" / "store-3000").as_uri()))
+    history = sorted(store.list("indexes/delta/history/").objects, key=lambda o: o.key)
+    segmented = [m for m in (store.get_json(store.get_json(o.key)[0]["manifest"])[0] for o in history)
+                 if m["inputs"]["build"] == "incremental"]
+    assert len(segmented) == 5 and all(len(m["segments"][-1]["shards"]) == 2 for m in segmented)
     r = out["sizes"]["3000"]
     assert r["incremental_s"] > 0 and r["rebuild_s"] > 0 and r["rebuild_docs"] > r["incremental_docs"] > 0
     runs = r["incremental_runs_s"]

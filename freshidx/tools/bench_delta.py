@@ -54,7 +54,7 @@ def _publish(store: Any, draft: Any) -> None:
         raise RuntimeError(f"{draft.index} {draft.version}: {result.outcome}: {result.reason}")
 
 
-def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int) -> dict[str, Any]:
+def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int, segment_shards: int = 1) -> dict[str, Any]:
     from freshidx.delta import DeltaPlan, build_delta
     from freshidx.full import build_full
     from freshidx.settings import Settings
@@ -68,7 +68,7 @@ def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int) -> di
     log(f"D={docs}: wrote {records} records in {write_s}s")
     sc = StoreConfig(uri=store_dir.as_uri())
     store = open_store(sc)
-    settings = Settings.from_env({}, store=sc.uri, window_minutes=WINDOW_MINUTES)
+    settings = Settings.from_env({}, store=sc.uri, window_minutes=WINDOW_MINUTES, delta_segment_shards=segment_shards)
     newest = PartitionId(now - dt.timedelta(minutes=now.minute % 5))
     t0 = time.monotonic()
     _publish(store, build_full(spark, store, sc, settings, cutoff=newest, run_id="bench-full", run_info={}))
@@ -119,7 +119,7 @@ def table(sizes: dict[str, dict[str, Any]]) -> str:
 
 
 def cmd_bench_delta(*, window_docs: int | None, changes: int, remote: str | None, seed: int,
-                    workdir: str | None, keep: bool, as_json: bool) -> int:
+                    workdir: str | None, keep: bool, as_json: bool, segment_shards: int = 1) -> int:
     sizes = (window_docs,) if window_docs else SIZES
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="freshidx-bench-delta-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -127,7 +127,7 @@ def cmd_bench_delta(*, window_docs: int | None, changes: int, remote: str | None
     out: dict[str, dict[str, Any]] = {}
     try:
         for d in sizes:
-            out[str(d)] = measure(spark, root, d, changes, seed)
+            out[str(d)] = measure(spark, root, d, changes, seed, segment_shards)
             log(f"D={d}: {json.dumps(out[str(d)])}")
     finally:
         if owned:
@@ -136,5 +136,5 @@ def cmd_bench_delta(*, window_docs: int | None, changes: int, remote: str | None
             shutil.rmtree(root, ignore_errors=True)
     print(table(out), file=sys.stderr)
     if as_json:
-        print(json.dumps({"changes": changes, "sizes": out}, indent=2))
+        print(json.dumps({"changes": changes, "segment_shards": segment_shards, "sizes": out}, indent=2))
     return 0
