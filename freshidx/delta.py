@@ -107,14 +107,12 @@ def build_delta(
     crash_point("delta_listed")  # tests: a kill -9 here (nothing written yet)
 
     version = new_version(p.at)
-    state: list[StateLayer] | dict[str, Any] | None
-    if mb.kind is BuildKind.INCREMENTAL:
-        assert full is not None and full_manifest is not None
-        state = [StateLayer(full_manifest.get("shards", [])),
+    # What is known before this micro-batch: the full version, then the kept segments (none for a rebuild).
+    known: list[StateLayer] | None = None
+    if full is not None and full_manifest is not None:
+        known = [StateLayer(full_manifest.get("shards", [])),
                  *(StateLayer(s.shards, over_full=s.full_version == full.version) for s in mb.kept)]
-    else:
-        state = full_manifest
-    result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, file_list, state)
+    result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, file_list, known)
     # An incremental build reads its state inside the index step (the same task merges and writes).
     build_seconds = round(result.seconds + state_seconds, 3)
     stages = result.stages
@@ -178,11 +176,11 @@ def _inputs(source: str, mb: segments.MicroBatchPlan, serving: str | None, full:
 
 
 def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, run_id: str, kind: BuildKind,
-           version: str, file_list: list[tuple[str, str]], known: list[StateLayer] | dict[str, Any] | None
+           version: str, file_list: list[tuple[str, str]], known: list[StateLayer] | None
            ) -> tuple[BuildResult, float]:
-    """The Spark part: read what is known (an incremental build: the full version and kept segments as
-    layers; a rebuild: the full version's manifest, if any), build and stage the segment. Returns (result,
-    state seconds); the state is read inside the build (once the batch is known) or, for a rebuild, before it."""
+    """The Spark part: read what is known (the full version, then the kept segments; ``None``: no full version
+    yet), build and stage the segment. Returns (result, state seconds); the state is read inside the build
+    (once the batch is known) or, for a rebuild, before it."""
     num_shards = settings.delta_shards if kind is BuildKind.REBUILD else settings.delta_segment_shards
     state = _StateRead(spark, store_config, kind, known, version, num_shards, settings.delta_state_cache_mb * 2**20)
     try:
@@ -215,21 +213,21 @@ class _StateRead:
     """
 
     def __init__(self, spark: SparkSession, store_config: StoreConfig, kind: BuildKind,
-                 known: list[StateLayer] | dict[str, Any] | None, version: str, num_shards: int,
-                 cache_bytes: int) -> None:
+                 known: list[StateLayer] | None, version: str, num_shards: int, cache_bytes: int) -> None:
         self.spark, self.store_config, self.kind, self.known = spark, store_config, kind, known
         self.version, self.num_shards, self.cache_bytes = version, num_shards, cache_bytes
         self.seconds = 0.0
         self.frame: DataFrame | None = None
-        if isinstance(known, dict) and kind is BuildKind.REBUILD:
+        if known is not None and kind is BuildKind.REBUILD:
             t0 = time.monotonic()
-            self.frame = read_version_state(spark, store_config, known, max_tasks=1).localCheckpoint(eager=True)
+            shards = {"shards": [sh for layer in known for sh in layer.shards]}
+            self.frame = read_version_state(spark, store_config, shards, max_tasks=1).localCheckpoint(eager=True)
             self.seconds = round(time.monotonic() - t0, 3)
 
     def writer(self) -> Callable[[DataFrame], list[ShardCommit]]:
         """How the valid records read become the segment's staged shards."""
         if self.kind is BuildKind.INCREMENTAL:
-            assert isinstance(self.known, list)
+            assert self.known is not None
             layers = self.known
             return lambda valid: segment_shards(self.spark, self.store_config, layers, valid, index=INDEX,
                                                 version=self.version, num_shards=self.num_shards,

@@ -156,9 +156,11 @@ class Parts:
         return np.isin(segment_parts.part_of_keys(keys, self.count), list(self.mine))
 
     def owns_rows(self, rows: pa.Table) -> np.ndarray:
-        products = segment_parts.part_of(rows.column("product_id"), self.count)
-        ads = segment_parts.part_of(rows.column("ad_id"), self.count)
-        return np.isin(np.where(products >= 0, products, ads), list(self.mine))
+        part = segment_parts.part_of(rows.column("product_id"), self.count)
+        bare = np.flatnonzero(part < 0)  # the ad's part only where there is no product (rare)
+        if len(bare):
+            part[bare] = segment_parts.part_of(rows.column("ad_id").take(pa.array(bare)), self.count)
+        return np.isin(part, list(self.mine))
 
 
 def _merge_and_write(files: list[_FileRef], cache_bytes: int, index: str, version: str, parts: int) -> ShardWriter:
