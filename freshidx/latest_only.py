@@ -122,9 +122,12 @@ def wait_for_work(store: ObjectStore, settings: Settings, runs: RunIndex, *,
                 watermark, known = PartitionId.parse(pointer.source_partition), True
             if watermark is not None and data_after(store, settings.source, watermark):
                 return True
-        if clock() + settings.sensor_poll_seconds > deadline:
+        # The last sleep is cut to the deadline and followed by one more look: the wait is never shorter
+        # than sensor_wait_seconds (stopping a poll early made it up to a poll shorter when looks took time).
+        left = deadline - clock()
+        if left <= 0:
             return False
-        sleep(settings.sensor_poll_seconds)
+        sleep(min(settings.sensor_poll_seconds, left))
 
 
 def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.datetime,
