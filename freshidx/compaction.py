@@ -55,7 +55,7 @@ def constituents(seg: Segment) -> list[dict[str, Any]]:
     if merged:
         return [dict(m) for m in merged]
     return [{"version": seg.version, "position": seg.position, "listed_at": seg.listed_at, "kind": seg.kind,
-             "doc_count": seg.doc_count}]
+             "doc_count": seg.doc_count, "full_version": seg.full_version}]
 
 
 def original_versions(segs: Sequence[Segment]) -> list[str]:

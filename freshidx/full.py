@@ -11,6 +11,7 @@ no newer partition exists: the rebuild keeps the cutoff, its inputs digest diffe
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import logging
 import time
@@ -20,15 +21,19 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from freshidx import layout
-from freshidx.build import FORMAT, build_version
+from freshidx.build import FORMAT, BuildResult, build_version
+from freshidx.full_plan import FullBuildKind, ServingFull, plan_full
 from freshidx.listing import Ignored
 from freshidx.partitions import PartitionError, PartitionId
-from freshidx.publish import DraftManifest, iso, new_version, utcnow
+from freshidx.publish import DraftManifest, iso, new_version, parse_iso, read_manifest, read_pointer, utcnow
+from freshidx.segments import Segment, segments_of
 from freshidx.settings import Settings
-from freshidx.store import ObjectInfo, ObjectStore, StoreConfig
+from freshidx.spark.full_from_state import bucket_shards
+from freshidx.store import NotFound, ObjectInfo, ObjectStore, StoreConfig
 
 log = logging.getLogger(__name__)
 INDEX = "full"
+DELTA_INDEX = "delta"
 
 
 def files_up_to(store: ObjectStore, source: str, cutoff: PartitionId
@@ -68,25 +73,48 @@ def build_full(
     cutoff: PartitionId,
     run_id: str,
     run_info: dict[str, Any],
+    cutoff_configured: bool = True,
+    force_raw: bool = False,
 ) -> DraftManifest:
+    """Stage a full version up to ``cutoff``: from the serving full version and the delta's segments when
+    they hold every raw file up to it, else from every raw partition (:mod:`freshidx.full_plan`).
+
+    ``cutoff_configured`` False (the newest visible partition, not asked for): a state build may stop at
+    the delta's position instead. ``force_raw``: read every raw partition whatever the state.
+    """
     t0 = time.monotonic()
     # Taken before listing: every object visible at this instant is in the listing, which is what
     # lets a same-cutoff rebuild count as newer than the serving one (publish.compare_to_serving).
     listed_at = iso(utcnow())
     files, ignored = files_up_to(store, settings.source, cutoff)
+    full, full_manifest = _serving_full(store)
+    delta_position, segs = _serving_segments(store)
+    plan = plan_full(cutoff, cutoff_configured, full, delta_position, segs, files,
+                     num_shards=settings.full_shards, index_format=FORMAT, raw_every=settings.full_raw_every,
+                     force_raw=force_raw)
+    cutoff = plan.cutoff
+    files = {pid: objs for pid, objs in files.items() if pid <= cutoff}
     list_seconds = round(time.monotonic() - t0, 3)
     file_list = [(o.key, pid.path) for pid, objs in files.items() for o in objs]
-    log.info("full up to %s: %d partitions, %d files", cutoff.path, len(files), len(file_list))
+    log.info("full up to %s (%s%s): %d partitions, %d files", cutoff.path, plan.kind,
+             f": {plan.reason}" if plan.reason else "", len(files), len(file_list))
     version = new_version(cutoff.at)
-    result = build_version(
-        spark, store_config, index=INDEX, version=version, files=file_list,
-        num_shards=settings.full_shards, source=settings.source, run_id=run_id,
-        # Whatever no earlier build quarantined (late partitions, history before the first delta);
-        # files already quarantined are skipped (freshidx.spark.quarantine_once).
-        quarantine_after=None,
-        max_read_tasks=max(4, settings.full_shards * 4),
-        max_future_skew_seconds=settings.max_future_skew_seconds,
-    )
+    if plan.kind is FullBuildKind.STATE:
+        assert full_manifest is not None
+        t1 = time.monotonic()
+        commits = bucket_shards(spark, store_config, full_manifest["shards"], plan.segments, index=INDEX,
+                                version=version)
+        result = BuildResult(commits, {}, seconds=round(time.monotonic() - t1, 3))
+    else:
+        result = build_version(
+            spark, store_config, index=INDEX, version=version, files=file_list,
+            num_shards=settings.full_shards, source=settings.source, run_id=run_id,
+            # Whatever no earlier build quarantined (late partitions, history before the first delta);
+            # files already quarantined are skipped (freshidx.spark.quarantine_once).
+            quarantine_after=None,
+            max_read_tasks=max(4, settings.full_shards * 4),
+            max_future_skew_seconds=settings.max_future_skew_seconds,
+        )
     return DraftManifest(
         index=INDEX,
         version=version,
@@ -110,6 +138,7 @@ def build_full(
             "files_sha256": inputs_digest(objs for objs in files.values()),
             "listed_at": listed_at,
             "ignored": [{"key": i.key, "reason": i.reason} for i in ignored[:100]],
+            **plan.inputs(full),
         },
         invalid=result.invalid_summary(),
         stats={"list_seconds": list_seconds, "build_seconds": result.seconds,
@@ -117,3 +146,24 @@ def build_full(
                **{f"{k}_seconds": v for k, v in result.stages.items()}},
         run=run_info,
     )
+
+
+def _serving_full(store: ObjectStore) -> tuple[ServingFull | None, dict[str, Any] | None]:
+    pointer, _ = read_pointer(store, INDEX)
+    if pointer is None:
+        return None, None
+    manifest = read_manifest(store, INDEX, pointer.version)
+    cutoff = parse_iso(pointer.cutoff or pointer.position)
+    return ServingFull.from_manifest(pointer.version, cutoff, manifest), manifest
+
+
+def _serving_segments(store: ObjectStore) -> tuple[dt.datetime | None, list[Segment] | None]:
+    """The serving delta's position and segments (``None``: no delta, not segmented or unreadable)."""
+    pointer, _ = read_pointer(store, DELTA_INDEX)
+    if pointer is None:
+        return None, None
+    try:
+        return parse_iso(pointer.position), segments_of(read_manifest(store, DELTA_INDEX, pointer.version))
+    except (NotFound, KeyError, TypeError, ValueError) as exc:
+        log.warning("full: serving delta manifest %s unreadable (%s): raw build", pointer.version, exc)
+        return None, None

@@ -120,6 +120,10 @@ class PipelineSettings(BaseModel):
         description="background compaction (delta_compaction) merges consecutive small segments when the "
         "serving delta holds more than this many (keep it below delta_max_segments)")
     full_shards: int = Field(2, ge=1, le=4096, description="output shards of the full index")
+    full_raw_every: int = Field(
+        8, ge=1, le=1000,
+        description="every Nth full build in a row reads every raw partition again (the safety net); the others "
+        "lay the delta's segments over the serving full version, one task per product bucket (1 = always raw)")
     delta_max_drop_fraction: float = Field(0.9, ge=0, le=1, description="refuse a delta that shrank more")
     full_max_drop_fraction: float = Field(0.5, ge=0, le=1, description="refuse a full index that shrank more")
     full_every_hours: int = Field(3, ge=1, le=24, description="full rebuild schedule (every N hours)")

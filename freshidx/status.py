@@ -29,7 +29,23 @@ def index_status(store: ObjectStore, index: str, now: dt.datetime) -> dict[str, 
     out["age_seconds"] = round((now - parse_iso(pointer.published_at)).total_seconds(), 3)
     if index == "delta":
         out.update(delta_segments(store, pointer.version))
+    else:
+        out.update(full_build(store, pointer.version))
     return out
+
+
+def full_build(store: ObjectStore, version: str) -> dict[str, Any]:
+    """How the serving full version was built: from state (over which full version, with how many
+    segments, how many state builds in a row) or from every raw partition (and why)."""
+    from freshidx.publish import read_manifest
+
+    try:
+        inputs = read_manifest(store, "full", version).get("inputs") or {}
+    except NotFound:
+        return {"build": None}
+    return {"build": inputs.get("build") or "raw", "raw_reason": inputs.get("raw_reason"),
+            "base_full_version": inputs.get("base_full_version"),
+            "segments_used": len(inputs.get("segments_used") or []), "state_chain": inputs.get("state_chain") or 0}
 
 
 def delta_segments(store: ObjectStore, version: str) -> dict[str, Any]:
@@ -227,6 +243,11 @@ def render(s: dict[str, Any]) -> str:
             segs = ", ".join(f"{g['position'][11:16]} {g['kind']} {g['docs']} docs" for g in idx["segments"])
             lines.append(f"        built {idx['build']}{why}; {len(idx['segments'])} segments over full "
                          f"{_v(idx.get('full_version'))}: {segs}")
+        if name == "full" and idx.get("build") == "state":
+            lines.append(f"        built from state: full {_v(idx.get('base_full_version'))} + "
+                         f"{idx['segments_used']} delta segments ({idx['state_chain']} state builds in a row)")
+        elif name == "full" and idx.get("build"):
+            lines.append(f"        built from every raw partition ({_v(idx.get('raw_reason'))})")
     lines += _render_mode(s.get("delta_mode"), s.get("continuous"))
     if s["seconds_behind_newest"] is not None:
         lines.append(f"delta is {s['seconds_behind_newest']:.0f}s of partitions behind the newest visible one")

@@ -48,6 +48,7 @@ def test_bench_delta_json(spark: SparkSession, tmp_path: Path, capsys: pytest.Ca
     runs = r["incremental_runs_s"]
     assert len(runs) == 3 and sorted(runs) == runs and runs[1] == r["incremental_s"]
     assert {"state", "merge", "index"} <= set(r["incremental_steps"]), r["incremental_steps"]
+    assert r["full_s"] > 0 and r["full_state_s"] > 0  # the bench fails unless the second was from state
     assert not spark.sparkContext._jsc.sc().isStopped()
 
 

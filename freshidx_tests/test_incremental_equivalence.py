@@ -100,12 +100,19 @@ def _delta_build(h: Harness) -> tuple[str, int]:
     return str(m["inputs"]["build"]), len(m["segments"])
 
 
+def _full_build(h: Harness) -> str:
+    pointer, _ = read_pointer(h.store, "full")
+    assert pointer is not None
+    return str(read_manifest(h.store, "full", pointer.version)["inputs"]["build"])
+
+
 def scenario(cfg: StoreConfig, tmp: Path, seed: int, steps: int, **overrides: Any) -> dict[str, Any]:
     """Run the randomized sequence; assert equivalence after every micro-batch. Returns what it saw."""
     rng = random.Random(seed)
     ads = 25
     sent: list[dict[str, Any]] = []
     builds: list[str] = []
+    fulls: list[str] = []  # how each full version in the middle was built (state or raw)
     with dg.instance_for_test() as instance:
         h = Harness(cfg, instance, window_minutes=WINDOW, full_max_age_seconds=10**9, **overrides)
         try:
@@ -140,7 +147,8 @@ def scenario(cfg: StoreConfig, tmp: Path, seed: int, steps: int, **overrides: An
                 if watermark - full_at >= 90 or (watermark - full_at >= 45 and rng.random() < 0.5):
                     assert h.run(FULL).success
                     full_at = watermark
-            return {"builds": builds, "sent": sent, "answers": served(s)}
+                    fulls.append(_full_build(h))
+            return {"builds": builds, "fulls": fulls, "sent": sent, "answers": served(s)}
         finally:
             h.close()
 
@@ -169,6 +177,8 @@ def test_incremental_equals_rebuild_local(tmp_path: Path, spark: Any) -> None:
     # the segment limit forces a window rebuild later.
     assert seen["builds"][0] == "incremental", seen["builds"]
     assert "rebuild" in seen["builds"], seen["builds"]
+    # Full versions in the middle were built from state (the serving full + the delta's segments) too.
+    assert "state" in seen["fulls"], seen["fulls"]
     assert rebuilt_answers(cfg, tmp_path) == seen["answers"]
 
 

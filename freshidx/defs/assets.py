@@ -216,14 +216,25 @@ class FullIndexConfig(dg.Config):
             "Example: force: true"
         ),
     )
+    from_raw: bool = Field(
+        default=False,
+        description=(
+            "Read every raw partition up to the cutoff again instead of laying the delta's segments over "
+            "the serving full version (what every FRESHIDX_FULL_RAW_EVERY-th build does anyway). "
+            "Example: from_raw: true"
+        ),
+    )
 
 
 @dg.asset(
     name="full_index",
     description=(
-        "Full index rebuilt from every raw partition up to a cutoff (latest version per ad). The safety "
-        "net that makes latest-only delta skipping acceptable. Published by compare-and-swap of "
-        "indexes/full/CURRENT with the cutoff in the pointer; an older cutoff never replaces a newer one."
+        "Full index up to a cutoff (latest version per ad): the serving full version with the delta's "
+        "segments laid over it, one Spark task per product bucket, or, when they do not hold every raw "
+        "file up to the cutoff (and every FRESHIDX_FULL_RAW_EVERY-th build), every raw partition read "
+        "again. The safety net that makes latest-only delta skipping acceptable. Published by "
+        "compare-and-swap of indexes/full/CURRENT with the cutoff in the pointer; an older cutoff never "
+        "replaces a newer one."
     ),
     **INDEX_ASSET,
     tags={"freshidx/lane": "full"},
@@ -250,7 +261,8 @@ def full_index(
     # built draft's inputs can tell.
     with spark.session(keep_as=FULL_INDEX) as session:
         draft = build_full(session, st, store.store_config(), settings, cutoff=cutoff, run_id=context.run_id,
-                           run_info=run_info)
+                           run_info=run_info, force_raw=config.from_raw,
+                           cutoff_configured=bool((config.cutoff_partition or "").strip()))
     yield from _output_if_newer(context, st, draft)
 
 

@@ -172,6 +172,11 @@ def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResu
                      and isinstance(v, int | float)})
     if obj.cutoff:
         meta["cutoff"] = obj.cutoff
+        if obj.inputs.get("build"):  # a full version: from state (segments over the serving full) or raw
+            meta["build"] = str(obj.inputs["build"])
+            if obj.inputs.get("raw_reason"):
+                meta["raw_reason"] = str(obj.inputs["raw_reason"])
+            meta["segments_used"] = dg.MetadataValue.int(len(obj.inputs.get("segments_used") or []))
         meta["cutoff_age_seconds"] = dg.MetadataValue.float(
             round((utcnow() - parse_iso(obj.cutoff)).total_seconds(), 3)
         )

@@ -194,10 +194,10 @@ def read_version_docs(spark: SparkSession, store_config: StoreConfig, manifest: 
     The file list comes from the manifest, never from a listing. Works for versions written by
     :func:`write_index_shards`. Columns: ``transform.TYPED_FIELDS``.
     """
-    return _read_version_files(spark, store_config, [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)])
+    return read_state_files(spark, store_config, [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)])
 
 
-def _read_version_files(spark: SparkSession, store_config: StoreConfig, keys: list[tuple[str, str]],
+def read_state_files(spark: SparkSession, store_config: StoreConfig, keys: list[tuple[str, str]],
                         max_tasks: int | None = None) -> DataFrame:
     """``(key, file name)`` pairs of a version read on the executors (:func:`_read_state_task`), in at most
     ``max_tasks`` tasks (default one per file)."""
@@ -245,4 +245,4 @@ def read_version_state(spark: SparkSession, store_config: StoreConfig, manifest:
     """
     keys = [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)]
     keys += [(k, COVERED_FILE) for k in version_files(manifest, COVERED_FILE)]
-    return _read_version_files(spark, store_config, keys, max_tasks)
+    return read_state_files(spark, store_config, keys, max_tasks)

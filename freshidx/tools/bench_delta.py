@@ -9,7 +9,9 @@ incremental over the full index's state, as after every full build), then
 * ``incremental_s``: the median of three measured micro-batches (build_delta's listing + Spark work,
   the usual path; ``incremental_runs_s`` has all three, ``incremental_steps`` the segment task's steps
   of the median one: receiving the batch, reading the state rows, merging, indexing, uploading), and
-* ``rebuild_s``: a window rebuild for the next such partition (``rebuild: true``), for comparison.
+* ``rebuild_s``: a window rebuild for the next such partition (``rebuild: true``), for comparison;
+* ``full_s`` / ``full_state_s``: the full index built from every raw partition (the first one) and, after
+  the micro-batches, from state (the serving full version with their segments laid over it, staged only).
 
 Publication (a few small writes) is not part of either number. Spark runs in this process
 (``local[N]``) unless ``--remote sc://…`` names a Spark Connect server.
@@ -97,8 +99,16 @@ def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int, segme
     if any(r["build"] != "incremental" for r in runs):
         raise RuntimeError(f"a measured micro-batch was not incremental: {[r['build'] for r in runs]}")
     inc = runs[1]
+    # The next full version from state: the serving full + these micro-batches' segments (staged only).
+    t = time.monotonic()
+    state_full = build_full(spark, store, sc, settings, cutoff=PartitionId(newest.at + dt.timedelta(minutes=5)),
+                            run_id="bench-full-state", run_info={}, cutoff_configured=False)
+    full_state_s = round(time.monotonic() - t, 2)
+    if state_full.inputs["build"] != "state":
+        raise RuntimeError(f"the full build after the micro-batches was not from state: {state_full.inputs}")
     reb = micro_batch(6, rebuild=True)
-    return {"records": records, "full_s": full_s, "incremental_s": inc["wall_s"], "incremental_spark_s": inc["spark_s"],
+    return {"records": records, "full_s": full_s, "full_state_s": full_state_s,
+            "incremental_s": inc["wall_s"], "incremental_spark_s": inc["spark_s"],
             "incremental_docs": inc["docs"], "incremental_runs_s": [r["wall_s"] for r in runs],
             "incremental_steps": inc["steps"], "rebuild_s": reb["wall_s"], "rebuild_spark_s": reb["spark_s"],
             "rebuild_docs": reb["docs"]}
@@ -111,6 +121,9 @@ def table(sizes: dict[str, dict[str, Any]]) -> str:
         rows.append(f"{int(d):>11} | {r['incremental_s']:>7.2f} ({r['incremental_spark_s']:.2f}, "
                     f"{r['incremental_docs']}) | {r['rebuild_s']:>7.2f} ({r['rebuild_spark_s']:.2f}, "
                     f"{r['rebuild_docs']}) | {ratio:.1f}x")
+    rows.append("full index (s): from every raw partition | from state (the full + the segments)")
+    for d, r in sizes.items():
+        rows.append(f"{int(d):>11} | {r['full_s']:>7.2f} | {r.get('full_state_s', float('nan')):>7.2f}")
     rows.append("segment task steps of the median micro-batch (s):")
     for d, r in sizes.items():
         steps = "  ".join(f"{k} {v:.2f}" for k, v in r.get("incremental_steps", {}).items())
