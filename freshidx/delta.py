@@ -19,7 +19,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from freshidx import listing, segments, transform
+from freshidx import listing, segments, serving_state, transform
 from freshidx.build import FORMAT, BuildResult, build_version
 from freshidx.partitions import PartitionId
 from freshidx.publish import (
@@ -27,9 +27,6 @@ from freshidx.publish import (
     crash_point,
     iso,
     new_version,
-    parse_iso,
-    read_manifest,
-    read_pointer,
     utcnow,
 )
 from freshidx.segments import BuildKind, FullBase, Segment
@@ -37,7 +34,7 @@ from freshidx.settings import Settings
 from freshidx.spark.index_shards import read_version_state, write_index_shards
 from freshidx.spark.shards import ShardCommit
 from freshidx.spark.state_lookup import StateLayer, segment_shards
-from freshidx.store import NotFound, ObjectInfo, ObjectStore, StoreConfig
+from freshidx.store import ObjectInfo, ObjectStore, StoreConfig
 
 log = logging.getLogger(__name__)
 INDEX = "delta"
@@ -53,28 +50,6 @@ class DeltaPlan:
     force_rebuild: bool = False
 
 
-def _full_base(store: ObjectStore) -> tuple[FullBase | None, dict[str, Any] | None]:
-    pointer, _ = read_pointer(store, "full")
-    if pointer is None:
-        return None, None
-    manifest = read_manifest(store, "full", pointer.version)
-    listed = manifest.get("inputs", {}).get("listed_at")
-    cutoff = parse_iso(pointer.cutoff or pointer.position)
-    return FullBase(pointer.version, cutoff, parse_iso(listed) if listed else None), manifest
-
-
-def _previous_segments(store: ObjectStore) -> tuple[str | None, list[Segment] | None]:
-    """The serving delta version and its segments (``None``: not segmented or unreadable)."""
-    pointer, _ = read_pointer(store, INDEX)
-    if pointer is None:
-        return None, None
-    try:
-        return pointer.version, segments.segments_of(read_manifest(store, INDEX, pointer.version))
-    except (NotFound, KeyError, TypeError, ValueError) as exc:
-        log.warning("delta: serving manifest %s unreadable (%s): window rebuild", pointer.version, exc)
-        return pointer.version, None
-
-
 def build_delta(
     spark: SparkSession,
     store: ObjectStore,
@@ -85,8 +60,9 @@ def build_delta(
     on_stage: Callable[[str, float], None] | None = None,
 ) -> DraftManifest:
     p = plan.partition
-    full, full_manifest = _full_base(store)
-    serving, previous = _previous_segments(store)
+    full, full_manifest = serving_state.full_base(store)
+    delta_pointer, previous = serving_state.delta_segments(store, "delta: window rebuild")
+    serving = delta_pointer.version if delta_pointer is not None else None
     mb = segments.plan(p, settings.window, full, previous, has_previous_delta=serving is not None,
                        max_segments=settings.delta_max_segments,
                        force_rebuild=plan.force_rebuild or settings.delta_build == "window")

@@ -1,17 +1,19 @@
-"""Build one full version: every raw partition up to a cutoff → latest version per ad → staged shards.
+"""Build one full version up to a cutoff: the latest version per ad → staged shards.
 
-The full rebuild is the safety net that makes latest-only skipping acceptable (seed 000): anything
-a skipped delta partition missed is in the next full version. It necessarily reads all history;
-the listing is one paginated pass (1,000 keys per call), done once per rebuild, never per tick.
+Either from state (the serving full version with the delta's segments laid over it, one task per
+product bucket: :mod:`freshidx.spark.full_from_state`) or from every raw partition up to the cutoff;
+:mod:`freshidx.full_plan` decides, and the manifest records which and why. The raw build is the safety
+net that makes latest-only skipping acceptable (seed 000): anything the state could miss is in it. Both
+list all history once per build (one paginated pass, 1,000 keys per call), never per tick: the state
+build checks that every raw file is held by the full version or a segment.
 
-Late partitions (older than the serving cutoff) reach the full index on the next rebuild even when
-no newer partition exists: the rebuild keeps the cutoff, its inputs digest differs, and
+Late partitions (older than the serving cutoff) reach the full index on the next build even when
+no newer partition exists: the build keeps the cutoff, its inputs digest differs, and
 :func:`freshidx.publish.compare_to_serving` accepts it; an identical digest is refused as unchanged.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import logging
 import time
@@ -20,20 +22,18 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from freshidx import layout
+from freshidx import layout, serving_state
 from freshidx.build import FORMAT, BuildResult, build_version
 from freshidx.full_plan import FullBuildKind, ServingFull, plan_full
 from freshidx.listing import Ignored
 from freshidx.partitions import PartitionError, PartitionId
-from freshidx.publish import DraftManifest, iso, new_version, parse_iso, read_manifest, read_pointer, utcnow
-from freshidx.segments import Segment, segments_of
+from freshidx.publish import DraftManifest, iso, new_version, parse_iso, utcnow
 from freshidx.settings import Settings
 from freshidx.spark.full_from_state import bucket_shards
-from freshidx.store import NotFound, ObjectInfo, ObjectStore, StoreConfig
+from freshidx.store import ObjectInfo, ObjectStore, StoreConfig
 
 log = logging.getLogger(__name__)
 INDEX = "full"
-DELTA_INDEX = "delta"
 
 
 def files_up_to(store: ObjectStore, source: str, cutoff: PartitionId
@@ -87,8 +87,10 @@ def build_full(
     # lets a same-cutoff rebuild count as newer than the serving one (publish.compare_to_serving).
     listed_at = iso(utcnow())
     files, ignored = files_up_to(store, settings.source, cutoff)
-    full, full_manifest = _serving_full(store)
-    delta_position, segs = _serving_segments(store)
+    base, full_manifest = serving_state.full_base(store)
+    full = ServingFull.from_manifest(base, full_manifest) if base is not None and full_manifest is not None else None
+    delta, segs = serving_state.delta_segments(store, "full: raw build")
+    delta_position = parse_iso(delta.position) if delta is not None else None
     plan = plan_full(cutoff, cutoff_configured, full, delta_position, segs, files,
                      num_shards=settings.full_shards, index_format=FORMAT, raw_every=settings.full_raw_every,
                      force_raw=force_raw)
@@ -147,23 +149,3 @@ def build_full(
         run=run_info,
     )
 
-
-def _serving_full(store: ObjectStore) -> tuple[ServingFull | None, dict[str, Any] | None]:
-    pointer, _ = read_pointer(store, INDEX)
-    if pointer is None:
-        return None, None
-    manifest = read_manifest(store, INDEX, pointer.version)
-    cutoff = parse_iso(pointer.cutoff or pointer.position)
-    return ServingFull.from_manifest(pointer.version, cutoff, manifest), manifest
-
-
-def _serving_segments(store: ObjectStore) -> tuple[dt.datetime | None, list[Segment] | None]:
-    """The serving delta's position and segments (``None``: no delta, not segmented or unreadable)."""
-    pointer, _ = read_pointer(store, DELTA_INDEX)
-    if pointer is None:
-        return None, None
-    try:
-        return parse_iso(pointer.position), segments_of(read_manifest(store, DELTA_INDEX, pointer.version))
-    except (NotFound, KeyError, TypeError, ValueError) as exc:
-        log.warning("full: serving delta manifest %s unreadable (%s): raw build", pointer.version, exc)
-        return None, None

@@ -29,7 +29,7 @@ from typing import Any
 
 from freshidx.compaction import constituents
 from freshidx.partitions import PartitionId
-from freshidx.segments import CLOCK_SKEW, Segment
+from freshidx.segments import CLOCK_SKEW, FullBase, Segment
 from freshidx.store import ObjectInfo
 
 #: Manifest ``inputs`` keys a full version records about how it was built.
@@ -69,11 +69,9 @@ class ServingFull:
     bases: tuple[str, ...]  # full versions it holds everything of
 
     @classmethod
-    def from_manifest(cls, version: str, cutoff: dt.datetime, manifest: Mapping[str, Any]) -> ServingFull:
+    def from_manifest(cls, base: FullBase, manifest: Mapping[str, Any]) -> ServingFull:
         inputs = manifest.get("inputs") or {}
-        listed = inputs.get("listed_at")
-        return cls(version=version, cutoff=cutoff,
-                   listed_at=dt.datetime.fromisoformat(listed) if listed else None,
+        return cls(version=base.version, cutoff=base.cutoff, listed_at=base.listed_at,
                    num_shards=int(manifest.get("num_shards") or len(manifest.get("shards") or [])),
                    format=inputs.get("format"), chain=int(inputs.get(CHAIN_KEY) or 0),
                    bases=tuple(str(b) for b in inputs.get(BASES_KEY) or ()))
