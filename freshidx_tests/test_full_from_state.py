@@ -27,7 +27,15 @@ from freshidx.serving import Searcher
 from freshidx.spark.shards import COVERED_FILE, DOCS_FILE, ShardCommit
 from freshidx.store import ObjectStore, StoreConfig
 from freshidx_tests.harness import Harness
-from freshidx_tests.test_incremental_equivalence import WORDS, _batch, _micro_batch, _write, expected, served
+from freshidx_tests.test_incremental_equivalence import (
+    WORDS,
+    _batch,
+    _micro_batch,
+    _write,
+    expected,
+    first_full,
+    served,
+)
 from freshidx_tests.test_index_shards import all_docs, download_shard, open_index
 
 FULL = dg.RunRequest(asset_selection=[dg.AssetKey("full_index")])
@@ -94,12 +102,7 @@ def test_full_from_state_equals_full_from_raw(tmp_path: Path, spark: Any) -> Non
     with dg.instance_for_test() as instance:
         h = Harness(cfg, instance, window_minutes=120, full_max_age_seconds=10**9, full_shards=3)
         try:
-            minute = 0
-            for _ in range(3):
-                sent += (b := _batch(rng, minute, sent, 30))
-                _write(h, minute, b)
-                minute += 5
-            assert h.run(FULL).success
+            minute = first_full(h, rng, sent, 30)
             first = _serving_full(h)
             assert first["inputs"]["build"] == FullBuildKind.RAW and first["inputs"]["raw_reason"] == "no_full"
             s = Searcher(h.store, tmp_path / "cache")

@@ -100,6 +100,18 @@ def _delta_build(h: Harness) -> tuple[str, int]:
     return str(m["inputs"]["build"]), len(m["segments"])
 
 
+def first_full(h: Harness, rng: random.Random, sent: list[dict[str, Any]], ads: int) -> int:
+    """Three partitions (minutes 0, 5, 10; their records appended to ``sent``), then the first full
+    index; returns the next partition's minute."""
+    minute = 0
+    for _ in range(3):
+        sent += (b := _batch(rng, minute, sent, ads))
+        _write(h, minute, b)
+        minute += 5
+    assert h.run(FULL).success
+    return minute
+
+
 def _full_build(h: Harness) -> str:
     pointer, _ = read_pointer(h.store, "full")
     assert pointer is not None
@@ -116,12 +128,7 @@ def scenario(cfg: StoreConfig, tmp: Path, seed: int, steps: int, **overrides: An
     with dg.instance_for_test() as instance:
         h = Harness(cfg, instance, window_minutes=WINDOW, full_max_age_seconds=10**9, **overrides)
         try:
-            minute = 0
-            for _ in range(3):
-                sent += (b := _batch(rng, minute, sent, ads))
-                _write(h, minute, b)
-                minute += 5
-            assert h.run(FULL).success
+            minute = first_full(h, rng, sent, ads)
             s = Searcher(h.store, tmp / f"cache-{seed}")
             watermark = -1
             full_at = minute - 5

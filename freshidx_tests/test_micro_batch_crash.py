@@ -24,7 +24,15 @@ from freshidx.publish import read_manifest, read_pointer
 from freshidx.serving import Searcher
 from freshidx.store import StoreConfig
 from freshidx_tests.harness import Harness, at
-from freshidx_tests.test_incremental_equivalence import FULL, WINDOW, WORDS, _batch, _micro_batch, _write, expected
+from freshidx_tests.test_incremental_equivalence import (
+    WINDOW,
+    WORDS,
+    _batch,
+    _micro_batch,
+    _write,
+    expected,
+    first_full,
+)
 
 CRASH_POINTS = ("delta_listed", "delta_staged", "before_cas", "after_cas")
 SETTINGS: dict[str, Any] = {"window_minutes": WINDOW, "full_max_age_seconds": 10**9}
@@ -74,12 +82,7 @@ def test_kill_9_at_every_step_of_a_micro_batch_leaves_a_consistent_index(
     with dg.instance_for_test() as instance:
         h = Harness(cfg, instance, **SETTINGS)
         try:
-            minute = 0
-            for _ in range(3):
-                sent += (b := _batch(rng, minute, sent, 25))
-                _write(h, minute, b)
-                minute += 5
-            assert h.run(FULL).success
+            minute = first_full(h, rng, sent, 25)
             sent += (b := _batch(rng, minute, sent, 25))
             _write(h, minute, b)
             minute += 5
