@@ -91,6 +91,8 @@ def build_full(
     full = ServingFull.from_manifest(base, full_manifest) if base is not None and full_manifest is not None else None
     delta, segs = serving_state.delta_segments(store, "full: raw build")
     delta_position = parse_iso(delta.position) if delta is not None else None
+    if delta is None:
+        segs = []  # no delta yet: nothing to lay over the full version (not an unreadable one)
     plan = plan_full(cutoff, cutoff_configured, full, delta_position, segs, files,
                      num_shards=settings.full_shards, index_format=FORMAT, raw_every=settings.full_raw_every,
                      force_raw=force_raw)
