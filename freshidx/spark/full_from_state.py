@@ -51,6 +51,7 @@ from freshidx.store import StoreConfig
 TO_COLUMN = "_freshidx_bucket"
 KEY_COLUMN = "_freshidx_key_only"
 _LABEL = "_freshidx_label"
+_BATCH_ROWS = 131072
 
 
 def bucket_of(product_id: Any, num_shards: int) -> Any:
@@ -119,17 +120,21 @@ def _bucket_writer(files: dict[int, tuple[str, str]], index: str, version: str) 
 def _bucket_rows(config: StoreConfig, docs_key: str, covered_key: str, gone: pa.Array,
                  new_rows: pa.Table) -> Iterator[pa.RecordBatch]:
     """The bucket's rows of the new version: the full version's ads not in ``gone`` (active ones whole from
-    ``docs.parquet``, paused/deleted ones from ``covered.parquet``), then ``new_rows``."""
+    ``docs.parquet``, paused/deleted ones from ``covered.parquet``), then ``new_rows``. Streamed batch by
+    batch (the writer spills them to disk), so a task holds one batch of its bucket, not the bucket."""
     fs = config.arrow_fs()
-    # Whole files, one membership test each: is_in builds its hash set of ``gone`` per call.
+
+    def kept(batch: pa.RecordBatch) -> pa.RecordBatch:
+        # is_in hashes ``gone`` per call: large batches keep that small next to the probing.
+        return batch.filter(pc.invert(pc.is_in(batch.column("ad_id"), value_set=gone).fill_null(False)))
+
     with fs.open_input_file(config.arrow_path(docs_key)) as f:
-        active = pq.read_table(f)
+        for b in pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS):
+            yield kept(conform(b, DOCS_ARROW_SCHEMA))
     with fs.open_input_file(config.arrow_path(covered_key)) as f:
-        covered = pq.read_table(f)
-    inactive = covered.filter(pc.not_equal(covered.column("status"), ACTIVE))
-    for table, whole in ((active, True), (inactive, False)):
-        table = table.filter(pc.invert(pc.is_in(table.column("ad_id"), value_set=gone).fill_null(False)))
-        for b in table.to_batches(max_chunksize=65536):
-            yield conform(b, DOCS_ARROW_SCHEMA) if whole else widen(b, DOCS_ARROW_SCHEMA)
+        for b in pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS):
+            inactive = b.filter(pc.not_equal(b.column("status"), ACTIVE))
+            if inactive.num_rows:
+                yield kept(widen(inactive, DOCS_ARROW_SCHEMA))
     for b in new_rows.to_batches():
         yield conform(b, DOCS_ARROW_SCHEMA)
