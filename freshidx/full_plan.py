@@ -87,17 +87,11 @@ class FullPlan:
 
     def inputs(self, full: ServingFull | None) -> dict[str, Any]:
         """What the manifest's ``inputs`` record about the build."""
-        state = self.kind is FullBuildKind.STATE and full is not None
-        out: dict[str, Any] = {
-            BUILD_KEY: str(self.kind),
-            "raw_reason": self.reason or None,
-            "raw_detail": self.detail or None,
-            CHAIN_KEY: full.chain + 1 if state and full else 0,
-            BASES_KEY: [full.version, *full.bases] if state and full else [],
-        }
-        if state and full is not None:
-            out["base_full_version"] = full.version
-            out["segments_used"] = [s.version for s in self.segments]
+        out: dict[str, Any] = {BUILD_KEY: str(self.kind), "raw_reason": self.reason or None,
+                               "raw_detail": self.detail or None, CHAIN_KEY: 0, BASES_KEY: []}
+        if self.kind is FullBuildKind.STATE and full is not None:
+            out.update({CHAIN_KEY: full.chain + 1, BASES_KEY: [full.version, *full.bases],
+                        "base_full_version": full.version, "segments_used": [s.version for s in self.segments]})
         return out
 
 

@@ -26,14 +26,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from freshidx import transform
-from freshidx.records import ACTIVE
 from freshidx.segments import Segment
-from freshidx.spark.index_shards import read_state_files, version_files, widen, write_one_index_shard
+from freshidx.spark.index_shards import read_state_files, state_file_rows, version_files, write_one_index_shard
 from freshidx.spark.segment_parts import label_of_part
 from freshidx.spark.shards import (
     COVERED_FILE,
@@ -123,18 +121,9 @@ def _bucket_rows(config: StoreConfig, docs_key: str, covered_key: str, gone: pa.
     ``docs.parquet``, paused/deleted ones from ``covered.parquet``), then ``new_rows``. Streamed batch by
     batch (the writer spills them to disk), so a task holds one batch of its bucket, not the bucket."""
     fs = config.arrow_fs()
-
-    def kept(batch: pa.RecordBatch) -> pa.RecordBatch:
-        # is_in hashes ``gone`` per call: large batches keep that small next to the probing.
-        return batch.filter(pc.invert(pc.is_in(batch.column("ad_id"), value_set=gone).fill_null(False)))
-
-    with fs.open_input_file(config.arrow_path(docs_key)) as f:
-        for b in pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS):
-            yield kept(conform(b, DOCS_ARROW_SCHEMA))
-    with fs.open_input_file(config.arrow_path(covered_key)) as f:
-        for b in pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS):
-            inactive = b.filter(pc.not_equal(b.column("status"), ACTIVE))
-            if inactive.num_rows:
-                yield kept(widen(inactive, DOCS_ARROW_SCHEMA))
+    for key, kind in ((docs_key, DOCS_FILE), (covered_key, COVERED_FILE)):
+        for b in state_file_rows(fs, config, key, kind, _BATCH_ROWS):
+            # is_in hashes ``gone`` per call: large batches keep that small next to the probing.
+            yield b.filter(pc.invert(pc.is_in(b.column("ad_id"), value_set=gone).fill_null(False)))
     for b in new_rows.to_batches():
         yield conform(b, DOCS_ARROW_SCHEMA)

@@ -213,16 +213,24 @@ def _read_state_task(store_json: str) -> Callable[[Iterator[pa.RecordBatch]], It
         fs = config.arrow_fs()
         for batch in batches:
             for key, kind in zip(batch.column("key").to_pylist(), batch.column("kind").to_pylist(), strict=True):
-                with fs.open_input_file(config.arrow_path(key)) as f:
-                    for b in pq.ParquetFile(f).iter_batches(batch_size=65536):
-                        if kind == DOCS_FILE:
-                            yield conform(b, DOCS_ARROW_SCHEMA)
-                            continue
-                        inactive = b.filter(pc.not_equal(b.column("status"), ACTIVE))
-                        if inactive.num_rows:
-                            yield widen(inactive, DOCS_ARROW_SCHEMA)
+                yield from state_file_rows(fs, config, key, kind)
 
     return run
+
+
+def state_file_rows(fs: Any, config: StoreConfig, key: str, kind: str,
+                    batch_size: int = 65536) -> Iterator[pa.RecordBatch]:
+    """One state file's records in ``DOCS_ARROW_SCHEMA``, streamed: a ``docs.parquet`` whole (its active
+    ads), a ``covered.parquet``'s paused/deleted rows only (the active ones are in ``docs.parquet``),
+    their missing columns null."""
+    with fs.open_input_file(config.arrow_path(key)) as f:
+        for b in pq.ParquetFile(f).iter_batches(batch_size=batch_size):
+            if kind == DOCS_FILE:
+                yield conform(b, DOCS_ARROW_SCHEMA)
+                continue
+            inactive = b.filter(pc.not_equal(b.column("status"), ACTIVE))
+            if inactive.num_rows:
+                yield widen(inactive, DOCS_ARROW_SCHEMA)
 
 
 def widen(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
