@@ -7,10 +7,12 @@ version would exceed ``delta_max_segments``. Compaction keeps a version at or be
 ``delta_compact_segments`` (K) by merging a run of *consecutive* small segments s_i..s_j into one
 segment M that replaces them in place (Lucene's merge of adjacent segments; Quickwit's merge of splits):
 
-* M's rows: for every ad, its row in the newest s_k (i ≤ k ≤ j) whose kill-list holds it. So M's
-  documents are each s_k's documents not covered by a later kill-list in the run, and M's kill-list is
-  the union of theirs; readers therefore answer exactly what they answered with s_i..s_j (segments
-  after j hide M exactly as they hid s_i..s_j; M hides what any of them hid);
+* M's rows: for every ad, its row in the newest s_k (i ≤ k ≤ j) that holds it. A segment holds the
+  whole state of the products it touched (and indexes only the documents that changed,
+  ``segment_merge.SegmentUpdate``), so M holds those products whole at their newest state; M indexes
+  every active ad of them with its product's features and kills them all (a superset of the run's
+  kill-lists: every ad it kills it serves again, as the newest s_k's state says). Readers therefore
+  answer what they answered with s_i..s_j (segments after j hide M exactly as they hid s_i..s_j);
 * M's files consumed = the union; position = s_j's (the newest partition it holds); ``listed_at`` =
   the earliest of the run (what :func:`freshidx.segments.files_to_read` compares late files with:
   earlier means "read again", never "skip");

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import tantivy
 
 from freshidx import layout, segments
 from freshidx.publish import read_manifest, read_pointer
@@ -58,12 +59,52 @@ def _rank(r: dict[str, Any]) -> tuple[Any, ...]:
             r["keywords"], r["bid"])
 
 
-def expected(records: list[dict[str, Any]], word: str) -> set[str]:
+def latest(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     best: dict[str, dict[str, Any]] = {}
     for r in records:
         if r["ad_id"] not in best or _rank(r) > _rank(best[r["ad_id"]]):
             best[r["ad_id"]] = r
-    return {a for a, r in best.items() if r["status"] == "active" and word in r["title"].split()}
+    return best
+
+
+def expected(records: list[dict[str, Any]], word: str) -> set[str]:
+    return {a for a, r in latest(records).items() if r["status"] == "active" and word in r["title"].split()}
+
+
+def expected_features(records: list[dict[str, Any]]) -> dict[str, tuple[str, int, float]]:
+    """Every active ad's served document: ``ad_id -> (product_id, product_active_ads, product_best_bid)``
+    (seed 000's grouping over the latest version of every ad)."""
+    active = [r for r in latest(records).values() if r["status"] == "active"]
+    count: dict[str, int] = {}
+    best: dict[str, float] = {}
+    for r in active:
+        count[r["product_id"]] = count.get(r["product_id"], 0) + 1
+        best[r["product_id"]] = max(best.get(r["product_id"], 0.0), float(r["bid"] or 0.0))
+    return {r["ad_id"]: (r["product_id"], count[r["product_id"]], best[r["product_id"]]) for r in active}
+
+
+def served_features(s: Searcher) -> dict[str, tuple[str, int, float]]:
+    """What the reader serves for every ad, walked as a search walks it (newest segment first, each part
+    minus the newer parts' kill-lists): ``ad_id -> (product_id, product_active_ads, product_best_bid)``.
+    An ad served by two parts at once is an error (a part that indexes an ad must also kill it)."""
+    s.refresh()
+    out: dict[str, tuple[str, int, float]] = {}
+    with s.snapshot() as snap:
+        for index, version, part, kill in snap.searched:
+            for sh in part.shards:
+                searcher = sh.searcher
+                res = searcher.search(tantivy.Query.all_query(), limit=max(1, searcher.num_docs), count=False)
+                addrs = [a for _, a in res.hits]
+                counts = searcher.fast_field_values("product_active_ads", addrs)
+                bests = searcher.fast_field_values("product_best_bid", addrs)
+                for addr, n, b in zip(addrs, counts, bests, strict=True):
+                    doc = searcher.doc(addr)
+                    ad = str(doc.get_first("ad_id"))
+                    if ad in kill:
+                        continue
+                    assert ad not in out, f"{ad} served twice (again by {index} {version})"
+                    out[ad] = (str(doc.get_first("product_id")), int(n), float(b))
+    return out
 
 
 def served(s: Searcher) -> dict[str, set[str]]:
@@ -150,6 +191,11 @@ def scenario(cfg: StoreConfig, tmp: Path, seed: int, steps: int, **overrides: An
                 got["filler"] = {hit.ad_id for hit in s.search("filler", k=10)}
                 wrong = {w: (got[w], want[w]) for w in want if got[w] != want[w]}
                 assert not wrong, f"seed {seed} step {step} ({builds[-1]}): (served, expected) {wrong}"
+                # ... and every served document carries its product's current features (seed 000).
+                got_f, want_f = served_features(s), expected_features(sent)
+                stale = {a: (got_f.get(a), want_f.get(a)) for a in got_f.keys() | want_f.keys()
+                         if got_f.get(a) != want_f.get(a)}
+                assert not stale, f"seed {seed} step {step} ({builds[-1]}): (served, expected) {stale}"
                 # A full rebuild in the middle (always before the delta would outgrow the window).
                 if watermark - full_at >= 90 or (watermark - full_at >= 45 and rng.random() < 0.5):
                     assert h.run(FULL).success
@@ -196,6 +242,46 @@ def test_incremental_equals_rebuild_s3(tmp_path: Path, spark: Any, moto_endpoint
     seen = scenario(cfg, tmp_path, 13, steps=5, delta_segment_shards=2)
     assert "incremental" in seen["builds"], seen["builds"]
     assert rebuilt_answers(cfg, tmp_path) == seen["answers"]
+
+
+def test_a_late_record_in_a_newer_full_version_is_healed_by_the_next_touch(tmp_path: Path, spark: Any) -> None:
+    """A segment built over an older full version stays applied over a newer one (its position is after
+    the newer cutoff), but that newer version read a late record the segment never saw: the documents
+    of the late ad's product disagree until a micro-batch touches it. That micro-batch must re-index the
+    product whole, although its features do not change (``segment_merge.segment_update``, distrusted
+    rows): with every layer trusted, the segment's stale documents of the product stayed served."""
+    def ad(a: str, bid: float, minute: int, version: int = 1) -> dict[str, Any]:
+        return {"ad_id": a, "campaign_id": "c", "product_id": "p-x", "title": "amber", "keywords": [],
+                "bid": bid, "status": "active", "updated_at": at(minute).at.strftime("%Y-%m-%dT%H:%M:%S.000Z"),
+                "version": version}
+
+    cfg = StoreConfig(uri=(tmp_path / "store").as_uri())
+    sent: list[dict[str, Any]] = []
+    with dg.instance_for_test() as instance:
+        h = Harness(cfg, instance, window_minutes=WINDOW, full_max_age_seconds=10**9)
+        try:
+            first_full(h, random.Random(3), sent, 25)  # minutes 0, 5, 10
+            s = Searcher(h.store, tmp_path / "cache")
+            for minute, records in ((15, [ad("a1", 1.0, 15), ad("a2", 2.0, 15)]), (20, [ad("a3", 3.0, 20)])):
+                sent += records
+                _write(h, minute, records)
+                _micro_batch(h)
+            late = [ad("a4", 9.0, 12)]  # behind the watermark, before the next full cutoff (15)
+            sent += late
+            _write(h, 12, late, name="late.jsonl")
+            cutoff = {"ops": {"full_index": {"config": {"cutoff_partition": at(15).compact}}}}
+            assert h.run(dg.RunRequest(asset_selection=[dg.AssetKey("full_index")], run_config=cutoff)).success
+            assert served_features(s)["a4"] == ("p-x", 3, 9.0)  # the full version's view at its cutoff
+            assert served_features(s)["a3"] == ("p-x", 3, 3.0)  # the segment's, which never saw a4
+            again = [ad("a1", 1.0, 15)]  # an exact re-delivery: p-x's features do not change
+            sent += again
+            _write(h, 25, again)
+            _micro_batch(h)
+            assert _delta_build(h)[0] == "incremental"
+            assert served_features(s) == expected_features(sent)
+            assert served_features(s)["a3"] == ("p-x", 4, 9.0)
+        finally:
+            h.close()
 
 
 def test_plan_drops_segments_the_full_index_covers() -> None:

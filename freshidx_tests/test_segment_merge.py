@@ -87,3 +87,66 @@ def test_keyword_fingerprints_are_equal_exactly_when_the_lists_are() -> None:
     for i, a in enumerate(lists * 2):
         for j, b in enumerate(lists * 2):
             assert (prints[i] == prints[j]) == (a == b), (a, b, prints[i], prints[j])
+
+
+def _documents(rows: list[dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
+    """The served document of every active ad of ``rows`` (one row per ad): its row and its product's
+    features over ``rows`` (``product_features``: count of active ads, best bid, 0.0 when none)."""
+    active = [r for r in rows if r["status"] == "active"]
+    count: dict[Any, int] = {}
+    best: dict[Any, float] = {}
+    for r in active:
+        count[r["product_id"]] = count.get(r["product_id"], 0) + 1
+        if r["bid"] is not None:
+            best[r["product_id"]] = max(best.get(r["product_id"], r["bid"]), r["bid"])
+    return {r["ad_id"]: (*(r[c] for c in transform.TYPED_FIELDS), count[r["product_id"]],
+                         best.get(r["product_id"], 0.0)) for r in active}
+
+
+def _apply(served: dict[str, tuple[Any, ...]], update: segment_merge.SegmentUpdate) -> dict[str, tuple[Any, ...]]:
+    """What a reader serves after the segment: older documents minus its kill-list (the replaced rows),
+    plus the replaced active rows indexed with features over the segment's whole products."""
+    replaced = update.replaced().to_pylist()
+    killed = {r["ad_id"] for r in replaced}
+    new = _documents(update.rows.to_pylist())
+    out = {a: d for a, d in served.items() if a not in killed}
+    out.update({r["ad_id"]: new[r["ad_id"]] for r in replaced if r["status"] == "active"})
+    return out
+
+
+def test_segment_update_replaces_exactly_the_documents_that_change() -> None:
+    """Over random states and batches (moves, pauses, deletes, re-deliveries, lower versions, ties), what a
+    reader serves after the segment (older documents minus the kill-list, plus the segment's documents)
+    equals the documents of the new latest state, while the segment replaces fewer documents than the
+    rows it holds (products whose features stay keep their documents)."""
+    kept_total = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        state_rows = [_row(rng, f"ad-{a}", inactive_bare=0.0, products=6) for a in range(40)]
+        state = segment_merge.latest_per_ad(_table(state_rows))
+        batch = segment_merge.latest_per_ad(_table(
+            [_row(rng, f"ad-{rng.randrange(50)}", inactive_bare=0.0, products=6)
+             for _ in range(rng.randint(1, 6))]))
+        update = segment_merge.segment_update(batch, state)
+        truth = segment_merge.latest_per_ad(pa.concat_tables([state, batch])).to_pylist()
+        assert _apply(_documents(state.to_pylist()), update) == _documents(truth), f"seed {seed}"
+        kept_total += update.rows.num_rows - update.replaced().num_rows
+    assert kept_total > 0, "some touched products kept their documents"
+
+
+def test_segment_update_replaces_whole_products_of_distrusted_rows() -> None:
+    """A layer that may serve something else than its rows say (a segment over an older full version) is
+    healed: its ads' products are replaced whole, as a rebuild would serve them."""
+    def ad(a: str, bid: float) -> dict[str, Any]:
+        return {"ad_id": a, "campaign_id": "c", "product_id": "p", "title": "t", "keywords": ["k"], "bid": bid,
+                "status": "active", "updated_at": T0, "version": 1}
+
+    state = _table([ad("a1", 1.0), ad("a2", 2.0)])
+    batch = _table([ad("a1", 1.0)])  # a re-delivery: product p's features do not change
+    # Served before: a1 and a2 carry features of p without a2 (a newer full version knew a2 late).
+    served = {"a1": (*ad("a1", 1.0).values(), 1, 1.0), "a2": (*ad("a2", 2.0).values(), 1, 2.0)}
+    truth = _documents(state.to_pylist())
+    assert _apply(served, segment_merge.segment_update(batch, state)) != truth  # trusting them keeps a2 stale
+    healed = segment_merge.segment_update(batch, state, pa.array(["a2"]))
+    assert {r["ad_id"] for r in healed.replaced().to_pylist()} == {"a1", "a2"}
+    assert _apply(served, healed) == truth

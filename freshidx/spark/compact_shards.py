@@ -1,7 +1,8 @@
 """Executor-side merge of consecutive delta segments into one (:mod:`freshidx.compaction`).
 
-The run's ``docs.parquet`` (active ads, whole records) and ``covered.parquet`` (kill-list: every ad,
-paused/deleted ones as ``ad_id, status, version, updated_at``) are read on the executors, each row tagged
+The run's ``docs.parquet`` (active ads of the touched products, whole records) and ``covered.parquet``
+(kill-list: the ads whose document a segment replaced, paused/deleted ones as ``ad_id, status, version,
+updated_at``) are read on the executors, each row tagged
 with its segment's order in the run; per ad the row of the newest segment wins (what a reader does
 with the kill-lists), and the result goes through the same shard writer as every index build
 (:func:`freshidx.spark.index_shards.write_index_shards`: whole products per shard, product features

@@ -69,6 +69,10 @@ log = logging.getLogger(__name__)
 #: Columns a shard build reads from each row: the typed record (features are computed in the task).
 INDEX_COLUMNS: tuple[str, ...] = tuple(DOCS_ARROW_SCHEMA.names)
 SPILL_FILE = "active.arrow"
+#: An optional boolean column of a shard build's rows: when present, only flagged rows go to the kill-list
+#: (``covered.parquet``) and, when active, into the index; every active row still goes to ``docs.parquet``
+#: (the state) and into its product's features (``segment_merge.SegmentUpdate``).
+REPLACE_COLUMN = "_freshidx_replace"
 DOCS_DDL = (
     "ad_id string, campaign_id string, product_id string, title string, keywords array<string>, "
     "bid double, status string, updated_at timestamp, version long"
@@ -84,7 +88,8 @@ def write_one_index_shard(
 
     ``batches`` carry the typed record columns (:data:`INDEX_COLUMNS`; extra columns, e.g. stale
     feature columns, are ignored) of *every* ad of each product they mention: the product features
-    are computed here. Returns a commit whose files are the index files (sorted by name), then
+    are computed here. With a :data:`REPLACE_COLUMN`, only the flagged rows are killed and indexed.
+    Returns a commit whose files are the index files (sorted by name), then
     ``docs.parquet`` (unless ``with_docs=False``), then ``covered.parquet``.
     """
     fs = config.arrow_fs()
@@ -106,11 +111,15 @@ def write_one_index_shard(
                     if raw_batch.num_rows == 0:
                         continue
                     batch = conform(raw_batch, DOCS_ARROW_SCHEMA)
-                    covered.write(conform(batch, COVERED_ARROW_SCHEMA))
                     active = batch.filter(pc.equal(batch.column("status"), ACTIVE))
                     if docs is not None:
                         docs.write(active)
                     features.add(active)
+                    if REPLACE_COLUMN in raw_batch.schema.names:
+                        replace = raw_batch.column(REPLACE_COLUMN).fill_null(True)
+                        batch = batch.filter(replace)
+                        active = batch.filter(pc.equal(batch.column("status"), ACTIVE))
+                    covered.write(conform(batch, COVERED_ARROW_SCHEMA))
                     spill.write_batch(active)
             t1 = time.monotonic()  # the rows are in (their producer's time included)
             with pa.memory_map(spill_path) as source:

@@ -43,7 +43,7 @@ from freshidx import segment_merge
 from freshidx.records import ACTIVE
 from freshidx.spark import segment_parts
 from freshidx.spark.decoded_cache import DecodedCache, resolve_worker_cache
-from freshidx.spark.index_shards import version_files, widen, write_one_index_shard
+from freshidx.spark.index_shards import REPLACE_COLUMN, version_files, widen, write_one_index_shard
 from freshidx.spark.key_index import LAYOUT, KeyIndex, query_keys, rows_and_hits
 from freshidx.spark.segment_parts import LABEL_COLUMN, PART_COLUMN
 from freshidx.spark.shards import (
@@ -130,13 +130,16 @@ def _merged(config: StoreConfig, files: list[_FileRef], cache_bytes: int, batche
                              lambda path=path: pq.ParquetFile(fs.open_input_file(path)), layer, over_full)
                    for path, kind, layer, over_full in paths]
     owned = None if mine is None else Parts(parts, frozenset(mine))
+    distrusted: list[pa.Array] = []
     try:
-        state = pa.Table.from_batches(list(select_rows(batch, state_files, cache, owned)), schema=DOCS_ARROW_SCHEMA)
+        state = pa.Table.from_batches(list(select_rows(batch, state_files, cache, owned, distrusted)),
+                                      schema=DOCS_ARROW_SCHEMA)
     finally:
         for f in state_files:
             f.close()
     t2 = time.monotonic()
-    rows = segment_merge.segment_rows(batch, state)
+    update = segment_merge.segment_update(batch, state, pa.concat_arrays(distrusted) if distrusted else None)
+    rows = update.rows.append_column(REPLACE_COLUMN, update.replace)
     if owned is not None:
         rows = rows.filter(pa.array(owned.owns_rows(rows)))
     if seconds is not None:
@@ -201,6 +204,12 @@ class StateFile:
     over_full: bool = False
     _file: pq.ParquetFile | None = None
 
+    @property
+    def trusted(self) -> bool:
+        """What the readers serve from this file's layer agrees with what it says: the full version, or
+        a segment built over it (``segment_merge.segment_update`` keeps older documents only there)."""
+        return self.layer == 0 or self.over_full
+
     def parquet(self) -> pq.ParquetFile:
         if self._file is None:
             self._file = self.opener()
@@ -259,11 +268,12 @@ class _Ids:
 
 
 def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
-                parts: Parts | None = None) -> Iterator[pa.RecordBatch]:
+                parts: Parts | None = None, distrusted: list[pa.Array] | None = None) -> Iterator[pa.RecordBatch]:
     """The two passes over the state files (pure Arrow and numpy; tested without Spark). What is decoded
     goes through ``cache`` (a reused worker's next micro-batch decodes only files it has not seen), and
     a file's keys are looked up in its :class:`~freshidx.spark.key_index.KeyIndex` (binary search: the
-    cost follows the batch, not the state)."""
+    cost follows the batch, not the state). ``distrusted`` receives the ad ids of the rows read from
+    segments not built over the serving full version (:meth:`StateFile.trusted`)."""
     batch_ads = _Ids([pc.unique(keys.column("ad_id").combine_chunks())])
     # Pass 1: key columns only.
     key_info = [cache.get((f.name, "key-index", LAYOUT), lambda f=f: _read_keys(f.parquet()), _weight, lasting=True)
@@ -294,19 +304,30 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
     candidates = _Ids(strings, indexed)
     # Pass 2: whole records of the row groups holding a candidate's row, then just those rows.
     if any(f.layer for f in files) and not any(isinstance(info, tuple) for info in key_info):
-        yield from _newest_rows(files, key_info, candidates.wanted(), cache)
+        yield from _noting(_newest_rows(files, key_info, candidates.wanted(), cache), distrusted)
         return
     for f, info in zip(files, key_info, strict=True):
         if isinstance(info, tuple):
             rows = np.flatnonzero(pc.is_in(info[0].column("ad_id"), value_set=candidates.arrow())
                                   .to_numpy(zero_copy_only=False))
-            yield from _read_rows(f, rows, info[1], cache)
+            yield from _noting(((f, b) for b in _read_rows(f, rows, info[1], cache)), distrusted)
         else:
-            yield from _read_rows(f, info.rows_of_ads(candidates.wanted()), info.row_group_sizes, cache)
+            yield from _noting(((f, b) for b in _read_rows(f, info.rows_of_ads(candidates.wanted()),
+                                                           info.row_group_sizes, cache)), distrusted)
+
+
+def _noting(read: Iterable[tuple[StateFile, pa.RecordBatch]],
+            distrusted: list[pa.Array] | None) -> Iterator[pa.RecordBatch]:
+    """The rows of ``read``; the ad ids of those from a file that is not :meth:`StateFile.trusted` go to
+    ``distrusted``."""
+    for f, b in read:
+        if distrusted is not None and not f.trusted:
+            distrusted.append(b.column("ad_id"))
+        yield b
 
 
 def _newest_rows(files: list[StateFile], key_info: list[KeyIndex | KeyColumns], wanted: np.ndarray,
-                 cache: DecodedCache) -> Iterator[pa.RecordBatch]:
+                 cache: DecodedCache) -> Iterator[tuple[StateFile, pa.RecordBatch]]:
     """Pass 2 over layered state: each candidate's row from the newest segment that holds it and, unless
     that segment was built over the serving full version, from the full version too (module docstring of
     :class:`StateFile`). Rows read: at most two per candidate, however many segments are kept."""
@@ -321,7 +342,7 @@ def _newest_rows(files: list[StateFile], key_info: list[KeyIndex | KeyColumns], 
         for f, info in by_layer[layer]:
             rows, hits = rows_and_hits(info, asked)
             held |= hits
-            yield from _read_rows(f, rows, info.row_group_sizes, cache)
+            yield from ((f, b) for b in _read_rows(f, rows, info.row_group_sizes, cache))
         if layer == 0:
             continue
         if all(f.over_full for f, _ in by_layer[layer]):
