@@ -148,8 +148,9 @@ def compact_delta(
     result.merged, result.run_docs = plan.versions, plan.doc_count
     t0 = time.monotonic()
     version = new_version(parse_iso(pointer.position))
+    # As many shards as the run's largest segment: never more searchers than its segments had.
     commits = write_merged_segment(spark, store_config, merge_inputs(plan.run), index=INDEX, version=version,
-                                   num_shards=settings.delta_segment_shards)
+                                   num_shards=max(len(s.shards) for s in plan.run))
     result.build_seconds = round(time.monotonic() - t0, 3)
     merged = compaction.merged_segment(
         plan.run, version=version, shards=[c.to_dict() for c in commits], doc_count=sum(c.doc_count for c in commits),

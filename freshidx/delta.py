@@ -88,7 +88,11 @@ def build_delta(
     if full is not None and full_manifest is not None:
         known = [StateLayer(full_manifest.get("shards", [])),
                  *(StateLayer(s.shards, over_full=s.full_version == full.version) for s in mb.kept)]
-    result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, file_list, known)
+    input_bytes = sum(o.size for objs in to_read.values() for o in objs)
+    num_shards = settings.delta_shards if mb.kind is BuildKind.REBUILD else segments.segment_shard_count(
+        input_bytes, max_shards=settings.delta_segment_shards, shard_mb=settings.delta_segment_shard_mb)
+    result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, file_list, known,
+                                   num_shards)
     # An incremental build reads its state inside the index step (the same task merges and writes).
     build_seconds = round(result.seconds + state_seconds, 3)
     stages = result.stages
@@ -121,7 +125,7 @@ def build_delta(
         invalid=result.invalid_summary(),
         stats={"list_seconds": list_seconds, "build_seconds": build_seconds, "state_seconds": state_seconds,
                "total_build_seconds": round(list_seconds + build_seconds, 3),
-               "files_read": len(file_list), "segments": len(all_segments),
+               "files_read": len(file_list), "bytes_read": input_bytes, "segments": len(all_segments),
                **{f"{k}_seconds": v for k, v in stages.items()},
                **{f"task_{k}_seconds": v for k, v in _slowest_task(result.commits).items()}},
         run=_run_record(plan.run_info, mb.kind),
@@ -152,12 +156,11 @@ def _inputs(source: str, mb: segments.MicroBatchPlan, serving: str | None, full:
 
 
 def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, run_id: str, kind: BuildKind,
-           version: str, file_list: list[tuple[str, str]], known: list[StateLayer] | None
+           version: str, file_list: list[tuple[str, str]], known: list[StateLayer] | None, num_shards: int,
            ) -> tuple[BuildResult, float]:
     """The Spark part: read what is known (the full version, then the kept segments; ``None``: no full version
-    yet), build and stage the segment. Returns (result, state seconds); the state is read inside the build
-    (once the batch is known) or, for a rebuild, before it."""
-    num_shards = settings.delta_shards if kind is BuildKind.REBUILD else settings.delta_segment_shards
+    yet), build and stage the segment (``num_shards`` shards). Returns (result, state seconds); the state is
+    read inside the build (once the batch is known) or, for a rebuild, before it."""
     state = _StateRead(spark, store_config, kind, known, version, num_shards, settings.delta_state_cache_mb * 2**20)
     try:
         result = build_version(

@@ -13,6 +13,7 @@ Everything here is pure: it decides from manifests and a listing, the build does
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -143,6 +144,16 @@ def plan(
     if len(kept) + 1 > max_segments:
         return MicroBatchPlan(BuildKind.REBUILD, RebuildReason.SEGMENT_LIMIT, window_start, (), len(previous))
     return MicroBatchPlan(BuildKind.INCREMENTAL, "", window_start, kept, len(previous) - len(kept))
+
+
+def segment_shard_count(input_bytes: int, *, max_shards: int, shard_mb: float) -> int:
+    """How many shards (tasks) an incremental segment gets: one per ``shard_mb`` MiB of raw input, at least
+    one and at most ``max_shards`` (``shard_mb`` 0: always ``max_shards``). A small batch in one task pays
+    no shuffle of its copies and opens no extra searcher per kept segment; a batch of tens of thousands of
+    changes re-indexes and reads enough to keep several cores busy."""
+    if shard_mb <= 0:
+        return max_shards
+    return max(1, min(max_shards, math.ceil(input_bytes / (shard_mb * 2**20))))
 
 
 def files_to_read(

@@ -105,11 +105,16 @@ class PipelineSettings(BaseModel):
         description="delta micro-batches: incremental (append a segment of what changed) | window (rebuild "
         "the window every time)")
     delta_segment_shards: int = Field(
-        1, ge=1, le=4096,
-        description="output shards of one incremental segment, each built by its own task (the touched products "
-        "of its part)")
+        4, ge=1, le=4096,
+        description="at most this many output shards of one incremental segment, each built by its own task "
+        "(the touched products of its part); how many a micro-batch uses follows what it reads "
+        "(delta_segment_shard_mb)")
+    delta_segment_shard_mb: float = Field(
+        8.0, ge=0, le=1048576,
+        description="MiB of raw input per segment shard: a micro-batch reading N MiB builds ceil(N / this) shards, "
+        "at least 1 and at most delta_segment_shards; 0 = always delta_segment_shards")
     delta_state_cache_mb: int = Field(
-        256, ge=0, le=65536,
+        1024, ge=0, le=65536,
         description="per Python worker: MiB of decoded state files (immutable) kept for the next micro-batches "
         "(reused workers: a continuous run decodes only new segments); 0 = off")
     delta_max_segments: int = Field(

@@ -239,7 +239,7 @@ def test_incremental_equals_rebuild_s3(tmp_path: Path, spark: Any, moto_endpoint
     cfg = make_s3_config(moto_endpoint)
     # Two shards per segment: two tasks, each with a copy of the batch, build the touched products of
     # their part (segment_parts; with one, the default, one task builds them all).
-    seen = scenario(cfg, tmp_path, 13, steps=5, delta_segment_shards=2)
+    seen = scenario(cfg, tmp_path, 13, steps=5, delta_segment_shards=2, delta_segment_shard_mb=0)
     assert "incremental" in seen["builds"], seen["builds"]
     assert rebuilt_answers(cfg, tmp_path) == seen["answers"]
 
@@ -305,3 +305,13 @@ def test_plan_drops_segments_the_full_index_covers() -> None:
     assert (mb.kind, mb.reason) == (segments.BuildKind.REBUILD, segments.RebuildReason.FULL_BEHIND_WINDOW)
     mb = segments.plan(at(40), window, full, prev, has_previous_delta=True, max_segments=1, force_rebuild=False)
     assert (mb.kind, mb.reason) == (segments.BuildKind.REBUILD, segments.RebuildReason.SEGMENT_LIMIT)
+
+
+def test_segment_shards_follow_the_bytes_a_micro_batch_reads() -> None:
+    count = segments.segment_shard_count
+    assert count(0, max_shards=4, shard_mb=8) == 1
+    assert count(1_200_000, max_shards=4, shard_mb=8) == 1  # a partition of a 100k-document window
+    assert count(12_000_000, max_shards=4, shard_mb=8) == 2  # one of a million-document window
+    assert count(3 * 12_000_000, max_shards=4, shard_mb=8) == 4  # three folded into one micro-batch
+    assert count(200 * 2**20, max_shards=4, shard_mb=8) == 4  # never more than the limit
+    assert count(10, max_shards=3, shard_mb=0) == 3  # 0: always the limit

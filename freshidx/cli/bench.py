@@ -162,8 +162,9 @@ delta = LazyCommand(
     _opt("--window-docs", type=int, default=None,
          help="documents in the window (default: 100000, 400000 and 1000000 in turn)"),
     _opt("--changes", type=int, default=1000, help="records in the measured new partition (default 1000)"),
-    _opt("--segment-shards", type=click.IntRange(min=1, max=4096), default=1,
-         help="shards (tasks) per incremental segment, as FRESHIDX_DELTA_SEGMENT_SHARDS (default 1)"),
+    _opt("--segment-shards", type=click.IntRange(min=1, max=4096), default=None,
+         help="shards (tasks) of every incremental segment (default: as many as the batch's size calls for, "
+         "FRESHIDX_DELTA_SEGMENT_SHARD_MB)"),
     _opt("--remote", help="a Spark Connect server (sc://host:port) instead of local Spark in this process"),
     *_common("keep the stores here instead of a temp dir"),
     help="one micro-batch: incremental segment vs window rebuild, at several window sizes",

@@ -56,7 +56,8 @@ def _publish(store: Any, draft: Any) -> None:
         raise RuntimeError(f"{draft.index} {draft.version}: {result.outcome}: {result.reason}")
 
 
-def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int, segment_shards: int = 1) -> dict[str, Any]:
+def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int,
+            segment_shards: int | None = None) -> dict[str, Any]:
     from freshidx.delta import DeltaPlan, build_delta
     from freshidx.full import build_full
     from freshidx.settings import Settings
@@ -70,7 +71,9 @@ def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int, segme
     log(f"D={docs}: wrote {records} records in {write_s}s")
     sc = StoreConfig(uri=store_dir.as_uri())
     store = open_store(sc)
-    settings = Settings.from_env({}, store=sc.uri, window_minutes=WINDOW_MINUTES, delta_segment_shards=segment_shards)
+    # A fixed shard count, or the default rule (shards follow the batch's bytes).
+    fixed = {} if segment_shards is None else {"delta_segment_shards": segment_shards, "delta_segment_shard_mb": 0}
+    settings = Settings.from_env({}, store=sc.uri, window_minutes=WINDOW_MINUTES, **fixed)
     newest = PartitionId(now - dt.timedelta(minutes=now.minute % 5))
     t0 = time.monotonic()
     _publish(store, build_full(spark, store, sc, settings, cutoff=newest, run_id="bench-full", run_info={}))
@@ -91,7 +94,7 @@ def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int, segme
                  if k.startswith("task_") and k.endswith("_seconds")}
         return {"wall_s": wall, "spark_s": stages.get("build_seconds", 0.0), "files_read": draft.stats["files_read"],
                 "docs": sum(int(s["doc_count"]) for s in draft.shards), "build": draft.inputs["build"],
-                "steps": steps}
+                "shards": len(draft.shards), "steps": steps}
 
     for minutes in (1, 2):  # warm-up of the incremental path (plans, Python workers, decoded state)
         micro_batch(minutes, rebuild=False)
@@ -109,17 +112,20 @@ def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int, segme
     reb = micro_batch(6, rebuild=True)
     return {"records": records, "full_s": full_s, "full_state_s": full_state_s,
             "incremental_s": inc["wall_s"], "incremental_spark_s": inc["spark_s"],
-            "incremental_docs": inc["docs"], "incremental_runs_s": [r["wall_s"] for r in runs],
+            "incremental_docs": inc["docs"], "incremental_shards": inc["shards"],
+            "incremental_runs_s": [r["wall_s"] for r in runs],
             "incremental_steps": inc["steps"], "rebuild_s": reb["wall_s"], "rebuild_spark_s": reb["spark_s"],
             "rebuild_docs": reb["docs"]}
 
 
 def table(sizes: dict[str, dict[str, Any]]) -> str:
-    rows = ["window docs | incremental s, median of 3 (Spark s, docs) | rebuild s (Spark s, docs) | ratio"]
+    rows = ["window docs | incremental s, median of 3 (Spark s, docs indexed, shards) | rebuild s (Spark s, docs) "
+            "| ratio"]
     for d, r in sizes.items():
         ratio = r["rebuild_s"] / r["incremental_s"] if r["incremental_s"] else float("nan")
         rows.append(f"{int(d):>11} | {r['incremental_s']:>7.2f} ({r['incremental_spark_s']:.2f}, "
-                    f"{r['incremental_docs']}) | {r['rebuild_s']:>7.2f} ({r['rebuild_spark_s']:.2f}, "
+                    f"{r['incremental_docs']}, {r.get('incremental_shards', 1)} shards) | "
+                    f"{r['rebuild_s']:>7.2f} ({r['rebuild_spark_s']:.2f}, "
                     f"{r['rebuild_docs']}) | {ratio:.1f}x")
     rows.append("full index (s): from every raw partition | from state (the full + the segments)")
     for d, r in sizes.items():
@@ -132,7 +138,7 @@ def table(sizes: dict[str, dict[str, Any]]) -> str:
 
 
 def cmd_bench_delta(*, window_docs: int | None, changes: int, remote: str | None, seed: int,
-                    workdir: str | None, keep: bool, as_json: bool, segment_shards: int = 1) -> int:
+                    workdir: str | None, keep: bool, as_json: bool, segment_shards: int | None = None) -> int:
     sizes = (window_docs,) if window_docs else SIZES
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="freshidx-bench-delta-"))
     root.mkdir(parents=True, exist_ok=True)
