@@ -202,6 +202,12 @@ def test_key_index_lookups() -> None:
     assert rows.tolist() == [1, 3, 4] and hits.tolist() == [True, False, False, True] == [
         k in (b"a", "é".encode()) for k in query_keys(pa.array(["a", "zz", "é", "x" * 9])).tolist()]
     assert query_keys(pa.array(["a", None, "a\0", "b" * (MAX_KEY_BYTES + 1)])).tolist() == [b"a"]
+    # A file of one row per ad (every state file) is searched once per id: same answers, at the edges too.
+    unique = KeyIndex.build(pa.table({"ad_id": ["b", "a", "é", "d"]}), [4])
+    assert unique is not None and unique.ads_unique and not index.ads_unique
+    asked = query_keys(pa.array(["a", "zz", "é", "x" * 9, "0", "d"]))  # before the first, after the last
+    rows, hits = rows_and_hits(unique, asked)
+    assert rows.tolist() == [1, 2, 3] and hits.tolist() == [k in (b"a", "é".encode(), b"d") for k in asked.tolist()]
 
 
 def _layer(tmp: Path, name: str, rows: pa.Table, layer: int, over_full: bool) -> list[StateFile]:
