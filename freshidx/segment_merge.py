@@ -64,9 +64,23 @@ def _same_as_previous(table: pa.Table, columns: list[str]) -> pa.Array:
 
 
 def latest_per_ad(table: pa.Table) -> pa.Table:
-    """One row per ``ad_id``: the one Spark's ``max(struct(ORDER))`` picks (exact duplicates: any)."""
+    """One row per ``ad_id``: the one Spark's ``max(struct(ORDER))`` picks (exact duplicates: any). Rows
+    are not returned in any particular order."""
     if table.num_rows == 0:
         return table
+    # Most ads of a micro-batch's state have one row (of the newest layer holding them): only the ads
+    # with several rows go through the sort below.
+    counts = pc.value_counts(table.column("ad_id"))
+    several = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+    if len(several) == 0:
+        return table
+    if len(several) < len(counts):
+        repeated = _in(table.column("ad_id"), several)
+        return pa.concat_tables([table.filter(pc.invert(repeated)), _latest_of_repeated(table.filter(repeated))])
+    return _latest_of_repeated(table)
+
+
+def _latest_of_repeated(table: pa.Table) -> pa.Table:
     # Exact duplicates are common (a segment re-emits its touched products' untouched ads, so one row
     # sits in several state files): sorted next to each other and dropped first, vectorized.
     keywords = _fingerprint(table.column("keywords"))

@@ -52,12 +52,15 @@ def _by_ad(rows: list[dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
 
 def test_latest_per_ad_picks_what_spark_picks(spark: Any) -> None:
     rng = random.Random(7)
-    rows = [_row(rng, f"ad-{rng.randrange(150)}") for _ in range(1500)]
-    got = _by_ad(segment_merge.latest_per_ad(_table(rows)).to_pylist())
+    # Ads with many rows, and ads with one (those skip the sort), shuffled together.
+    rows = [_row(rng, f"ad-{rng.randrange(150)}") for _ in range(1500)] + [_row(rng, f"one-{i}") for i in range(60)]
+    rng.shuffle(rows)
+    latest = segment_merge.latest_per_ad(_table(rows))
+    got = _by_ad(latest.to_pylist())
     spark_rows = [r.asDict() for r in transform.latest_per_ad(_spark_frame(spark, rows)).collect()]
     want = _by_ad([{**r, "updated_at": r["updated_at"] and r["updated_at"].astimezone(dt.UTC)}
                    for r in spark_rows])
-    assert len(want) == 150
+    assert len(want) == 210 == latest.num_rows
     differing = [a for a in want if got.get(a) != want[a]]
     assert not differing, [(got.get(a), want[a]) for a in differing[:3]]
 
