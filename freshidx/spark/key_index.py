@@ -84,7 +84,7 @@ def query_keys(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
 def _matches(sorted_keys: np.ndarray, wanted: np.ndarray, unique: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Start and end (exclusive) in ``sorted_keys`` of each wanted key's run of equal keys (aligned with
     ``wanted``: an absent key has an empty run). ``unique``: no key repeats, so a run is one key or none
-    and one binary search per key settles it (the second one was a third of a micro-batch's lookups)."""
+    and one binary search per key settles it (the second one was half of a micro-batch's searches)."""
     if len(wanted) == 0 or len(sorted_keys) == 0:
         return np.zeros(len(wanted), np.int64), np.zeros(len(wanted), np.int64)
     # A wanted key longer than the index's width cannot be in it (numpy would truncate it to compare).

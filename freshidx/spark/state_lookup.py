@@ -5,7 +5,8 @@ Of everything the serving full version and the kept segments know, a micro-batch
 (``segment_merge.segment_rows``) needs only the rows of
 
 * the batch's ads (their highest known version, and the product an ad that moved leaves), and
-* every ad that has a row in a product the batch touches (the product is re-indexed whole, seed 000).
+* every ad that has a row in a product the batch touches (its features are computed over all of them, seed 000;
+  the segment holds them all as state and re-indexes those whose document changes).
 
 Reading every state row into Spark and joining there costs the window on every micro-batch (measured:
 the state step doubled from 100k to 400k documents), and merging with Spark joins cost ~15 small jobs
