@@ -57,9 +57,7 @@ def _same_as_previous(table: pa.Table, columns: list[str]) -> pa.Array:
     """Row i+1 equals row i (nulls equal) in ``columns``; length ``num_rows - 1``."""
     same = pa.array([True] * (table.num_rows - 1), pa.bool_())
     for col in (table.column(c).combine_chunks() for c in columns):
-        a, b = col.slice(1), col.slice(0, len(col) - 1)
-        eq = pc.or_(pc.equal(a, b).fill_null(False), pc.and_(pc.is_null(a), pc.is_null(b)))
-        same = pc.and_(same, eq)
+        same = pc.and_(same, _equal(col.slice(1), col.slice(0, len(col) - 1)))
     return same
 
 
@@ -209,8 +207,8 @@ def _features_changed(before: pa.Table, after: pa.Table, touched: pa.Array) -> p
     return joined.filter(pc.invert(same)).column("product_id").combine_chunks()
 
 
-def _equal(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Equal, nulls equal to nulls (a product without a bid, or missing on one side, is null)."""
+def _equal(a: pa.Array | pa.ChunkedArray, b: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Equal, nulls equal to nulls (e.g. a product without a bid, or missing on one side)."""
     return pc.or_(pc.equal(a, b).fill_null(False), pc.and_(pc.is_null(a), pc.is_null(b)))
 
 

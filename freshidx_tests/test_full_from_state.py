@@ -36,7 +36,7 @@ from freshidx_tests.test_incremental_equivalence import (
     first_full,
     served,
 )
-from freshidx_tests.test_index_shards import all_docs, download_shard, open_index
+from freshidx_tests.test_index_shards import docs_with_features, download_shard, open_index
 
 FULL = dg.RunRequest(asset_selection=[dg.AssetKey("full_index")])
 FROM_RAW = dg.RunRequest(asset_selection=[dg.AssetKey("full_index")],
@@ -53,12 +53,7 @@ def version_view(store: ObjectStore, shards: list[dict[str, Any]], tmp: Path) ->
     for d in shards:
         c = ShardCommit.from_dict(d)
         index = open_index(str(download_shard(store, c, tmp / f"s{c.shard}-{c.attempt}-{len(docs)}")))
-        found = all_docs(index)
-        searcher = index.searcher()
-        addrs = [a for _, a in found]
-        n = searcher.fast_field_values("product_active_ads", addrs)
-        best = searcher.fast_field_values("product_best_bid", addrs)
-        for (doc, _), na, b in zip(found, n, best, strict=True):
+        for doc, na, b in docs_with_features(index.searcher()):
             docs[doc["ad_id"][0]] = (c.shard, doc["title"][0], doc["product_id"][0], doc["bid"][0],
                                      doc["version"][0], na, b)
         for f in c.files:

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-import tantivy
 
 from freshidx import layout, segments
 from freshidx.publish import read_manifest, read_pointer
@@ -25,6 +24,7 @@ from freshidx.serving import Searcher
 from freshidx.store import StoreConfig, open_store
 from freshidx_tests.conftest import make_s3_config
 from freshidx_tests.harness import Harness, at
+from freshidx_tests.test_index_shards import docs_with_features
 
 WINDOW = 120
 FULL = dg.RunRequest(asset_selection=[dg.AssetKey("full_index")])
@@ -92,18 +92,12 @@ def served_features(s: Searcher) -> dict[str, tuple[str, int, float]]:
     with s.snapshot() as snap:
         for index, version, part, kill in snap.searched:
             for sh in part.shards:
-                searcher = sh.searcher
-                res = searcher.search(tantivy.Query.all_query(), limit=max(1, searcher.num_docs), count=False)
-                addrs = [a for _, a in res.hits]
-                counts = searcher.fast_field_values("product_active_ads", addrs)
-                bests = searcher.fast_field_values("product_best_bid", addrs)
-                for addr, n, b in zip(addrs, counts, bests, strict=True):
-                    doc = searcher.doc(addr)
-                    ad = str(doc.get_first("ad_id"))
+                for doc, n, b in docs_with_features(sh.searcher):
+                    ad = str(doc["ad_id"][0])
                     if ad in kill:
                         continue
                     assert ad not in out, f"{ad} served twice (again by {index} {version})"
-                    out[ad] = (str(doc.get_first("product_id")), int(n), float(b))
+                    out[ad] = (str(doc["product_id"][0]), n, b)
     return out
 
 

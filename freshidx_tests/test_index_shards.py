@@ -145,6 +145,15 @@ def all_docs(index: tantivy.Index) -> list[tuple[dict[str, Any], Any]]:
     return [(s.doc(addr).to_dict(), addr) for _, addr in res.hits]
 
 
+def docs_with_features(searcher: tantivy.Searcher) -> list[tuple[dict[str, Any], int, float]]:
+    """Every document a searcher holds with its product features (fast fields, not stored)."""
+    res = searcher.search(tantivy.Query.all_query(), limit=max(1, searcher.num_docs), count=False)
+    addrs = [addr for _, addr in res.hits]
+    counts = searcher.fast_field_values("product_active_ads", addrs)
+    bests = searcher.fast_field_values("product_best_bid", addrs)
+    return [(searcher.doc(a).to_dict(), int(n), float(b)) for a, n, b in zip(addrs, counts, bests, strict=True)]
+
+
 # --------------------------------------------------------------------------- tests
 
 

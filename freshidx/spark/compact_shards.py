@@ -15,16 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from freshidx.records import ACTIVE
 from freshidx.segments import Segment
-from freshidx.spark.index_shards import DOCS_DDL, INDEX_COLUMNS, write_index_shards
+from freshidx.spark.index_shards import DOCS_DDL, INDEX_COLUMNS, state_file_rows, write_index_shards
 from freshidx.spark.raw_source import store_from_json, store_to_json
-from freshidx.spark.shards import COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, ShardCommit, conform
+from freshidx.spark.shards import COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, ShardCommit
 from freshidx.store import StoreConfig
 
 ORDER = "_segment_order"
@@ -35,12 +32,9 @@ MAX_READ_TASKS = 2
 
 
 def _tagged(batch: pa.RecordBatch, order: int) -> pa.RecordBatch:
-    """``batch`` in the docs schema (missing columns null: covered files have four) plus its order."""
-    names = set(batch.schema.names)
-    arrays = [batch.column(f.name).cast(f.type) if f.name in names else pa.nulls(batch.num_rows, f.type)
-              for f in DOCS_ARROW_SCHEMA]
-    arrays.append(pa.array([order] * batch.num_rows, pa.int32()))
-    return pa.RecordBatch.from_arrays(arrays, schema=_TAGGED_SCHEMA)
+    """``batch`` (docs schema) plus its segment's order in the run."""
+    return pa.RecordBatch.from_arrays([*batch.columns, pa.array([order] * batch.num_rows, pa.int32())],
+                                      schema=_TAGGED_SCHEMA)
 
 
 def _read_task(store_json: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -50,15 +44,8 @@ def _read_task(store_json: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator
         for batch in batches:
             for key, kind, order in zip(batch.column("key").to_pylist(), batch.column("kind").to_pylist(),
                                         batch.column("ord").to_pylist(), strict=True):
-                with fs.open_input_file(config.arrow_path(key)) as f:
-                    for b in pq.ParquetFile(f).iter_batches(batch_size=65536):
-                        if kind == DOCS_FILE:  # active ads, whole records
-                            yield _tagged(conform(b, DOCS_ARROW_SCHEMA), int(order))
-                            continue
-                        # The kill-list: active ads are in docs.parquet too; the others only here.
-                        inactive = b.filter(pc.not_equal(b.column("status"), ACTIVE))
-                        if inactive.num_rows:
-                            yield _tagged(inactive, int(order))
+                for b in state_file_rows(fs, config, key, kind):
+                    yield _tagged(b, int(order))
 
     return run
 

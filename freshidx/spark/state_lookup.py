@@ -305,30 +305,19 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
     candidates = _Ids(strings, indexed)
     # Pass 2: whole records of the row groups holding a candidate's row, then just those rows.
     if any(f.layer for f in files) and not any(isinstance(info, tuple) for info in key_info):
-        yield from _noting(_newest_rows(files, key_info, candidates.wanted(), cache), distrusted)
+        yield from _newest_rows(files, key_info, candidates.wanted(), cache, distrusted)
         return
     for f, info in zip(files, key_info, strict=True):
         if isinstance(info, tuple):
             rows = np.flatnonzero(pc.is_in(info[0].column("ad_id"), value_set=candidates.arrow())
                                   .to_numpy(zero_copy_only=False))
-            yield from _noting(((f, b) for b in _read_rows(f, rows, info[1], cache)), distrusted)
+            yield from _read_rows(f, rows, info[1], cache, distrusted)
         else:
-            yield from _noting(((f, b) for b in _read_rows(f, info.rows_of_ads(candidates.wanted()),
-                                                           info.row_group_sizes, cache)), distrusted)
-
-
-def _noting(read: Iterable[tuple[StateFile, pa.RecordBatch]],
-            distrusted: list[pa.Array] | None) -> Iterator[pa.RecordBatch]:
-    """The rows of ``read``; the ad ids of those from a file that is not :meth:`StateFile.trusted` go to
-    ``distrusted``."""
-    for f, b in read:
-        if distrusted is not None and not f.trusted:
-            distrusted.append(b.column("ad_id"))
-        yield b
+            yield from _read_rows(f, info.rows_of_ads(candidates.wanted()), info.row_group_sizes, cache, distrusted)
 
 
 def _newest_rows(files: list[StateFile], key_info: list[KeyIndex | KeyColumns], wanted: np.ndarray,
-                 cache: DecodedCache) -> Iterator[tuple[StateFile, pa.RecordBatch]]:
+                 cache: DecodedCache, distrusted: list[pa.Array] | None) -> Iterator[pa.RecordBatch]:
     """Pass 2 over layered state: each candidate's row from the newest segment that holds it and, unless
     that segment was built over the serving full version, from the full version too (module docstring of
     :class:`StateFile`). Rows read: at most two per candidate, however many segments are kept."""
@@ -343,7 +332,7 @@ def _newest_rows(files: list[StateFile], key_info: list[KeyIndex | KeyColumns], 
         for f, info in by_layer[layer]:
             rows, hits = rows_and_hits(info, asked)
             held |= hits
-            yield from ((f, b) for b in _read_rows(f, rows, info.row_group_sizes, cache))
+            yield from _read_rows(f, rows, info.row_group_sizes, cache, distrusted)
         if layer == 0:
             continue
         if all(f.over_full for f, _ in by_layer[layer]):
@@ -351,8 +340,10 @@ def _newest_rows(files: list[StateFile], key_info: list[KeyIndex | KeyColumns], 
         for_segments = asked[~held]
 
 
-def _read_rows(f: StateFile, rows: np.ndarray, sizes: Sequence[int], cache: DecodedCache) -> Iterator[pa.RecordBatch]:
-    """Rows ``rows`` (sorted) of ``f``, from the row groups holding them (decoded through ``cache``)."""
+def _read_rows(f: StateFile, rows: np.ndarray, sizes: Sequence[int], cache: DecodedCache,
+               distrusted: list[pa.Array] | None = None) -> Iterator[pa.RecordBatch]:
+    """Rows ``rows`` (sorted) of ``f``, from the row groups holding them (decoded through ``cache``); their
+    ad ids also go to ``distrusted`` when ``f`` is not :meth:`StateFile.trusted`."""
     if len(rows) == 0:
         return
     bounds = np.concatenate([[0], np.cumsum(sizes)])
@@ -364,5 +355,7 @@ def _read_rows(f: StateFile, rows: np.ndarray, sizes: Sequence[int], cache: Deco
         picked = group.take(pa.array(rows[lo:hi] - bounds[g]))
         if f.kind != DOCS_FILE:  # the kill-list's active ads are whole records in docs.parquet
             picked = picked.filter(pc.not_equal(picked.column("status"), ACTIVE))
+        if distrusted is not None and not f.trusted:
+            distrusted.append(picked.column("ad_id").combine_chunks())
         for b in picked.to_batches():
             yield conform(b, DOCS_ARROW_SCHEMA) if f.kind == DOCS_FILE else widen(b, DOCS_ARROW_SCHEMA)
