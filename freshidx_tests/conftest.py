@@ -36,25 +36,26 @@ SLOW_MODULES = frozenset({
 })
 
 
-#: Seconds per module in a full run (``--durations=0`` of ``scripts/test.sh``'s pytest command, 4 workers,
-#: clean clone on the 2-core box, 2026-11-27: both cores busy from start to end, 1201 s). ``scripts/test.sh``
-#: runs with ``--dist loadfile --no-loadscope-reorder`` and the modules are handed out longest first, so the
-#: workers end together instead of one running a 5-minute end-to-end module alone at the end (xdist's default order puts
+#: Seconds per module in a full run (``--durations=0`` of ``scripts/test.sh``'s pytest command, 3 workers,
+#: quiet 2-core box, 2026-11-26; the deployment modules measured beside each other the same day, the
+#: cluster's Connect case estimated). ``scripts/test.sh`` runs with ``--dist loadfile
+#: --no-loadscope-reorder`` and the modules are handed out longest first, so the workers end together
+#: instead of one running a 5-minute end-to-end module alone at the end (xdist's default order puts
 #: single-test modules last). Modules not listed take a few seconds and go last. Relative sizes are what
 #: matter: this VM's speed varies up to ~2x from day to day (the same suite took 871 and 1632 CPU-s).
 MODULE_SECONDS = {
-    "test_cluster": 495, "test_spark_server": 482, "test_browser_ui": 424, "test_ledger_explains": 337,
-    "test_postgres_e2e": 318, "test_catchup": 262, "test_supervisor_stop": 190, "test_daemon_e2e": 182,
-    "test_incremental_equivalence": 162, "test_connect_retry": 144, "test_version_conflicts": 144,
-    "test_full_from_state": 114, "test_run_health_e2e": 108, "test_delta_versions": 106,
-    "test_compaction": 100, "test_devserver": 96, "test_sensor_e2e": 88, "test_sla": 86,
-    "test_micro_batch_crash": 80, "test_demo_stop": 75, "test_bench": 74, "test_hourly_build": 56,
-    "test_continuous_e2e": 51, "test_listing": 44, "test_launchpad_graphql": 43, "test_search_e2e": 41,
-    "test_quarantine_replay": 39, "test_run_health": 38, "test_launchpad_validation": 35,
-    "test_checks_graphql": 32, "test_overlap": 24, "test_serving": 20, "test_continuous": 20,
-    "test_no_green_noop": 19, "test_transform": 17, "test_state_lookup": 14, "test_ambiguous_commit": 14,
-    "test_full_late_inputs": 12, "test_spark_source": 10, "test_index_shards": 10, "test_generate": 10,
-    "test_segment_merge": 9, "test_publish": 9, "test_retention": 8, "test_shards": 8,
+    "test_cluster": 350, "test_browser_ui": 306, "test_postgres_e2e": 300, "test_spark_server": 277,
+    "test_daemon_e2e": 173, "test_ledger_explains": 158, "test_supervisor_stop": 127,
+    "test_catchup": 120, "test_connect_retry": 102, "test_version_conflicts": 93, "test_sla": 92,
+    "test_devserver": 91, "test_run_health_e2e": 86, "test_sensor_e2e": 76, "test_delta_versions": 72,
+    "test_demo_stop": 65, "test_micro_batch_crash": 64, "test_continuous_e2e": 63,
+    "test_incremental_equivalence": 62, "test_launchpad_graphql": 48, "test_quarantine_replay": 44,
+    "test_full_from_state": 45, "test_search_e2e": 36, "test_compaction": 35, "test_listing": 35,
+    "test_hourly_build": 33,
+    "test_checks_graphql": 26, "test_bench": 18, "test_continuous": 18, "test_run_health": 15,
+    "test_launchpad_validation": 13, "test_no_green_noop": 13, "test_overlap": 12, "test_serving": 11,
+    "test_transform": 10, "test_ambiguous_commit": 10, "test_shards": 9, "test_generate": 8,
+    "test_full_late_inputs": 8,
 }
 
 
