@@ -52,7 +52,7 @@ MODULE_SECONDS = {
     "test_incremental_equivalence": 62, "test_launchpad_graphql": 48, "test_quarantine_replay": 44,
     "test_full_from_state": 45, "test_search_e2e": 36, "test_compaction": 35, "test_listing": 35,
     "test_hourly_build": 33,
-    "test_checks_graphql": 26, "test_bench": 18, "test_continuous": 18, "test_run_health": 15,
+    "test_checks_graphql": 26, "test_local_cds": 25, "test_bench": 18, "test_continuous": 18, "test_run_health": 15,
     "test_launchpad_validation": 13, "test_no_green_noop": 13, "test_overlap": 12, "test_serving": 11,
     "test_transform": 10, "test_ambiguous_commit": 10, "test_shards": 9, "test_generate": 8,
     "test_full_late_inputs": 8,

@@ -61,6 +61,7 @@ def build_local_session(
 
     ``conf`` overrides the defaults in :data:`LOCAL_DEFAULTS`. Static confs (memory, master, …) only
     take effect if this call starts the JVM; runtime SQL confs are applied to an existing session too.
+    The JVM maps the class archive ``freshidx spark-cds`` prepared, if any (:mod:`freshidx.spark.local_cds`).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -68,8 +69,10 @@ def build_local_session(
     # the builder then refuses local mode (CONNECT_URL_NOT_SET). Asking for local mode means local.
     for var in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
         os.environ.pop(var, None)
+    from freshidx.spark.local_cds import with_archive
+
     builder: Any = SparkSession.builder.master(master).appName(app_name)
-    for key, value in {**LOCAL_DEFAULTS, **(conf or {})}.items():
+    for key, value in with_archive({**LOCAL_DEFAULTS, **(conf or {})}).items():
         builder = builder.config(key, value)
     spark: SparkSession = builder.getOrCreate()
     register_sources(spark)

@@ -1,0 +1,145 @@
+"""JDK AppCDS for local-mode Spark JVMs (the embedded default: Dagster runs, CLI commands, the demo's
+builds, the test suite): a class archive that every later JVM maps instead of loading and verifying
+Spark's ~10k classes again.
+
+Measured on the 2-core box (a local session's start and first job, C1 only, quiet box): 14 CPU-s and
+11.6 s without the archive, 9–10 CPU-s and 7.4 s with it. A process that starts a local session pays
+its JVM start each time (each Dagster run is a process of its own), so that is the cost it cuts.
+
+The archive is made once per JDK + Spark jars + driver heap size (:func:`prepare`, ``freshidx
+spark-cds``, run by ``scripts/bootstrap.sh``): a throw-away JVM runs a small index build and dumps
+the classes it loaded when it exits (``-XX:ArchiveClassesAtExit``, which needs no JDK tools, unlike
+the Connect server's ``jcmd`` dump in :mod:`freshidx.spark.cds`). :func:`with_archive` then adds it to
+a local session's JVM options when it exists; ``-Xshare:auto`` makes a JVM that cannot use it (another
+JDK, a changed classpath) start without it, as before.
+
+``FRESHIDX_SPARK_CDS_DIR`` moves the archives (default ``$XDG_CACHE_HOME/freshidx/cds``, else
+``~/.cache/freshidx/cds``); ``off`` turns sharing off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from freshidx.spark.cds import cds_key
+
+CDS_DIR_ENV = "FRESHIDX_SPARK_CDS_DIR"
+JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+#: Options that already decide class data sharing: a caller that passes one keeps its own choice.
+_CDS_FLAGS = ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare")
+_OFF = {"off", "none", "false", "0"}
+#: Temp files of dumps older than this never finished (a killed ``prepare``).
+_STALE_TMP_S = 3600
+
+
+def archive_dir(env: Mapping[str, str] | None = None) -> Path | None:
+    """Where local-mode archives live; None when ``FRESHIDX_SPARK_CDS_DIR=off``."""
+    env = os.environ if env is None else env
+    value = (env.get(CDS_DIR_ENV) or "").strip()
+    if value.lower() in _OFF and value:
+        return None
+    if value:
+        return Path(value).expanduser().absolute()
+    cache = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "freshidx" / "cds"
+
+
+def archive_path(directory: Path, driver_memory: str) -> Path | None:
+    """The archive for this JDK, these Spark jars and this heap size (compressed-pointer modes depend on
+    it); None where the JVM cannot use dynamic archives (JDK < 17, no ``java``)."""
+    key = cds_key()
+    return None if key is None else directory / f"spark-local-{key}-{driver_memory.strip().lower()}.jsa"
+
+
+def with_archive(conf: Mapping[str, str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``conf`` (a local session's Spark conf) with the driver JVM mapping the archive, if there is one.
+
+    Unchanged when sharing is off, when the caller's Java options already decide it, or when no archive
+    was prepared for this JVM and heap size (the check costs a ``java -version`` once per process)."""
+    out = dict(conf)
+    options = out.get(JAVA_OPTIONS, "")
+    directory = archive_dir(env)
+    if directory is None or any(flag in options for flag in _CDS_FLAGS) or not directory.is_dir():
+        return out
+    archive = archive_path(directory, out.get("spark.driver.memory", "1g"))
+    if archive is None or not archive.is_file() or archive.stat().st_size == 0:
+        return out
+    # -Xlog: otherwise a warning per signed jar; -Xshare:auto: an unusable archive is skipped, not fatal.
+    out[JAVA_OPTIONS] = f"{options} -XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds*=error".strip()
+    return out
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`prepare` did: ``status`` is ``exists``, ``written``, ``off``, ``unsupported`` or ``failed``."""
+
+    status: str
+    archive: str | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def prepare(directory: Path | None = None, driver_memory: str = "1g", *, force: bool = False,
+            timeout_s: float = 900.0) -> Prepared:
+    """Make the archive for ``driver_memory`` unless it exists: a child process runs a small index build
+    in a local session whose JVM dumps its classes at exit (to a temp file, renamed into place once the
+    JVM is gone, so a reader never maps half an archive). Never raises for a failed dump: sharing is an
+    optimisation, and a JVM without an archive works as before."""
+    t0 = time.monotonic()
+    directory = archive_dir() if directory is None else directory
+    if directory is None:
+        return Prepared("off")
+    archive = archive_path(directory, driver_memory)
+    if archive is None:
+        return Prepared("unsupported", error="no java 17+ on PATH / JAVA_HOME")
+    if archive.is_file() and archive.stat().st_size > 0 and not force:
+        return Prepared("exists", str(archive))
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(f"{archive.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > _STALE_TMP_S:
+                stale.unlink()
+    tmp = directory / f"{archive.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        error = _dump(tmp, driver_memory, t0 + timeout_s)
+        if error is None:
+            os.replace(tmp, archive)
+            return Prepared("written", str(archive), round(time.monotonic() - t0, 1))
+        return Prepared("failed", None, round(time.monotonic() - t0, 1), error)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _dump(tmp: Path, driver_memory: str, deadline: float) -> str | None:
+    """Run the dump child; None once ``tmp`` holds a complete archive, else what went wrong."""
+    import psutil
+
+    cmd = [sys.executable, "-m", "freshidx.tools.local_cds_workload", str(tmp), driver_memory]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1.0, deadline - time.monotonic()),
+                              env={**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable})
+    except subprocess.TimeoutExpired:
+        return "the dump's index build did not finish in time"
+    pids = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("JVM_PID ")]
+    if proc.returncode != 0 or not pids:
+        return f"the dump's index build failed ({proc.returncode}): {proc.stderr[-2000:]}"
+    # The JVM outlives its Python parent by the dump itself (it exits when the gateway's pipe closes).
+    with contextlib.suppress(psutil.Error):
+        psutil.Process(pids[0]).wait(max(1.0, deadline - time.monotonic()))
+    if psutil.pid_exists(pids[0]):
+        return "the JVM was still dumping at the deadline"
+    if not tmp.is_file() or tmp.stat().st_size == 0:
+        return "the JVM exited without writing an archive"
+    return None
