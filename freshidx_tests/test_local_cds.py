@@ -101,4 +101,4 @@ def test_spark_cds_leaves_an_archive_a_new_local_jvm_maps_and_a_corrupt_one_is_s
     got = _session(corrupt.parent)
     assert got["sum"] == 4950  # the session starts and answers without the archive
     assert got["mapped"] < archive.stat().st_size, got
-    assert re.match(r"spark-local-jdk\d+-[0-9a-f]{12}-1g\.jsa$", corrupt.name)
+    assert re.match(r"spark-local-jdk\d+-[0-9a-f]{12}-[0-9a-f]{8}-1g\.jsa$", corrupt.name)

@@ -2,16 +2,16 @@
 builds, the test suite): a class archive that every later JVM maps instead of loading and verifying
 Spark's ~10k classes again.
 
-Measured on the 2-core box (a local session's start and first job, C1 only, quiet box): 14 CPU-s and
-11.6 s without the archive, 9–10 CPU-s and 7.4 s with it. A process that starts a local session pays
+Measured on the 2-core box (a local session's start and first job, C1 only, quiet box): 17–18 CPU-s
+and 14–15 s without the archive, 9–10 CPU-s and 7 s with it. A process that starts a local session pays
 its JVM start each time (each Dagster run is a process of its own), so that is the cost it cuts.
 
 The archive is made once per JDK + Spark jars + driver heap size (:func:`prepare`, ``freshidx
-spark-cds``, run by ``scripts/bootstrap.sh``): a throw-away JVM runs a small index build and dumps
-the classes it loaded when it exits (``-XX:ArchiveClassesAtExit``, which needs no JDK tools, unlike
-the Connect server's ``jcmd`` dump in :mod:`freshidx.spark.cds`). :func:`with_archive` then adds it to
-a local session's JVM options when it exists; ``-Xshare:auto`` makes a JVM that cannot use it (another
-JDK, a changed classpath) start without it, as before.
+spark-cds``, run by ``scripts/bootstrap.sh``; ~60 s, 67 CPU-s): a throw-away JVM runs the JVM side of
+a small build and dumps the classes it loaded when it exits (``-XX:ArchiveClassesAtExit``, which needs
+no JDK tools, unlike the Connect server's ``jcmd`` dump in :mod:`freshidx.spark.cds`).
+:func:`with_archive` then adds it to a local session's JVM options when it exists; ``-Xshare:auto``
+makes a JVM that cannot use it (another JDK, a changed classpath) start without it, as before.
 
 ``FRESHIDX_SPARK_CDS_DIR`` moves the archives (default ``$XDG_CACHE_HOME/freshidx/cds``, else
 ``~/.cache/freshidx/cds``); ``off`` turns sharing off.
@@ -20,6 +20,7 @@ JDK, a changed classpath) start without it, as before.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from freshidx.spark.cds import cds_key
+from freshidx.spark.server_config import spark_home
 
 CDS_DIR_ENV = "FRESHIDX_SPARK_CDS_DIR"
 JAVA_OPTIONS = "spark.driver.extraJavaOptions"
@@ -54,10 +56,15 @@ def archive_dir(env: Mapping[str, str] | None = None) -> Path | None:
 
 
 def archive_path(directory: Path, driver_memory: str) -> Path | None:
-    """The archive for this JDK, these Spark jars and this heap size (compressed-pointer modes depend on
-    it); None where the JVM cannot use dynamic archives (JDK < 17, no ``java``)."""
+    """The archive for this JDK, these Spark jars at this path (a JVM maps an archive only with the
+    classpath it was dumped with: two checkouts sharing the cache each get their own) and this heap size
+    (compressed-pointer modes depend on it); None where the JVM cannot use dynamic archives (JDK < 17,
+    no ``java``)."""
     key = cds_key()
-    return None if key is None else directory / f"spark-local-{key}-{driver_memory.strip().lower()}.jsa"
+    if key is None:
+        return None
+    jars = hashlib.sha256(os.path.realpath(spark_home() / "jars").encode()).hexdigest()[:8]
+    return directory / f"spark-local-{key}-{jars}-{driver_memory.strip().lower()}.jsa"
 
 
 def with_archive(conf: Mapping[str, str], env: Mapping[str, str] | None = None) -> dict[str, str]:
