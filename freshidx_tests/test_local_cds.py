@@ -54,6 +54,14 @@ def test_the_callers_own_sharing_options_and_off_win(tmp_path: Path) -> None:
     assert local_cds.archive_dir({"XDG_CACHE_HOME": "/c"}) == Path("/c/freshidx/cds")
 
 
+def test_prepare_reports_a_directory_it_cannot_create_instead_of_raising(tmp_path: Path) -> None:
+    _archive(tmp_path)  # skips without Java 17+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    done = local_cds.prepare(blocker / "cds")
+    assert done.status == "failed" and done.archive is None and "cannot create" in (done.error or ""), done
+
+
 #: A new process's local session: its JVM's mapped CDS size (``jcmd VM.info``) and a query's answer.
 _SESSION = """
 import json, re, subprocess, sys

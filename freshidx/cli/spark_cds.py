@@ -33,7 +33,7 @@ spark_cds = LazyCommand(
     click.Option(["--force"], is_flag=True, help="make it again even if it exists"),
     json_option("one JSON object"),
     short_help="prepare the class archive that local-mode Spark JVMs map (faster start)",
-    help="Run a small index build in a throw-away local Spark JVM and keep the classes it loaded as an "
-    "AppCDS archive: every later local session (Dagster runs, CLI, tests) maps it and starts faster. "
+    help="Run the JVM side of a small build in a throw-away local Spark JVM and keep the classes it loaded "
+    "as an AppCDS archive: every later local session (Dagster runs, CLI, tests) maps it and starts faster. "
     "Idempotent: a no-op when the archive for this JDK, Spark and heap size exists.",
 )

@@ -100,8 +100,8 @@ class Prepared:
 
 def prepare(directory: Path | None = None, driver_memory: str = "1g", *, force: bool = False,
             timeout_s: float = 900.0) -> Prepared:
-    """Make the archive for ``driver_memory`` unless it exists: a child process runs a small index build
-    in a local session whose JVM dumps its classes at exit (to a temp file, renamed into place once the
+    """Make the archive for ``driver_memory`` unless it exists: a child process runs the JVM side of a
+    small build in a local session whose JVM dumps its classes at exit (to a temp file, renamed into place once the
     JVM is gone, so a reader never maps half an archive). Never raises for a failed dump: sharing is an
     optimisation, and a JVM without an archive works as before."""
     t0 = time.monotonic()
@@ -113,7 +113,10 @@ def prepare(directory: Path | None = None, driver_memory: str = "1g", *, force: 
         return Prepared("unsupported", error="no java 17+ on PATH / JAVA_HOME")
     if archive.is_file() and archive.stat().st_size > 0 and not force:
         return Prepared("exists", str(archive))
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a read-only home: local sessions start without an archive, as before
+        return Prepared("failed", error=f"cannot create {directory}: {exc}")
     for stale in directory.glob(f"{archive.name}.*.tmp"):
         with contextlib.suppress(OSError):
             if time.time() - stale.stat().st_mtime > _STALE_TMP_S:
