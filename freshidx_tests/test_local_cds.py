@@ -90,7 +90,7 @@ def _session(env_dir: Path | None) -> dict[str, int]:
 def test_spark_cds_leaves_an_archive_a_new_local_jvm_maps_and_a_corrupt_one_is_skipped(tmp_path: Path) -> None:
     if jcmd() is None or local_cds.archive_path(tmp_path, "1g") is None:
         pytest.skip("needs a JDK 17+ with jcmd")
-    # The default directory: scripts/bootstrap.sh prepared it already (then this is a no-op), as a user's
+    # The default directory: scripts/test.sh prepared it already (then this is a no-op), as a user's
     # set-up does; the suite's own sessions map it too.
     proc = subprocess.run([sys.executable, "-m", "freshidx.cli", "spark-cds", "--json"], capture_output=True,
                           text=True, timeout=1200, env={**os.environ, "PYSPARK_PYTHON": sys.executable})

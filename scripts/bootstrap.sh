@@ -83,9 +83,3 @@ fi
 # Incremental: only changed files are compiled again. A syntax error is not fatal here: ruff, next in
 # scripts/test.sh, names it.
 .venv/bin/python -m compileall -q freshidx freshidx_tests >/dev/null || true
-
-# The class archive every local-mode Spark JVM maps (Dagster runs, CLI commands, the tests' sessions):
-# ~5 CPU-s and ~4 s less per JVM start on 2 cores (freshidx.spark.local_cds). Made once per JDK and
-# Spark version (~50 s), a no-op after that; local Spark works without it.
-PYSPARK_PYTHON="$PWD/.venv/bin/python" .venv/bin/freshidx spark-cds >&2 \
-  || echo "could not prepare the class archive for local Spark (it starts without one)" >&2

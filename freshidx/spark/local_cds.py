@@ -7,7 +7,7 @@ and 14–15 s without the archive, 9–10 CPU-s and 7 s with it. A process that 
 its JVM start each time (each Dagster run is a process of its own), so that is the cost it cuts.
 
 The archive is made once per JDK + Spark jars + driver heap size (:func:`prepare`, ``freshidx
-spark-cds``, run by ``scripts/bootstrap.sh``; ~60 s, 67 CPU-s): a throw-away JVM runs the JVM side of
+spark-cds``, which ``scripts/test.sh`` runs; ~60 s, 67 CPU-s): a throw-away JVM runs the JVM side of
 a small build and dumps the classes it loaded when it exits (``-XX:ArchiveClassesAtExit``, which needs
 no JDK tools, unlike the Connect server's ``jcmd`` dump in :mod:`freshidx.spark.cds`).
 :func:`with_archive` then adds it to a local session's JVM options when it exists; ``-Xshare:auto``
