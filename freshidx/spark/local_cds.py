@@ -47,12 +47,9 @@ def archive_dir(env: Mapping[str, str] | None = None) -> Path | None:
     """Where local-mode archives live; None when ``FRESHIDX_SPARK_CDS_DIR=off``."""
     env = os.environ if env is None else env
     value = (env.get(CDS_DIR_ENV) or "").strip()
-    if value.lower() in _OFF and value:
-        return None
-    if value:
-        return Path(value).expanduser().absolute()
-    cache = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "freshidx" / "cds"
+    if not value:
+        return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "freshidx" / "cds"
+    return None if value.lower() in _OFF else Path(value).expanduser().absolute()
 
 
 def archive_path(directory: Path, driver_memory: str) -> Path | None:
@@ -141,10 +138,10 @@ def _dump(tmp: Path, driver_memory: str, deadline: float) -> str | None:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(1.0, deadline - time.monotonic()),
                               env={**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable})
     except subprocess.TimeoutExpired:
-        return "the dump's index build did not finish in time"
+        return "the dump's build did not finish in time"
     pids = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("JVM_PID ")]
     if proc.returncode != 0 or not pids:
-        return f"the dump's index build failed ({proc.returncode}): {proc.stderr[-2000:]}"
+        return f"the dump's build failed ({proc.returncode}): {proc.stderr[-2000:]}"
     # The JVM outlives its Python parent by the dump itself (it exits when the gateway's pipe closes).
     with contextlib.suppress(psutil.Error):
         psutil.Process(pids[0]).wait(max(1.0, deadline - time.monotonic()))

@@ -2,8 +2,10 @@
 :func:`freshidx.spark.local_cds.prepare`. Starts a local session whose JVM dumps the classes it loaded
 to ARCHIVE when it exits, after the JVM side of a build on a small generated partition: the raw read
 (Arrow batches from Python tasks), JSON parsing and validation, the latest-per-ad shuffle, a Parquet
-write and read. Not a whole index build: its Python work (tantivy) loads no JVM classes and would
-double the dump's cost (37 against 72 CPU-s on the 2-core box) for the same archive."""
+write and read. Not a whole index build: its Python work (tantivy) loads no JVM classes, and the
+archive of the JVM side alone started sessions at least as fast on the 2-core box (start + first job
+9–10 CPU-s against 11–13 with a whole full + delta build's archive, which took 72 CPU-s to make
+against 67)."""
 
 from __future__ import annotations
 
@@ -25,12 +27,12 @@ def main(argv: list[str]) -> int:
                                                              "spark.driver.memory": driver_memory})
     print(f"JVM_PID {spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="freshidx-cds-") as tmp:
-        _index_build(spark, Path(tmp))
+        _jvm_side_of_a_build(spark, Path(tmp))
     spark.stop()
     return 0  # the JVM dumps once this process exits and closes its gateway pipe
 
 
-def _index_build(spark: Any, root: Path) -> None:
+def _jvm_side_of_a_build(spark: Any, root: Path) -> None:
     from freshidx import transform
     from freshidx.partitions import PartitionId
     from freshidx.spark.raw_source import read_raw_lines
