@@ -80,12 +80,17 @@ def plan_archive(config: ServerConfig) -> ArchivePlan:
     # (-Xlog: otherwise ~800 "[warning][cds] Skipping …: Signed JAR" lines)
     if archive.is_file() and archive.stat().st_size > 0:
         return ArchivePlan([f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", "-Xlog:cds*=error"], in_use=archive)
-    for stale in cds_dir.glob(f"{archive.name}.*.tmp"):
+    remove_stale_dumps(archive)
+    pending = (cds_dir / f"{archive.name}.{uuid.uuid4().hex[:8]}.tmp", archive)
+    return ArchivePlan(["-XX:+RecordDynamicDumpInfo", "-Xlog:cds*=error"], pending=pending)
+
+
+def remove_stale_dumps(archive: Path) -> None:
+    """Delete the temp files next to ``archive`` of dumps that never finished (older than an hour)."""
+    for stale in archive.parent.glob(f"{archive.name}.*.tmp"):
         with contextlib.suppress(OSError):
             if time.time() - stale.stat().st_mtime > _STALE_TMP_S:
                 stale.unlink()
-    pending = (cds_dir / f"{archive.name}.{uuid.uuid4().hex[:8]}.tmp", archive)
-    return ArchivePlan(["-XX:+RecordDynamicDumpInfo", "-Xlog:cds*=error"], pending=pending)
 
 
 def dump_archive(

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from freshidx.spark.cds import cds_key
+from freshidx.spark.cds import cds_key, remove_stale_dumps
 from freshidx.spark.server_config import spark_home
 
 CDS_DIR_ENV = "FRESHIDX_SPARK_CDS_DIR"
@@ -39,8 +39,6 @@ JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 #: Options that already decide class data sharing: a caller that passes one keeps its own choice.
 _CDS_FLAGS = ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare")
 _OFF = {"off", "none", "false", "0"}
-#: Temp files of dumps older than this never finished (a killed ``prepare``).
-_STALE_TMP_S = 3600
 
 
 def archive_dir(env: Mapping[str, str] | None = None) -> Path | None:
@@ -114,10 +112,7 @@ def prepare(directory: Path | None = None, driver_memory: str = "1g", *, force: 
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a read-only home: local sessions start without an archive, as before
         return Prepared("failed", error=f"cannot create {directory}: {exc}")
-    for stale in directory.glob(f"{archive.name}.*.tmp"):
-        with contextlib.suppress(OSError):
-            if time.time() - stale.stat().st_mtime > _STALE_TMP_S:
-                stale.unlink()
+    remove_stale_dumps(archive)
     tmp = directory / f"{archive.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         error = _dump(tmp, driver_memory, t0 + timeout_s)
