@@ -161,8 +161,10 @@ def follow_run(s: Setup, run_id: str, what: str) -> str:
     with s.ui.step(f"read the ended {what} run {run_id[:8]}"):
         shown = s.ui.run_status_label(run_id)
     if status != "SUCCESS":
+        errors = "\n  ".join(s.dev.run_errors(run_id)) or "(no error events)"
         raise AssertionError(f"{what} run {run_id} ended {status} (UI: {shown!r}); its page: "
-                             f"{s.ui.screenshot(f'{what}-run-{run_id[:8]}')}; log: {s.dev.log_path}")
+                             f"{s.ui.screenshot(f'{what}-run-{run_id[:8]}')}; log: {s.dev.log_path}; "
+                             f"its errors:\n  {errors}")
     assert shown == RUN_STATUS_LABELS["SUCCESS"], (
         f"{what} run {run_id} succeeded but its page shows {shown!r}: {s.ui.screenshot(f'{what}-ended')}")
     return shown

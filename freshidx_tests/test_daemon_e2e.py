@@ -150,13 +150,13 @@ def test_daemon_latest_only_and_ui_materialize(cpu_load: list, dev: tuple[Dagste
     d.stop_sensor("delta_index_sensor", settle_with="freshidx_run_health_sensor")
     write_partition(store, GEN, at(45))
     run_id = d.materialize(["delta_index"])
-    assert d.wait_run(run_id, timeout=420) == "SUCCESS"
+    assert d.wait_run(run_id, timeout=420) == "SUCCESS", d.run_errors(run_id)
     assert pointer_at(cfg) == at(45).path
 
     # The full index, materialized from the UI as well: its freshness state is evaluated and shown,
     # like the delta's.
     run_id = d.materialize(["full_index"])
-    assert d.wait_run(run_id, timeout=600) == "SUCCESS"
+    assert d.wait_run(run_id, timeout=600) == "SUCCESS", d.run_errors(run_id)
     poll_until(
         lambda: (freshness()["full_index"]["freshnessStatusInfo"] or {}).get("freshnessStatus") == "HEALTHY",
         timeout=90, interval=2, what="full_index freshness HEALTHY")

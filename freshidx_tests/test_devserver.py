@@ -129,7 +129,7 @@ def test_dagster_dev_lifecycle(tmp_path: Path) -> None:
 
         run_id = poll_until(sensor_run_id, timeout=60, what="sensor tick with a run for the dropped file")
         timings["drop->run_created"] = time.monotonic() - t_drop
-        assert dev.wait_run(run_id, timeout=60) == "SUCCESS"
+        assert dev.wait_run(run_id, timeout=60) == "SUCCESS", dev.run_errors(run_id)
         timings["drop->run_success"] = time.monotonic() - t_drop
         run = _run_details(dev, run_id)
         assert {"key": "dagster/run_key", "value": "part-0001.ready"} in run["tags"]
@@ -142,7 +142,7 @@ def test_dagster_dev_lifecycle(tmp_path: Path) -> None:
         # UI-style Materialize of `noop`.
         t_mat = time.monotonic()
         mat_id = dev.materialize(["noop"], tags={"freshidx/test": "materialize"})
-        assert dev.wait_run(mat_id, timeout=60) == "SUCCESS"
+        assert dev.wait_run(mat_id, timeout=60) == "SUCCESS", dev.run_errors(mat_id)
         timings["materialize->success"] = time.monotonic() - t_mat
         run = _run_details(dev, mat_id)
         assert run["pipelineName"] == "__ASSET_JOB"

@@ -118,11 +118,14 @@ def test_launchpad_values_and_nothing_new_through_the_webserver(dev: tuple[Dagst
         assert not events(view, "ExecutionStepUpForRetryEvent") and not events(view, "ExecutionStepRestartEvent")
         headline = failures[0]["error"]["message"]
         assert f"config source_partition={value!r} refused" in headline and expect in headline, headline
+        # what a test that expected SUCCESS prints: the step's failure with its error
+        assert any(line.startswith("ExecutionStepFailureEvent [delta_index]") and headline.strip() in line
+                   for line in d.run_errors(run_id)), d.run_errors(run_id)
         assert read_pointer(store, "delta")[0] == serving
 
     # "Materialize" with nothing new (no config: the newest visible partition is already serving).
     run_id = d.materialize(["delta_index"])
-    assert d.wait_run(run_id, timeout=600) == "SUCCESS"
+    assert d.wait_run(run_id, timeout=600) == "SUCCESS", d.run_errors(run_id)
     view = run_view(d, run_id)
     assert {t["key"]: t["value"] for t in view["tags"]}["freshidx/outcome"] == "superseded"
     assert events(view, "MaterializationEvent") == []

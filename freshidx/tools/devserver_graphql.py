@@ -27,6 +27,7 @@ from freshidx.tools.devserver_graphql_documents import (
     CANCEL_BACKFILL_MUTATION,
     DAEMON_HEALTH_QUERY,
     LAUNCH_RUN_MUTATION,
+    RUN_ERRORS_QUERY,
     SENSOR_QUERY,
     START_SENSOR_MUTATION,
     STOP_SENSOR_MUTATION,
@@ -242,6 +243,35 @@ class WebserverClient:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"run {run_id} still {status} after {timeout}s")
             time.sleep(POLL_INTERVAL)
+
+    def run_errors(self, run_id: str, max_events: int = 20_000) -> list[str]:
+        """The run's error events, oldest first, one line each (``EVENT [step]: message: Class: error <- cause``).
+
+        What a failed run's page shows in red, for an assertion message: a test that sees FAILURE can
+        say why without the run's log (which CI does not keep). Reads at most ``max_events`` events."""
+        lines: list[str] = []
+        cursor: str | None = None
+        seen = 0
+        while seen < max_events:
+            data = self.graphql(RUN_ERRORS_QUERY, {"runId": run_id, "afterCursor": cursor})["logsForRun"]
+            if data.get("__typename") != "EventConnection":
+                return [f"{data.get('__typename')}: {data.get('message')}"]
+            for e in data["events"]:
+                err = e.get("error")
+                if not err:
+                    continue
+                step = f" [{e['stepKey']}]" if e.get("stepKey") else ""
+                parts = [f"{e['__typename']}{step}", str(e.get("message"))]
+                parts.append(f"{err.get('className')}: {err.get('message', '').strip()}")
+                cause = err.get("cause")
+                if cause:
+                    parts.append(f"caused by {cause.get('className')}: {cause.get('message', '').strip()}")
+                lines.append(": ".join(parts))
+            seen += len(data["events"])
+            cursor = data["cursor"]
+            if not data["hasMore"]:
+                break
+        return lines
 
     # ------------------------------------------------------------------ backfills
 

@@ -1,6 +1,6 @@
 """The GraphQL documents :class:`freshidx.tools.devserver_graphql.WebserverClient` writes itself,
 because ``dagster_graphql``'s client has no call for them: workspace load errors, daemon health, an
-asset run with an empty asset-check selection, backfills and sensors. The launch-backfill and
+asset run with an empty asset-check selection, backfills, sensors and a run's errors. The launch-backfill and
 terminate-runs documents are Dagster's own (``dagster_graphql.client``)."""
 
 WORKSPACE_QUERY = """
@@ -113,6 +113,27 @@ mutation FreshidxStopSensor($id: String!) {
     ... on StopSensorMutationResult { instigationState { id status } }
     ... on Error { message }
     ... on PythonError { stack }
+  }
+}
+"""
+
+#: A run's error events (step failures, run failure, engine errors): why a run failed, as the
+#: run page's log shows it. ``limit`` bounds the page; a failed run's errors come near its end.
+RUN_ERRORS_QUERY = """
+query FreshidxRunErrors($runId: ID!, $afterCursor: String) {
+  logsForRun(runId: $runId, afterCursor: $afterCursor, limit: 1000) {
+    __typename
+    ... on EventConnection {
+      cursor
+      hasMore
+      events {
+        __typename
+        ... on MessageEvent { message stepKey }
+        ... on ErrorEvent { error { className message cause { className message } } }
+      }
+    }
+    ... on PythonError { message }
+    ... on RunNotFoundError { message }
   }
 }
 """
