@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -28,16 +29,30 @@ from freshidx_tests.polling import poll_until
 
 #: JVM flags for the daemons and executors: start-up over peak speed on a loaded 2-core box (the same
 #: reasoning as the local session defaults in freshidx.spark.session).
-LIGHT_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-#: Confs of the runner's driver beyond what SparkResource sets: small executors, fast JVMs, and the
-#: driver UI on a known loopback port (the kill test watches task activity through its REST API).
-EXECUTOR_CONF = {
-    "spark.executor.memory": "768m",
-    "spark.executor.extraJavaOptions": LIGHT_JVM,
-    # a lost worker must not leave the build waiting long for its shuffle files / heartbeats
-    "spark.network.timeout": "60s",
-    "spark.executor.heartbeatInterval": "5s",
-}
+_LIGHT_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+@functools.cache
+def light_jvm() -> str:
+    """:data:`_LIGHT_JVM` plus the class archive ``freshidx spark-cds`` prepared (``scripts/test.sh`` does),
+    if any: the master, workers and executors are launched by ``spark-class`` with the classpath the archive
+    was made with, so they map it (checked with ``-Xshare:on``); ``-Xshare:auto`` skips it otherwise."""
+    from freshidx.spark.local_cds import find_archive
+
+    archive = find_archive("768m")
+    return _LIGHT_JVM + (f" -XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds*=error" if archive else "")
+
+
+def executor_conf() -> dict[str, str]:
+    """Confs of the runner's driver beyond what SparkResource sets: small executors, fast JVMs, and the
+    driver UI on a known loopback port (the kill test watches task activity through its REST API)."""
+    return {
+        "spark.executor.memory": "768m",
+        "spark.executor.extraJavaOptions": light_jvm(),
+        # a lost worker must not leave the build waiting long for its shuffle files / heartbeats
+        "spark.network.timeout": "60s",
+        "spark.executor.heartbeatInterval": "5s",
+    }
 
 
 def spark_home() -> Path:
@@ -53,7 +68,7 @@ def daemon_env(log_dir: Path) -> dict[str, str]:
         # every listener of the daemons, their web UIs and the executors on loopback only
         "SPARK_LOCAL_IP": "127.0.0.1",
         "SPARK_LOG_DIR": str(log_dir),
-        "SPARK_DAEMON_JAVA_OPTS": LIGHT_JVM,
+        "SPARK_DAEMON_JAVA_OPTS": light_jvm(),
         "SPARK_DAEMON_MEMORY": "256m",
         "PYSPARK_PYTHON": sys.executable,
     })
@@ -280,7 +295,7 @@ def _driver_session(master: str, ui_port: int | None) -> Any:
     from freshidx.defs.resources import cluster_conf
     from freshidx.spark.session import build_local_session
 
-    conf = {**cluster_conf(master), **EXECUTOR_CONF}
+    conf = {**cluster_conf(master), **executor_conf()}
     if ui_port:
         conf.update({"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)})
     return build_local_session(master, conf=conf)

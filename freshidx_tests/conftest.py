@@ -326,7 +326,7 @@ def shared_spark_connect() -> Iterator[dict[str, str]]:
             with open(root / "spark-server.out", "ab") as out:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "freshidx.spark.server", "--port", str(port), "--state-dir",
-                     str(state_dir), "--driver-memory", SHARED_CONNECT_HEAP, "--no-class-data-sharing",
+                     str(state_dir), "--driver-memory", SHARED_CONNECT_HEAP, "--no-cds-dump",
                      *TEST_JVM_ARGS],
                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                     env={**os.environ, "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON") or sys.executable},

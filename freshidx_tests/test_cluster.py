@@ -33,6 +33,7 @@ from freshidx_tests.cluster_fixture import (
     full_answers,
     full_build,
     hourly_scenario,
+    light_jvm,
     search_scenario,
     write_kill_data,
 )
@@ -138,11 +139,11 @@ def test_connect_server_attached_to_the_cluster_matches_local_mode(
     with open(tmp_path / "supervisor.log", "wb") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "freshidx.cli", "spark-server", "--master", cluster.url, "--port", str(port),
-             "--state-dir", str(state), "--driver-memory", "768m", "--no-class-data-sharing",
+             "--state-dir", str(state), "--driver-memory", "768m", "--no-cds-dump",
              # the cluster is on loopback: so is the server's driver (see the report on server.py)
              "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
              "--conf", "spark.executor.memory=768m",
-             "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"],
+             "--conf", f"spark.executor.extraJavaOptions={light_jvm()}"],
             cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         from freshidx.spark.server_state import read_state

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -17,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from freshidx.spark import local_cds
+from freshidx.spark import cds, local_cds
 from freshidx.spark.jvm import jcmd
+from freshidx.spark.server_config import ServerConfig
 
 OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
@@ -39,8 +41,40 @@ def test_the_archive_is_added_only_when_there_is_one_for_the_heap_size(tmp_path:
     got = local_cds.with_archive(conf, env)
     assert got[local_cds.JAVA_OPTIONS] == f"{OPTS} -XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds*=error"
     assert {k: v for k, v in got.items() if k != local_cds.JAVA_OPTIONS} == {"spark.driver.memory": "1g"}
-    # another heap size: another compressed-pointer layout, another archive
-    assert local_cds.with_archive({**conf, "spark.driver.memory": "2g"}, env)[local_cds.JAVA_OPTIONS] == OPTS
+    # another heap under 32 GiB maps the default heap's archive (the same compressed-pointer mode) ...
+    two = local_cds.with_archive({**conf, "spark.driver.memory": "2g"}, env)[local_cds.JAVA_OPTIONS]
+    assert f"-XX:SharedArchiveFile={archive} " in two
+    # ... unless one was made for it; a 64 GiB heap (no compressed pointers) maps only its own
+    own = _archive(tmp_path, "2g")
+    own.write_bytes(b"x")
+    assert local_cds.find_archive("2g", env) == own
+    assert local_cds.find_archive("64g", env) is None
+    assert local_cds.with_archive({**conf, "spark.driver.memory": "64g"}, env)[local_cds.JAVA_OPTIONS] == OPTS
+
+
+def test_a_connect_server_without_its_own_archive_maps_the_prepared_one_and_dumps_none(tmp_path: Path) -> None:
+    prepared = _archive(tmp_path / "prepared")
+    prepared.parent.mkdir()
+    prepared.write_bytes(b"x")
+    cfg = ServerConfig(state_dir=tmp_path / "state", driver_memory="2g")
+    found = local_cds.find_archive(cfg.driver_memory, {local_cds.CDS_DIR_ENV: str(prepared.parent)})
+    assert found == prepared
+    plan = cds.plan_archive(cfg, found)
+    assert f"-XX:SharedArchiveFile={prepared}" in plan.options and "-Xshare:auto" in plan.options
+    assert plan.pending is None and plan.in_use is None  # no dump; never deleted by a failed start
+    # the server's own archive wins once it has one
+    key = cds.cds_key()
+    own = tmp_path / "state" / "cds" / f"spark-connect-{key}-2g.jsa"
+    own.parent.mkdir(parents=True)
+    own.write_bytes(b"x")
+    plan = cds.plan_archive(cfg, found)
+    assert f"-XX:SharedArchiveFile={own}" in plan.options and plan.in_use == own
+    own.unlink()
+    # nothing prepared: dump one (with jcmd), unless told not to; sharing off: nothing at all
+    plan = cds.plan_archive(cfg, None)
+    assert plan.in_use is None and (plan.pending is not None) == (jcmd() is not None), plan
+    assert cds.plan_archive(dataclasses.replace(cfg, cds_dump=False), None).options == []
+    assert cds.plan_archive(dataclasses.replace(cfg, class_data_sharing=False), found).options == []
 
 
 def test_the_callers_own_sharing_options_and_off_win(tmp_path: Path) -> None:
@@ -110,3 +144,33 @@ def test_spark_cds_leaves_an_archive_a_new_local_jvm_maps_and_a_corrupt_one_is_s
     assert got["sum"] == 4950  # the session starts and answers without the archive
     assert got["mapped"] < archive.stat().st_size, got
     assert re.match(r"spark-local-jdk\d+-[0-9a-f]{12}-[0-9a-f]{8}-1g\.jsa$", corrupt.name)
+
+
+@pytest.mark.slow
+def test_a_connect_server_started_without_dumping_maps_the_prepared_archive(tmp_path: Path) -> None:
+    from freshidx.spark.server_state import read_state
+    from freshidx_tests.conftest import TEST_JVM_ARGS, free_port, stop_spark_server
+    from freshidx_tests.polling import poll_until
+
+    tool = jcmd()
+    if tool is None or local_cds.archive_path(tmp_path, "1g") is None:
+        pytest.skip("needs a JDK 17+ with jcmd")
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    done = local_cds.prepare()  # scripts/test.sh made it already: a no-op then
+    assert done.status in ("exists", "written"), done
+    archive = Path(str(done.archive))
+    state = tmp_path / "state"
+    with open(tmp_path / "server.out", "wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "freshidx.spark.server", "--port", str(free_port()), "--state-dir", str(state),
+             "--driver-memory", "2g", "--no-cds-dump", "--no-warm-up", *TEST_JVM_ARGS],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    try:
+        st = poll_until(lambda: (s if (s := read_state(state) or {}).get("status") == "up" else None),
+                        timeout=600, interval=0.5, what="the server up")
+        info = subprocess.run([tool, str(st["pid"]), "VM.info"], capture_output=True, text=True, timeout=120).stdout
+        m = re.search(r"CDS archive\(s\) mapped at: .*size (\d+)", info)
+        assert m and int(m.group(1)) > archive.stat().st_size, (m and m.group(0), archive)
+        assert not (state / "cds").exists() and "cds_dump_s" not in st["last_start_timings"], st
+    finally:
+        stop_spark_server(server)

@@ -40,6 +40,7 @@ from pyspark.errors import PySparkException
 from freshidx import procs, status
 from freshidx.spark.jvm import jcmd, sample_memory
 from freshidx.spark.lease import ServerUnavailable, acquire_lease, active_leases
+from freshidx.spark.local_cds import CDS_DIR_ENV
 from freshidx.spark.server_config import SERVER_CLASS, ServerConfig, parse_memory
 from freshidx.spark.server_process import StateDirBusy
 from freshidx.spark.server_state import HOSTNAME, read_state
@@ -134,6 +135,14 @@ def supervised(tmp_path_factory: pytest.TempPathFactory, cds_dir: Path) -> Itera
         conf=dict(TEST_JVM_CONF), health_interval_s=2.0, heap_check_interval_s=3600.0, drain_timeout_s=60.0,
         start_timeout_s=LOADED_START_DEADLINE,
     )
+    # This module tests the server's own archive (dumped by the first start, mapped by the restarts), so
+    # the one `freshidx spark-cds` prepared, which a server without its own maps instead, is turned off.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(CDS_DIR_ENV, "off")
+        yield from _supervise(cfg)
+
+
+def _supervise(cfg: ServerConfig) -> Iterator[Supervised]:
     sup = SparkConnectSupervisor(cfg)
     stop = threading.Event()
     box: Supervised
@@ -148,11 +157,11 @@ def supervised(tmp_path_factory: pytest.TempPathFactory, cds_dir: Path) -> Itera
     thread = threading.Thread(target=run, name="supervisor", daemon=True)
     box = Supervised(sup, thread, stop)
     thread.start()
-    poll_until(lambda: (read_state(cfg.state_dir) or {}).get("status") == "up" or box.errors,
-               timeout=LOADED_START_DEADLINE + 10, what="first start")
-    assert not box.errors, box.errors
-    print(f"\nstart to ready: {time.monotonic() - t0:.1f}s timings={sup.last_timings}")
-    try:
+    try:  # (a first start that fails stops the supervisor too)
+        poll_until(lambda: (read_state(cfg.state_dir) or {}).get("status") == "up" or box.errors,
+                   timeout=LOADED_START_DEADLINE + 10, what="first start")
+        assert not box.errors, box.errors
+        print(f"\nstart to ready: {time.monotonic() - t0:.1f}s timings={sup.last_timings}")
         yield box
     finally:
         stop.set()

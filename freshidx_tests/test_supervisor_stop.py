@@ -29,6 +29,7 @@ import pytest
 from freshidx import procs
 from freshidx.cli.spark_server import relay_signals
 from freshidx.spark.lease import acquire_lease
+from freshidx.spark.local_cds import CDS_DIR_ENV
 from freshidx.spark.server_launch import port_accepts
 from freshidx.spark.server_state import read_state
 from freshidx_tests.conftest import TEST_JVM_ARGS, free_port
@@ -66,9 +67,12 @@ class Cli:
                 str(self.state_dir), "--driver-memory", "1g", "--health-interval", "2", "--json", *TEST_JVM_ARGS]
         # (the dump follows the warm-up; without it the dump starts as soon as the port opens, which a
         # loaded box reaches well within the CLI's start timeout)
-        args += ["--cds-dir", str(tmp / "cds"), "--no-warm-up"] if cds else ["--no-class-data-sharing"]
+        # (and only a server without `freshidx spark-cds`'s archive dumps one: that archive is turned off)
+        args += ["--cds-dir", str(tmp / "cds"), "--no-warm-up"] if cds else ["--no-cds-dump"]
+        env = {**os.environ, CDS_DIR_ENV: "off"} if cds else None
         with open(self.out, "wb") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,
+                                         env=env)
 
     def state(self) -> dict[str, Any]:
         st = read_state(self.state_dir) or {}

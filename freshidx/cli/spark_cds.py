@@ -1,4 +1,4 @@
-"""``freshidx spark-cds``: prepare the class archive local-mode Spark JVMs map (:mod:`freshidx.spark.local_cds`)."""
+"""``freshidx spark-cds``: prepare the class archive Spark JVMs map (:mod:`freshidx.spark.local_cds`)."""
 
 from __future__ import annotations
 
@@ -29,11 +29,12 @@ spark_cds = LazyCommand(
     click.Option(["--dir", "directory"], type=click.Path(path_type=Path), default=None,
                  help="archive directory (default FRESHIDX_SPARK_CDS_DIR, else ~/.cache/freshidx/cds)"),
     click.Option(["--driver-memory"], default="1g", show_default=True,
-                 help="the heap of the local sessions that will map it (the archive is per heap size)"),
+                 help="the heap it is made with (JVMs with any heap under 32 GiB map the 1g one)"),
     click.Option(["--force"], is_flag=True, help="make it again even if it exists"),
     json_option("one JSON object"),
-    short_help="prepare the class archive that local-mode Spark JVMs map (faster start)",
+    short_help="prepare the class archive that Spark JVMs map (faster start)",
     help="Run the JVM side of a small build in a throw-away local Spark JVM and keep the classes it loaded "
-    "as an AppCDS archive: every later local session (Dagster runs, CLI, tests) maps it and starts faster. "
+    "as an AppCDS archive: every later local session (Dagster runs, CLI, tests) maps it and starts faster, "
+    "and so does a `freshidx spark-server` that has no archive of its own. "
     "Idempotent: a no-op when the archive for this JDK, Spark and heap size exists.",
 )

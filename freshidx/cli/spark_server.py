@@ -32,7 +32,7 @@ DEFAULT_STATE_DIR = Path(".freshidx") / "spark-server"  # freshidx.spark.server_
 def server_config(*, host: str, port: int, master: str, state_dir: Path, restart_every: float,
                   max_heap_fraction: float, max_session_processes: int, driver_memory: str, drain_timeout: float,
                   health_interval: float, hang_timeout: float, cds_dir: Path | None, no_class_data_sharing: bool,
-                  conf: Sequence[str], no_warm_up: bool) -> ServerConfig:
+                  no_cds_dump: bool, conf: Sequence[str], no_warm_up: bool) -> ServerConfig:
     """The supervisor's configuration from the command's options."""
     from freshidx.spark.server_config import ServerConfig
 
@@ -48,7 +48,8 @@ def server_config(*, host: str, port: int, master: str, state_dir: Path, restart
         max_session_processes=max_session_processes,
         driver_memory=driver_memory, drain_timeout_s=drain_timeout, health_interval_s=health_interval,
         hang_timeout_s=hang_timeout,
-        class_data_sharing=not no_class_data_sharing, cds_dir=cds_dir, warm_up=not no_warm_up,
+        class_data_sharing=not no_class_data_sharing, cds_dir=cds_dir, cds_dump=not no_cds_dump,
+        warm_up=not no_warm_up,
     )
 
 
@@ -178,6 +179,8 @@ spark_server = LazyCommand(
          "for this long; failed health probes alone never restart a leased server (default 300)"),
     _opt("--cds-dir", type=PATH, default=None, help="AppCDS archive directory (default STATE_DIR/cds)"),
     _opt("--no-class-data-sharing", is_flag=True, help="do not use/write an AppCDS archive"),
+    _opt("--no-cds-dump", is_flag=True,
+         help="map an archive if there is one (own or `freshidx spark-cds`'s), never dump one (a fast first start)"),
     _opt("--conf", multiple=True, metavar="KEY=VALUE", help="extra Spark conf (repeatable)"),
     _opt("--no-warm-up", is_flag=True,
          help="report up as soon as the port accepts (the first client then pays the warm-up)"),

@@ -32,10 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from freshidx.spark.cds import cds_key, remove_stale_dumps
-from freshidx.spark.server_config import spark_home
+from freshidx.spark.server_config import parse_memory, spark_home
 
 CDS_DIR_ENV = "FRESHIDX_SPARK_CDS_DIR"
 JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+#: The heap ``freshidx spark-cds`` prepares for by default (a local session's default heap).
+DEFAULT_MEMORY = "1g"
+#: Below this heap the JVM compresses pointers, and a dynamic archive maps at any heap size.
+_COMPRESSED_POINTERS_BELOW = 32 * 1024**3
 #: Options that already decide class data sharing: a caller that passes one keeps its own choice.
 _CDS_FLAGS = ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare")
 _OFF = {"off", "none", "false", "0"}
@@ -62,6 +66,25 @@ def archive_path(directory: Path, driver_memory: str) -> Path | None:
     return directory / f"spark-local-{key}-{jars}-{driver_memory.strip().lower()}.jsa"
 
 
+def find_archive(driver_memory: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """The prepared archive a JVM with this heap can map: the one made for its heap, else the one made
+    for the default heap (``freshidx spark-cds`` without ``--driver-memory``) when both heaps are under
+    32 GiB, where the JVM uses compressed pointers and a dynamic archive maps whatever the heap's size
+    (checked with ``-Xshare:on`` at 768m, 1g and 2g). None when sharing is off or nothing was prepared."""
+    directory = archive_dir(env)
+    if directory is None or not directory.is_dir():
+        return None
+    candidates = [driver_memory]
+    with contextlib.suppress(ValueError):  # a heap Spark will refuse anyway: only its own archive
+        if parse_memory(driver_memory) < _COMPRESSED_POINTERS_BELOW:
+            candidates.append(DEFAULT_MEMORY)
+    for memory in candidates:
+        archive = archive_path(directory, memory)
+        if archive is not None and archive.is_file() and archive.stat().st_size > 0:
+            return archive
+    return None
+
+
 def with_archive(conf: Mapping[str, str], env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``conf`` (a local session's Spark conf) with the driver JVM mapping the archive, if there is one.
 
@@ -69,11 +92,10 @@ def with_archive(conf: Mapping[str, str], env: Mapping[str, str] | None = None) 
     was prepared for this JVM and heap size (the check costs a ``java -version`` once per process)."""
     out = dict(conf)
     options = out.get(JAVA_OPTIONS, "")
-    directory = archive_dir(env)
-    if directory is None or any(flag in options for flag in _CDS_FLAGS) or not directory.is_dir():
+    if any(flag in options for flag in _CDS_FLAGS):
         return out
-    archive = archive_path(directory, out.get("spark.driver.memory", "1g"))
-    if archive is None or not archive.is_file() or archive.stat().st_size == 0:
+    archive = find_archive(out.get("spark.driver.memory", DEFAULT_MEMORY), env)
+    if archive is None:
         return out
     # -Xlog: otherwise a warning per signed jar; -Xshare:auto: an unusable archive is skipped, not fatal.
     out[JAVA_OPTIONS] = f"{options} -XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds*=error".strip()
@@ -93,7 +115,7 @@ class Prepared:
         return asdict(self)
 
 
-def prepare(directory: Path | None = None, driver_memory: str = "1g", *, force: bool = False,
+def prepare(directory: Path | None = None, driver_memory: str = DEFAULT_MEMORY, *, force: bool = False,
             timeout_s: float = 900.0) -> Prepared:
     """Make the archive for ``driver_memory`` unless it exists: a child process runs the JVM side of a
     small build in a local session whose JVM dumps its classes at exit (to a temp file, renamed into place once the

@@ -54,8 +54,11 @@ class ServerConfig:
     warm_up: bool = True
     # JDK AppCDS: the first JVM dumps the classes it loaded once warmed up, later starts map them
     # (port open ~2.5x sooner here). Needs jcmd (JDK >= 17). ``cds_dir`` None = ``state_dir/cds``.
+    # Without an archive of its own the server maps the one `freshidx spark-cds` made, if any, and
+    # dumps none; ``cds_dump`` off = never dump (map an archive only if one exists).
     class_data_sharing: bool = True
     cds_dir: Path | None = None
+    cds_dump: bool = True
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser().absolute()

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from freshidx import procs
-from freshidx.spark import cds
+from freshidx.spark import cds, local_cds
 from freshidx.spark import server_launch as launch
 from freshidx.spark.connect_client import call_with_timeout, close_session, connect_session, select_one, warmup_batches
 from freshidx.spark.jvm import MemorySample, sample_memory
@@ -212,7 +212,7 @@ class ServerProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         workdir = self.state_dir / "work"  # spark-warehouse etc. land here, not in the caller's cwd
         workdir.mkdir(exist_ok=True)
-        archive = cds.plan_archive(cfg)
+        archive = cds.plan_archive(cfg, local_cds.find_archive(cfg.driver_memory) if cfg.class_data_sharing else None)
         self._cds_pending, self._cds_in_use = archive.pending, archive.in_use
         launch.write_fair_scheduler(cfg.fair_scheduler_path)
         launch.write_properties(self.properties_path, cfg.spark_conf(), archive.options)

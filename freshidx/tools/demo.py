@@ -186,7 +186,7 @@ def _start_spark_server(args: DemoArgs, home: Path, env: dict[str, str], state_d
     """Start the supervised Spark Connect server (``env`` already points the runs at it)."""
     server = subprocess.Popen(
         [sys.executable, "-m", "freshidx.spark.server", "--port", str(args.spark_port),
-         "--state-dir", str(state_dir), "--no-class-data-sharing"],  # first start fast
+         "--state-dir", str(state_dir), "--no-cds-dump"],  # first start fast: map `spark-cds`'s archive, never dump
         stdout=open(home / "spark-server.out", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
         env={**os.environ, **env}, start_new_session=True,
     )
