@@ -12,6 +12,9 @@ a small build and dumps the classes it loaded when it exits (``-XX:ArchiveClasse
 no JDK tools, unlike the Connect server's ``jcmd`` dump in :mod:`freshidx.spark.cds`).
 :func:`with_archive` then adds it to a local session's JVM options when it exists; ``-Xshare:auto``
 makes a JVM that cannot use it (another JDK, a changed classpath) start without it, as before.
+:func:`find_archive` picks it: a JVM with another heap under 32 GiB maps the default (1g) one. The
+same archive serves every JVM ``spark-class`` launches from these jars: a Connect server without an
+archive of its own (:func:`freshidx.spark.cds.plan_archive`), a standalone master, workers, executors.
 
 ``FRESHIDX_SPARK_CDS_DIR`` moves the archives (default ``$XDG_CACHE_HOME/freshidx/cds``, else
 ``~/.cache/freshidx/cds``); ``off`` turns sharing off.
@@ -68,7 +71,7 @@ def archive_path(directory: Path, driver_memory: str) -> Path | None:
 
 def find_archive(driver_memory: str, env: Mapping[str, str] | None = None) -> Path | None:
     """The prepared archive a JVM with this heap can map: the one made for its heap, else the one made
-    for the default heap (``freshidx spark-cds`` without ``--driver-memory``) when both heaps are under
+    for the default heap (``freshidx spark-cds`` without ``--driver-memory``) when this heap is under
     32 GiB, where the JVM uses compressed pointers and a dynamic archive maps whatever the heap's size
     (checked with ``-Xshare:on`` at 768m, 1g and 2g). None when sharing is off or nothing was prepared."""
     directory = archive_dir(env)

@@ -245,7 +245,8 @@ class WebserverClient:
             time.sleep(POLL_INTERVAL)
 
     def run_errors(self, run_id: str, max_events: int = 20_000) -> list[str]:
-        """The run's error events, oldest first, one line each (``EVENT [step]: message: Class: error <- cause``).
+        """The run's error events, oldest first, one line each
+        (``EventType [step]: message: ErrorClass: error[: caused by CauseClass: cause]``).
 
         What a failed run's page shows in red, for an assertion message: a test that sees FAILURE can
         say why without the run's log (which CI does not keep). Reads at most ``max_events`` events."""
@@ -262,10 +263,10 @@ class WebserverClient:
                     continue
                 step = f" [{e['stepKey']}]" if e.get("stepKey") else ""
                 parts = [f"{e['__typename']}{step}", str(e.get("message"))]
-                parts.append(f"{err.get('className')}: {err.get('message', '').strip()}")
+                parts.append(f"{err.get('className')}: {(err.get('message') or '').strip()}")
                 cause = err.get("cause")
                 if cause:
-                    parts.append(f"caused by {cause.get('className')}: {cause.get('message', '').strip()}")
+                    parts.append(f"caused by {cause.get('className')}: {(cause.get('message') or '').strip()}")
                 lines.append(": ".join(parts))
             seen += len(data["events"])
             cursor = data["cursor"]
