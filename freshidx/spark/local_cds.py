@@ -91,8 +91,8 @@ def find_archive(driver_memory: str, env: Mapping[str, str] | None = None) -> Pa
 def with_archive(conf: Mapping[str, str], env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``conf`` (a local session's Spark conf) with the driver JVM mapping the archive, if there is one.
 
-    Unchanged when sharing is off, when the caller's Java options already decide it, or when no archive
-    was prepared for this JVM and heap size (the check costs a ``java -version`` once per process)."""
+    Unchanged when sharing is off, when the caller's Java options already decide it, or when no prepared
+    archive fits its heap (:func:`find_archive`; the check costs a ``java -version`` once per process)."""
     out = dict(conf)
     options = out.get(JAVA_OPTIONS, "")
     if any(flag in options for flag in _CDS_FLAGS):
