@@ -9,20 +9,19 @@ must explain 100% of the partitions visible in the store (a final decision, park
 gap), and every partition a version was published for must say ``published``.
 
 Queued runs are real run records (``NOT_STARTED``, what the daemon creates from a sensor request or
-a launchpad click) that the test executes later with ``execute_run``, so the sensor sees them in
+a launchpad click) that the test executes later (``_execute``), so the sensor sees them in
 flight exactly as it would under the daemon; no sleeps: nothing here waits on a clock.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
 import pytest
-from dagster._core.definitions.job_base import InMemoryJob
-from dagster._core.execution.api import execute_run
 
 from freshidx import catchup, layout, ledger
 from freshidx.cli import main as cli
@@ -61,16 +60,23 @@ def _ledger_rows(store_uri: str, capsys: Any) -> list[dict[str, Any]]:
 def _enqueue(h: Harness, run_config: dict[str, Any], tags: dict[str, str]) -> str:
     """A run record as the daemon creates it for a request or a launchpad click: in flight, not started."""
     job = h.defs.resolve_implicit_global_asset_job_def()
-    run = h.instance.create_run_for_job(job_def=job, run_config=run_config, tags=tags,
-                                        status=dg.DagsterRunStatus.NOT_STARTED, asset_selection=frozenset({DELTA}))
+    # A bare record (no planned events): _execute replaces it by the run itself under the same id.
+    run = h.instance.add_run(dg.DagsterRun(job_name=job.name, run_id=str(uuid.uuid4()), run_config=run_config,
+                                           tags=tags, status=dg.DagsterRunStatus.NOT_STARTED,
+                                           asset_selection=frozenset({DELTA})))
     return run.run_id
 
 
 def _execute(h: Harness, run_id: str) -> None:
+    """Run a record :func:`_enqueue` created, as the daemon would start it. Dagster's public API has no
+    call that executes an existing record in process, so the record is replaced by an in-process run
+    under the same id, config and tags (nothing ticks in between)."""
     job = h.defs.resolve_implicit_global_asset_job_def()
     run = h.instance.get_run_by_id(run_id)
-    assert run is not None
-    result = execute_run(InMemoryJob(job), run, h.instance)
+    assert run is not None and run.status == dg.DagsterRunStatus.NOT_STARTED, run
+    h.instance.delete_run(run_id)
+    result = job.execute_in_process(run_config=run.run_config, instance=h.instance, run_id=run_id, tags=run.tags,
+                                    asset_selection=[DELTA], raise_on_error=False)
     assert result.success, [e.message for e in result.all_events if e.is_failure]
 
 
