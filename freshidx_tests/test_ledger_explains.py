@@ -8,9 +8,10 @@ one older than every window (read by the full index only). At the end ``freshidx
 must explain 100% of the partitions visible in the store (a final decision, parked, or a listed
 gap), and every partition a version was published for must say ``published``.
 
-Queued runs are real run records (``NOT_STARTED``, what the daemon creates from a sensor request or
-a launchpad click) that the test executes later (``_execute``), so the sensor sees them in
-flight exactly as it would under the daemon; no sleeps: nothing here waits on a clock.
+Queued runs are run records in the instance (``NOT_STARTED``, as the daemon creates them from a sensor
+request or a launchpad click, without the planned events) that the test executes later (``_execute``),
+so the sensor sees them in flight exactly as it would under the daemon; no sleeps: nothing here waits
+on a clock.
 """
 
 from __future__ import annotations
