@@ -69,6 +69,12 @@ def cds_key() -> str | None:
     return f"jdk{major}-{digest[:12]}"
 
 
+def map_options(archive: Path) -> list[str]:
+    """The JVM options that map ``archive``: ``-Xshare:auto`` starts a JVM that cannot use it (another JDK,
+    another classpath) without it; ``-Xlog``: otherwise a warning per signed jar."""
+    return [f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", "-Xlog:cds*=error"]
+
+
 def plan_archive(config: ServerConfig, prepared: Path | None = None) -> ArchivePlan:
     """Map the server's own archive if there is one; else map ``prepared`` (the archive ``freshidx
     spark-cds`` made for this JDK and these jars, :func:`freshidx.spark.local_cds.find_archive`), which
@@ -83,12 +89,11 @@ def plan_archive(config: ServerConfig, prepared: Path | None = None) -> ArchiveP
     cds_dir = config.cds_dir or config.state_dir / "cds"
     xmx = config.driver_memory.lower()  # compressed-oops mode depends on the heap size
     archive = cds_dir / f"spark-connect-{key}-{xmx}.jsa"
-    # (-Xlog: otherwise ~800 "[warning][cds] Skipping …: Signed JAR" lines)
     if archive.is_file() and archive.stat().st_size > 0:
-        return ArchivePlan([f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", "-Xlog:cds*=error"], in_use=archive)
+        return ArchivePlan(map_options(archive), in_use=archive)
     if prepared is not None:
         # not in_use: shared with local sessions and remade by `freshidx spark-cds`, so never deleted here
-        return ArchivePlan([f"-XX:SharedArchiveFile={prepared}", "-Xshare:auto", "-Xlog:cds*=error"])
+        return ArchivePlan(map_options(prepared))
     if not config.cds_dump or jcmd() is None:
         return ArchivePlan([])
     cds_dir.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from freshidx.spark.cds import cds_key, remove_stale_dumps
+from freshidx.spark.cds import cds_key, map_options, remove_stale_dumps
 from freshidx.spark.server_config import parse_memory, spark_home
 
 CDS_DIR_ENV = "FRESHIDX_SPARK_CDS_DIR"
@@ -100,8 +100,7 @@ def with_archive(conf: Mapping[str, str], env: Mapping[str, str] | None = None) 
     archive = find_archive(out.get("spark.driver.memory", DEFAULT_MEMORY), env)
     if archive is None:
         return out
-    # -Xlog: otherwise a warning per signed jar; -Xshare:auto: an unusable archive is skipped, not fatal.
-    out[JAVA_OPTIONS] = f"{options} -XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds*=error".strip()
+    out[JAVA_OPTIONS] = " ".join([options, *map_options(archive)]).strip()
     return out
 
 
