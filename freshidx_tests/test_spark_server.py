@@ -546,6 +546,8 @@ def test_failed_probes_count_only_when_the_server_is_not_busy_with_leased_runs(s
                         timeout=START_DEADLINE + 60, interval=0.1, what="health restart")
         sup.config.health_timeout_s = timeout
         assert st["last_restart_reason"] == "health" and st["pid"] != before["pid"]
+        # the busy episode ended with the lease: no stale count left for the next reader of state.json
+        assert (st["health_busy_since"], st["health_busy_failures"]) == (None, 0), st
     finally:
         stop.set()
         sup.config.health_timeout_s = timeout

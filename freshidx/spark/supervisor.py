@@ -150,7 +150,9 @@ class SparkConnectSupervisor(ServerProcess):
 
         def fresh_jvm() -> None:
             nonlocal next_health
-            self._health_failures, self._busy_since = 0, None
+            self._health_failures, self._busy_since, self._busy_failures = 0, None, 0
+            # the probes' record describes the running JVM: a new one starts without the old one's failures
+            self._update_state(consecutive_health_failures=0, health_busy_since=None, health_busy_failures=0)
             tracker.reset(time.monotonic())
             next_health = time.monotonic() + cfg.health_interval_s
 
@@ -231,15 +233,19 @@ class SparkConnectSupervisor(ServerProcess):
         }
         if verdict.progressed:
             changes["progress_at"] = now_iso()
-        if ok:
-            self._health_failures, self._busy_since = 0, None
-            changes.update(last_health_at=now_iso(), consecutive_health_failures=0, health_busy_since=None)
-        elif leased:
+        if leased and not ok:
             if self._busy_since is None:
                 self._busy_since, self._busy_failures = now_iso(), 0
             self._busy_failures += 1
             changes.update(health_busy_since=self._busy_since, health_busy_failures=self._busy_failures)
-        else:
+        elif self._busy_since is not None:
+            # the busy episode is over: state.json shows none (not the last episode's count)
+            self._busy_since, self._busy_failures = None, 0
+            changes.update(health_busy_since=None, health_busy_failures=0)
+        if ok:
+            self._health_failures = 0
+            changes.update(last_health_at=now_iso(), consecutive_health_failures=0)
+        elif not leased:
             self._health_failures += 1
             changes.update(consecutive_health_failures=self._health_failures)
         self._update_state(**changes)
