@@ -52,6 +52,31 @@ def test_the_archive_is_added_only_when_there_is_one_for_the_heap_size(tmp_path:
     assert local_cds.with_archive({**conf, "spark.driver.memory": "64g"}, env)[local_cds.JAVA_OPTIONS] == OPTS
 
 
+def test_a_reinstall_of_the_jars_gets_a_new_archive_and_the_superseded_ones_go(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # CI reuses one checkout path with a fresh virtualenv: same jar names and path, new jar times, and the
+    # JVM silently refuses an archive dumped with the old jars (`-Xshare:auto`), so the name must change.
+    home = tmp_path / "spark"
+    (home / "jars").mkdir(parents=True)
+    for name in ("a.jar", "b.jar"):
+        (home / "jars" / name).write_bytes(b"jar")
+    monkeypatch.setattr(cds, "spark_home", lambda: home)
+    cache = tmp_path / "cds"
+    cache.mkdir()
+    before = _archive(cache)
+    assert local_cds.archive_path(cache, "1g") == before  # stable while nothing changes
+    os.utime(home / "jars" / "b.jar", ns=(0, 1_000_000_000))
+    after = _archive(cache)
+    assert after != before and after.name.split("-")[:5] == before.name.split("-")[:5]
+    # what is left next to a fresh archive: the other heap's and other jar directories' archives, nothing stale
+    other_dir = cache / before.name.replace(before.name.split("-")[4], "0" * 8)
+    unstamped = cache / ("-".join(before.name.split("-")[:5]) + "-1g.jsa")  # the name before the stamp
+    for path in (before, unstamped, other_dir, _archive(cache, "2g"), after):
+        path.write_bytes(b"x")
+    cds.remove_superseded(after)
+    assert sorted(p.name for p in cache.iterdir()) == sorted([after.name, other_dir.name, _archive(cache, "2g").name])
+
+
 def test_a_connect_server_without_its_own_archive_maps_the_prepared_one_and_dumps_none(tmp_path: Path) -> None:
     prepared = _archive(tmp_path / "prepared")
     prepared.parent.mkdir()
@@ -64,7 +89,8 @@ def test_a_connect_server_without_its_own_archive_maps_the_prepared_one_and_dump
     assert plan.pending is None and plan.in_use is None  # no dump; never deleted by a failed start
     # the server's own archive wins once it has one
     key = cds.cds_key()
-    own = tmp_path / "state" / "cds" / f"spark-connect-{key}-2g.jsa"
+    assert key is not None
+    own = tmp_path / "state" / "cds" / cds.archive_name("connect", key, "2g")
     own.parent.mkdir(parents=True)
     own.write_bytes(b"x")
     plan = cds.plan_archive(cfg, found)
@@ -143,7 +169,7 @@ def test_spark_cds_leaves_an_archive_a_new_local_jvm_maps_and_a_corrupt_one_is_s
     got = _session(corrupt.parent)
     assert got["sum"] == 4950  # the session starts and answers without the archive
     assert got["mapped"] < archive.stat().st_size, got
-    assert re.match(r"spark-local-jdk\d+-[0-9a-f]{12}-[0-9a-f]{8}-1g\.jsa$", corrupt.name)
+    assert re.match(r"spark-local-jdk\d+-[0-9a-f]{12}-[0-9a-f]{8}-[0-9a-f]{8}-1g\.jsa$", corrupt.name)
 
 
 @pytest.mark.slow

@@ -69,6 +69,38 @@ def cds_key() -> str | None:
     return f"jdk{major}-{digest[:12]}"
 
 
+def jars_id() -> str:
+    """The Spark jars as a JVM checks them before it maps an archive dumped with them: their directory, and
+    each jar's size and modification time. A reinstall at the same path (a fresh virtualenv, a new CI
+    checkout) changes the times, and the JVM then starts without the old archive, silently
+    (``-Xshare:auto``): so an archive's name carries both, and a reinstall makes (and maps) a new one."""
+    jars = spark_home() / "jars"
+    where = hashlib.sha256(os.path.realpath(jars).encode()).hexdigest()[:8]
+    stamp = hashlib.sha256()
+    for jar in sorted(jars.glob("*.jar")):
+        st = jar.stat()
+        stamp.update(f"{jar.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return f"{where}-{stamp.hexdigest()[:8]}"
+
+
+def archive_name(kind: str, key: str, memory: str) -> str:
+    """``spark-<kind>-<cds_key>-<jars dir>-<jar stamp>-<heap>.jsa`` (:func:`jars_id`; compressed-pointer modes
+    depend on the heap)."""
+    return f"spark-{kind}-{key}-{jars_id()}-{memory.strip().lower()}.jsa"
+
+
+def remove_superseded(archive: Path) -> None:
+    """Delete the archives next to ``archive`` made for the same JDK and jar directory but for jars since
+    replaced (another stamp, or a name from before the stamp): no JVM maps them any more, and each is ~190 MB."""
+    parts = archive.name.split("-")
+    if len(parts) < 7:
+        return
+    for other in archive.parent.glob("-".join(parts[:5]) + "-*.jsa"):
+        if other.name.split("-")[5] != parts[5]:
+            with contextlib.suppress(OSError):
+                other.unlink()
+
+
 def map_options(archive: Path) -> list[str]:
     """The JVM options that map ``archive``: ``-Xshare:auto`` starts a JVM that cannot use it (another JDK,
     another classpath) without it; ``-Xlog``: otherwise a warning per signed jar."""
@@ -88,7 +120,7 @@ def plan_archive(config: ServerConfig, prepared: Path | None = None) -> ArchiveP
         return ArchivePlan([])
     cds_dir = config.cds_dir or config.state_dir / "cds"
     xmx = config.driver_memory.lower()  # compressed-oops mode depends on the heap size
-    archive = cds_dir / f"spark-connect-{key}-{xmx}.jsa"
+    archive = cds_dir / archive_name("connect", key, xmx)
     if archive.is_file() and archive.stat().st_size > 0:
         return ArchivePlan(map_options(archive), in_use=archive)
     if prepared is not None:
@@ -98,6 +130,7 @@ def plan_archive(config: ServerConfig, prepared: Path | None = None) -> ArchiveP
         return ArchivePlan([])
     cds_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_dumps(archive)
+    remove_superseded(archive)
     pending = (cds_dir / f"{archive.name}.{uuid.uuid4().hex[:8]}.tmp", archive)
     return ArchivePlan(["-XX:+RecordDynamicDumpInfo", "-Xlog:cds*=error"], pending=pending)
 

@@ -23,7 +23,6 @@ archive of its own (:func:`freshidx.spark.cds.plan_archive`), a standalone maste
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import subprocess
 import sys
@@ -34,8 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from freshidx.spark.cds import cds_key, map_options, remove_stale_dumps
-from freshidx.spark.server_config import parse_memory, spark_home
+from freshidx.spark.cds import archive_name, cds_key, map_options, remove_stale_dumps, remove_superseded
+from freshidx.spark.server_config import parse_memory
 
 CDS_DIR_ENV = "FRESHIDX_SPARK_CDS_DIR"
 JAVA_OPTIONS = "spark.driver.extraJavaOptions"
@@ -58,15 +57,12 @@ def archive_dir(env: Mapping[str, str] | None = None) -> Path | None:
 
 
 def archive_path(directory: Path, driver_memory: str) -> Path | None:
-    """The archive for this JDK, these Spark jars at this path (a JVM maps an archive only with the
-    classpath it was dumped with: two checkouts sharing the cache each get their own) and this heap size
-    (compressed-pointer modes depend on it); None where the JVM cannot use dynamic archives (JDK < 17,
-    no ``java``)."""
+    """The archive for this JDK, these Spark jars at this path as installed now (a JVM maps an archive only
+    with the classpath it was dumped with, jar times included: two checkouts sharing the cache each get
+    their own, and so does a reinstall) and this heap size; None where the JVM cannot use dynamic archives
+    (JDK < 17, no ``java``)."""
     key = cds_key()
-    if key is None:
-        return None
-    jars = hashlib.sha256(os.path.realpath(spark_home() / "jars").encode()).hexdigest()[:8]
-    return directory / f"spark-local-{key}-{jars}-{driver_memory.strip().lower()}.jsa"
+    return None if key is None else directory / archive_name("local", key, driver_memory)
 
 
 def find_archive(driver_memory: str, env: Mapping[str, str] | None = None) -> Path | None:
@@ -142,6 +138,7 @@ def prepare(directory: Path | None = None, driver_memory: str = DEFAULT_MEMORY, 
         error = _dump(tmp, driver_memory, t0 + timeout_s)
         if error is None:
             os.replace(tmp, archive)
+            remove_superseded(archive)
             return Prepared("written", str(archive), round(time.monotonic() - t0, 1))
         return Prepared("failed", None, round(time.monotonic() - t0, 1), error)
     finally:
