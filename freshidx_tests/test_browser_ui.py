@@ -68,6 +68,11 @@ RUNS_BY_TAG_QUERY = """
 query FreshidxUiRunsByTag($filter: RunsFilter!) { runsOrError(filter: $filter) { __typename
   ... on Runs { results { runId } } ... on PythonError { message } } }
 """
+RECENT_RUNS_QUERY = """
+query FreshidxUiRecentRuns { runsOrError(limit: 12) { __typename
+  ... on Runs { results { runId status creationTime assetSelection { path } tags { key value } } }
+  ... on PythonError { message } } }
+"""
 CHECKS_QUERY = """
 { assetNodes { assetKey { path }
     assetChecksOrError { __typename ... on AssetChecks { checks { name description
@@ -142,6 +147,20 @@ def run_info(d: DagsterDev, run_id: str) -> tuple[str, dict[str, str]]:
     run = d.graphql(RUN_QUERY, {"runId": run_id})["runOrError"]
     assert run["__typename"] == "Run", run
     return str(run["status"]), {t["key"]: t["value"] for t in run["tags"]}
+
+
+def recent_runs(d: DagsterDev) -> str:
+    """The newest runs, one line each (id, status, created, assets, who launched it): what a failed
+    assertion about which run published something needs to say."""
+    runs = d.graphql(RECENT_RUNS_QUERY)["runsOrError"]
+    lines = []
+    for r in runs.get("results") or []:
+        tags = {t["key"]: t["value"] for t in r["tags"]}
+        who = {k: v for k, v in tags.items() if k.startswith(("dagster/sensor", "dagster/backfill", "freshidx/"))}
+        assets = ",".join("/".join(a["path"]) for a in r.get("assetSelection") or [])
+        created = dt.datetime.fromtimestamp(r["creationTime"], dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+        lines.append(f"  {r['runId'][:8]} {r['status']:<9} {created} [{assets}] {who}")
+    return "\n".join(lines) or repr(runs)
 
 
 def follow_run(s: Setup, run_id: str, what: str) -> str:
@@ -257,9 +276,11 @@ def test_user_flows_and_asset_checks_in_a_real_browser(setup: Setup) -> None:
     # --- 2. Materialize delta_index from its asset page ----------------------------------------------
     # So that the newer partition below is the button's to publish, not the sensor's.
     d.stop_sensor(SENSOR, settle_with="freshidx_run_health_sensor")
+    stop_settled = dt.datetime.now(dt.UTC).strftime("%H:%M:%S.%f")[:-3]
     p_ui = PartitionId.from_datetime(dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
     assert p_ui > p_sensor
     write_partition(s.store, GEN, p_ui)
+    written = dt.datetime.now(dt.UTC).strftime("%H:%M:%S.%f")[:-3]
     with ui.step("click Materialize on delta_index"):
         ui_run = ui.materialize("delta_index")
     assert ui_run != sensor_run
@@ -267,8 +288,10 @@ def test_user_flows_and_asset_checks_in_a_real_browser(setup: Setup) -> None:
     _, tags = run_info(d, ui_run)
     assert "dagster/sensor_name" not in tags, f"the button's run {ui_run} carries sensor tags: {tags}"
     status = cli_json(s.env, "status")
-    assert status["delta"]["source_partition"] == p_ui.path, status["delta"]
-    assert status["delta"]["run_id"] == ui_run, status["delta"]
+    published = {k: status["delta"].get(k) for k in ("source_partition", "run_id", "seq")}
+    assert (published["source_partition"], published["run_id"]) == (p_ui.path, ui_run), (
+        f"the button's run {ui_run} (stop settled {stop_settled}, partition written {written}): "
+        f"delta {published}; runs:\n{recent_runs(d)}")
     decisions = {(e["decision"], e.get("run_id")) for e in ledger_entries(s, "delta", partition=p_ui.compact)}
     assert ("published", ui_run) in decisions, decisions
     assert not any(dec == "accepted" for dec, _ in decisions), f"the sensor took {p_ui.path}: {decisions}"
