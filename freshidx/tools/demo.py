@@ -250,11 +250,27 @@ class Watcher:
             lag = (utcnow() - parse_iso(pointer.position)).total_seconds()
             newest, _ = newest_partition(self.store, self.source)
             partition = pointer.source_partition or pointer.cutoff or pointer.position
+            took = self._arrival_to_published(pointer.source_partition, parse_iso(pointer.published_at))
             self.out.event(
                 "published", f"{index} v{pointer.seq} {pointer.version} → {partition}  docs {pointer.doc_count}"
-                f"  lag {lag:.0f}s  (newest visible {newest.path if newest else None})",
+                f"  lag {lag:.0f}s behind the partition's time"
+                + (f", {took:.1f}s after its files arrived" if took is not None else "")
+                + f"  (newest visible {newest.path if newest else None})",
                 index=index, version=pointer.version, seq=pointer.seq, partition=partition,
-                doc_count=pointer.doc_count, lag_seconds=round(lag, 1), newest=newest.path if newest else None)
+                doc_count=pointer.doc_count, lag_seconds=round(lag, 1),
+                arrival_to_published_seconds=None if took is None else round(took, 1),
+                newest=newest.path if newest else None)
+
+    def _arrival_to_published(self, partition: str | None, published: dt.datetime) -> float | None:
+        """Seconds from the partition's last file landing to the publication: the freshness the pipeline
+        adds. The lag from the partition's time also counts the upstream writer (the demo's generator writes
+        minute M at M:55, so that lag never reads under ~60 s)."""
+        from freshidx import layout
+
+        if partition is None:
+            return None
+        times = [o.last_modified for o in self.store.iter_objects(f"{layout.raw_root(self.source)}{partition}/")]
+        return (published - max(times)).total_seconds() if times else None
 
     def _catchup(self) -> None:
         from freshidx.catchup import ASSET
