@@ -345,7 +345,10 @@ class WebserverClient:
         The daemon reads which sensors run when a loop begins, so a loop already under way may still start a
         tick of the stopped sensor, and a freshidx delta tick then watches for new data for seconds. With
         ``settle_with``, return only once two of its ticks began after the stop (a loop that began after
-        it) and the stopped sensor has no tick in flight: nothing written afterwards can reach it."""
+        it) and the stopped sensor has no tick in flight: nothing written afterwards can reach it. A tick
+        the daemon had handed to its thread pool before the stop but that began after it writes back the
+        status it was given (RUNNING) when it ends: then the sensor is stopped again and the settling
+        starts over."""
         def stop() -> None:
             state_id = self.sensor_state(name, tick_limit=0)["id"]
             _check_union(self.graphql(STOP_SENSOR_MUTATION, {"id": state_id})["stopSensor"],
@@ -359,8 +362,14 @@ class WebserverClient:
         while True:
             loops = [t for t in self.sensor_state(settle_with, tick_limit=5)["ticks"]
                      if t["timestamp"] > stopped_at and t["status"] != "STARTED"]
-            ticks = self.sensor_state(name, tick_limit=1)["ticks"]
-            if len(loops) >= 2 and not (ticks and ticks[0]["status"] == "STARTED"):
+            state = self.sensor_state(name, tick_limit=1)
+            ticks = state["ticks"]
+            in_flight = bool(ticks and ticks[0]["status"] == "STARTED")
+            if state["status"] != "STOPPED" and not in_flight:
+                stopped_at = time.time()
+                self._set_sensor_status(name, "STOPPED", stop, max(1.0, deadline - time.monotonic()))
+                continue
+            if len(loops) >= 2 and not in_flight:
                 return self.sensor_state(name)
             if time.monotonic() >= deadline:
                 raise DagsterDevError(f"sensor {name} stopped, but no two daemon loops of {settle_with} "
