@@ -8,9 +8,11 @@ import os
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from freshidx import layout
 from freshidx.partitions import PartitionId
+from freshidx.publish import Pointer
 from freshidx.store import StoreConfig, open_store
 from freshidx.tools.demo import Printer, Watcher
 
@@ -30,3 +32,30 @@ def test_arrival_to_published_counts_from_the_partitions_last_file(tmp_path: Pat
         assert watch._arrival_to_published(None, published) is None  # a full index has no source partition
         other = PartitionId(dt.datetime(2026, 11, 28, 5, 17, tzinfo=dt.UTC))
         assert watch._arrival_to_published(other.path, published) is None  # nothing there (removed by retention)
+
+
+def test_a_publication_line_gives_the_arrival_time_once_per_partition(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    store = open_store(StoreConfig(uri=(tmp_path / "store").as_uri()))
+    partition = PartitionId(dt.datetime(2026, 11, 28, 5, 16, tzinfo=dt.UTC))
+    key = f"{layout.raw_root('ads')}{partition.path}/a.jsonl"
+    store.put(key, b"{}\n")
+    arrived = dt.datetime(2026, 11, 28, 5, 16, 55, tzinfo=dt.UTC)
+    os.utime(tmp_path / "store" / key, (arrived.timestamp(), arrived.timestamp()))
+
+    def publish(seq: int, published: dt.datetime) -> None:
+        store.put_json(layout.pointer_key("delta"), Pointer(
+            "delta", f"v{seq}", seq, partition.at.isoformat(), "m", 10, published.isoformat(),
+            source_partition=partition.path).to_dict())
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        watch = Watcher(store, "ads", instance, Printer(as_json=True))
+        publish(1, arrived + dt.timedelta(seconds=2))
+        watch._publications()
+        publish(2, arrived + dt.timedelta(minutes=3))  # a compaction: the same partition, published again
+        watch._publications()
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(e["seq"], e["arrival_to_published_seconds"]) for e in events if e["event"] == "published"] == [
+        (1, 2.0), (2, None)]

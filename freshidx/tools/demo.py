@@ -227,6 +227,7 @@ class Watcher:
     def __init__(self, store: ObjectStore, source: str, instance: dg.DagsterInstance, out: Printer) -> None:
         self.store, self.source, self.instance, self.out = store, source, instance, out
         self.versions: dict[str, str | None] = {}
+        self.partitions: dict[str, str | None] = {}
         self.frontier: tuple[str | None, tuple[str, ...]] | None = None
         self.failed_seen: set[str] = set()
         self.since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
@@ -250,7 +251,11 @@ class Watcher:
             lag = (utcnow() - parse_iso(pointer.position)).total_seconds()
             newest, _ = newest_partition(self.store, self.source)
             partition = pointer.source_partition or pointer.cutoff or pointer.position
-            took = self._arrival_to_published(pointer.source_partition, parse_iso(pointer.published_at))
+            # only for a partition published for the first time (a compaction re-publishes the same one later)
+            first = pointer.source_partition is not None and self.partitions.get(index) != pointer.source_partition
+            self.partitions[index] = pointer.source_partition
+            published = parse_iso(pointer.published_at)
+            took = self._arrival_to_published(pointer.source_partition, published) if first else None
             self.out.event(
                 "published", f"{index} v{pointer.seq} {pointer.version} → {partition}  docs {pointer.doc_count}"
                 f"  lag {lag:.0f}s behind the partition's time"

@@ -346,9 +346,8 @@ class WebserverClient:
         tick of the stopped sensor, and a freshidx delta tick then watches for new data for seconds. With
         ``settle_with``, return only once two of its ticks began after the stop (a loop that began after
         it) and the stopped sensor has no tick in flight: nothing written afterwards can reach it. A tick
-        the daemon had handed to its thread pool before the stop but that began after it writes back the
-        status it was given (RUNNING) when it ends: then the sensor is stopped again and the settling
-        starts over."""
+        that read the sensor's state before the stop writes it back, RUNNING, as it begins (Dagster's
+        ``mark_sensor_state_for_tick``): then the sensor is stopped again and the settling starts over."""
         def stop() -> None:
             state_id = self.sensor_state(name, tick_limit=0)["id"]
             _check_union(self.graphql(STOP_SENSOR_MUTATION, {"id": state_id})["stopSensor"],
