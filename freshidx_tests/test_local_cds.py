@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,26 @@ def test_a_reinstall_of_the_jars_gets_a_new_archive_and_the_superseded_ones_go(
         path.write_bytes(b"x")
     cds.remove_superseded(after)
     assert sorted(p.name for p in cache.iterdir()) == sorted([after.name, other_dir.name, _archive(cache, "2g").name])
+
+
+def test_archives_no_jvm_was_given_for_two_weeks_go_when_one_is_made(tmp_path: Path) -> None:
+    env = {local_cds.CDS_DIR_ENV: str(tmp_path)}
+    archive = _archive(tmp_path)
+    archive.write_bytes(b"x")
+    old = time.time() - local_cds.UNUSED_AFTER_S - 3600
+    os.utime(archive, (old, old))
+    assert local_cds.find_archive("1g", env) == archive
+    assert time.time() - archive.stat().st_mtime < 600  # given to a JVM: marked as used now
+    stale = tmp_path / "spark-local-jdk17-000000000000-00000000-00000000-1g.jsa"  # a deleted checkout's
+    recent = tmp_path / "spark-local-jdk17-000000000000-11111111-11111111-1g.jsa"  # a live one, used lately
+    for path, at in ((stale, old), (recent, time.time() - 3 * 24 * 3600)):
+        path.write_bytes(b"x")
+        os.utime(path, (at, at))
+    fresh = _archive(tmp_path, "2g")  # the one just made
+    fresh.write_bytes(b"x")
+    os.utime(fresh, (old, old))
+    assert local_cds.remove_unused(tmp_path, fresh) == [stale]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([archive.name, recent.name, fresh.name])
 
 
 def test_a_connect_server_without_its_own_archive_maps_the_prepared_one_and_dumps_none(tmp_path: Path) -> None:

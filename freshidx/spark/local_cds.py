@@ -16,6 +16,9 @@ makes a JVM that cannot use it (another JDK, a changed classpath) start without 
 same archive serves every JVM ``spark-class`` launches from these jars: a Connect server without an
 archive of its own (:func:`freshidx.spark.cds.plan_archive`), a standalone master, workers, executors.
 
+The cache stays bounded: making an archive deletes the same jar path's superseded ones and those no JVM
+was given for two weeks (:func:`remove_unused`).
+
 ``FRESHIDX_SPARK_CDS_DIR`` moves the archives (default ``$XDG_CACHE_HOME/freshidx/cds``, else
 ``~/.cache/freshidx/cds``); ``off`` turns sharing off.
 """
@@ -45,6 +48,10 @@ _COMPRESSED_POINTERS_BELOW = 32 * 1024**3
 #: Options that already decide class data sharing: a caller that passes one keeps its own choice.
 _CDS_FLAGS = ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare")
 _OFF = {"off", "none", "false", "0"}
+#: An archive's modification time is moved to "now" when a JVM is given it, at most this often.
+_USE_MARK_S = 3600
+#: Archives no JVM was given for this long are deleted when ``freshidx spark-cds`` makes one.
+UNUSED_AFTER_S = 14 * 24 * 3600
 
 
 def archive_dir(env: Mapping[str, str] | None = None) -> Path | None:
@@ -79,9 +86,26 @@ def find_archive(driver_memory: str, env: Mapping[str, str] | None = None) -> Pa
             candidates.append(DEFAULT_MEMORY)
     for memory in candidates:
         archive = archive_path(directory, memory)
-        if archive is not None and archive.is_file() and archive.stat().st_size > 0:
+        if archive is not None and archive.is_file() and (st := archive.stat()).st_size > 0:
+            if time.time() - st.st_mtime > _USE_MARK_S:  # its time says when it was last used (at most hourly)
+                with contextlib.suppress(OSError):  # a read-only cache still maps
+                    os.utime(archive)
             return archive
     return None
+
+
+def remove_unused(directory: Path, keep: Path, max_idle_s: float = UNUSED_AFTER_S) -> list[Path]:
+    """Delete the archives in ``directory`` no JVM was given for ``max_idle_s`` (:func:`find_archive` marks
+    the one it picks): those of deleted checkouts and old installs elsewhere, ~190 MB each, which nothing
+    else can tell from a live checkout's. A JVM mapping one keeps its mapping; a checkout that comes back
+    gets a new one from ``freshidx spark-cds``. Returns what was deleted."""
+    gone: list[Path] = []
+    for other in directory.glob("spark-local-*.jsa"):
+        with contextlib.suppress(OSError):
+            if other != keep and time.time() - other.stat().st_mtime > max_idle_s:
+                other.unlink()
+                gone.append(other)
+    return gone
 
 
 def with_archive(conf: Mapping[str, str], env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -139,6 +163,7 @@ def prepare(directory: Path | None = None, driver_memory: str = DEFAULT_MEMORY, 
         if error is None:
             os.replace(tmp, archive)
             remove_superseded(archive)
+            remove_unused(directory, archive)
             return Prepared("written", str(archive), round(time.monotonic() - t0, 1))
         return Prepared("failed", None, round(time.monotonic() - t0, 1), error)
     finally:
