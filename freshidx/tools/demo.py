@@ -271,10 +271,12 @@ class Watcher:
         adds. The lag from the partition's time also counts the upstream writer (the demo's generator writes
         minute M at M:55, so that lag never reads under ~60 s)."""
         from freshidx import layout
+        from freshidx.partitions import PartitionId
 
         if partition is None:
             return None
-        times = [o.last_modified for o in self.store.iter_objects(f"{layout.raw_root(self.source)}{partition}/")]
+        prefix = layout.raw_partition_prefix(self.source, PartitionId.parse(partition))
+        times = [o.last_modified for o in self.store.iter_objects(prefix)]
         return (published - max(times)).total_seconds() if times else None
 
     def _catchup(self) -> None:
