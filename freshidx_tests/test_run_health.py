@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import dagster as dg
+import pytest
 
 from freshidx import catchup, layout, ledger, run_health
 from freshidx.defs.run_health import interrupt_runs, reap_dead_runs
@@ -67,7 +68,8 @@ def _run(h: Harness, tags: dict[str, str], status: dg.DagsterRunStatus = STARTED
     return h.instance.create_run_for_job(job, tags=tags, status=status, asset_selection={dg.AssetKey(asset)})
 
 
-def test_reap_dead_runs_marks_failed_and_records_the_lost_delta_attempt(make_harness: Any) -> None:
+def test_reap_dead_runs_marks_failed_and_records_the_lost_delta_attempt(make_harness: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     h = make_harness()
     p = at(25)
     dead = _run(h, {"freshidx/pipeline": "delta", "freshidx/source_partition": p.path, "freshidx/attempt": "1",
@@ -80,8 +82,19 @@ def test_reap_dead_runs_marks_failed_and_records_the_lost_delta_attempt(make_har
     h.instance.report_engine_event(f"Started process for run (pid: {os.getpid()}).", alive)
     no_pid = _run(h, {})
 
+    # Whoever sees the run ended must find why: the ledger entry exists before the run is reported
+    # (CI, stop 41: a reader between the two found a FAILURE run without its ``a1.lost``).
+    entries_when_reported: list[set[str]] = []
+    report = h.instance.report_run_failed
+
+    def report_seeing_the_ledger(run: dg.DagsterRun, message: str | None = None) -> Any:
+        entries_when_reported.append(set(ledger.partition_entries(h.store, "delta", p)))
+        return report(run, message=message)
+
+    monkeypatch.setattr(h.instance, "report_run_failed", report_seeing_the_ledger)
     done = reap_dead_runs(h.instance, h.store)
     assert [v.run_id for v in done] == [dead.run_id]
+    assert len(entries_when_reported) == 1 and "a1.lost" in entries_when_reported[0], entries_when_reported
     run = h.instance.get_run_by_id(dead.run_id)
     assert run is not None and run.status == dg.DagsterRunStatus.FAILURE
     assert h.instance.get_run_by_id(alive.run_id).status == STARTED  # type: ignore[union-attr]
