@@ -104,6 +104,28 @@ def test_reap_dead_runs_marks_failed_and_records_the_lost_delta_attempt(make_har
     assert not reap_dead_runs(h.instance, h.store)  # reported once
 
 
+def test_a_store_that_cannot_take_the_ledger_entry_still_lets_every_dead_run_end(
+        make_harness: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = make_harness()
+    dead = []
+    for m in (25, 30):
+        p = at(m)
+        run = _run(h, {"freshidx/pipeline": "delta", "freshidx/source_partition": p.path, "freshidx/attempt": "1",
+                       "dagster/run_key": f"delta:{p.compact}:a1"})
+        h.instance.report_engine_event(f"Started process for run (pid: {_dead_pid()[0]}).", run)
+        dead.append(run)
+
+    def refused(key: str, data: bytes) -> str:
+        raise OSError(f"store down: {key}")
+
+    monkeypatch.setattr(h.store, "create", refused)
+    with pytest.raises(OSError, match="store down"):  # the sensor's tick fails and says why
+        reap_dead_runs(h.instance, h.store)
+    for run in dead:  # ...yet neither run is left STARTED behind a store outage
+        ended = h.instance.get_run_by_id(run.run_id)
+        assert ended is not None and ended.status == dg.DagsterRunStatus.FAILURE
+
+
 def test_interrupt_runs_tags_and_ends_unfinished_runs(make_harness: Any) -> None:
     h = make_harness()
     started = _run(h, {})

@@ -58,26 +58,26 @@ def reap_dead_runs(instance: dg.DagsterInstance, store: ObjectStore | None = Non
     runs = instance.get_runs(dg.RunsFilter(statuses=RUNNING), limit=_MAX_RUNS)
     verdicts = run_health.judge([run_facts(instance, r) for r in runs], alive)
     done: list[run_health.Verdict] = []
+    # A store that cannot be written still lets every dead run end; the sensor's tick then fails loudly.
+    unwritten: list[Exception] = []
     for v in verdicts:
         run = instance.get_run_by_id(v.run_id)  # re-read: a worker writes its outcome before it exits
         if run is None or run.status not in RUNNING:
             continue
         # The ledger's reason first: whoever sees the run ended (the delta sensor jumping on, an
         # operator, a test) must find why, never a finished run without its ``P.aN.lost``.
-        # A store that cannot be written still lets the run end; the sensor's tick then fails loudly.
-        unwritten: Exception | None = None
         if store is not None:
             try:
                 _record_lost_delta(store, run, v.reason)
             except Exception as e:
-                unwritten = e
+                unwritten.append(e)
         if v.action == "cancel":
             instance.report_run_canceled(run, message=v.reason)
         else:
             instance.report_run_failed(run, message=v.reason)
-        if unwritten is not None:
-            raise unwritten
         done.append(v)
+    if unwritten:
+        raise unwritten[0]
     return done
 
 
