@@ -3,7 +3,7 @@
 * :func:`reap_dead_runs` (called every ~5 s by ``freshidx_run_health_sensor``): for each run of
   this instance that is STARTING/STARTED/CANCELING, read the worker pid the launcher recorded and
   report the run failed (or canceled) if that process is gone, with a message saying so. For a
-  delta run it also writes ``P.aN.lost`` in the ledger, so the jump to the newest partition that
+  delta run it first writes ``P.aN.lost`` in the ledger, so the jump to the newest partition that
   the delta sensor makes on its next tick has a durable reason. Decisions: :mod:`freshidx.run_health`.
 * :func:`interrupt_runs`: what ``freshidx demo`` does to runs it leaves behind on a stop, and to runs
   a previous demo left behind: tag them :data:`~freshidx.run_health.TAG_INTERRUPTED` (never counted as
