@@ -67,6 +67,11 @@ def assert_stopped_before_start(d: DagsterDev, *names: str) -> None:
         assert st["status"] == "STOPPED" and not st["ticks"], st
 
 
+def enqueued(instance: dg.DagsterInstance, run_id: str) -> bool:
+    """Whether the run waited in the run queue (Dagster's RUN_ENQUEUED event)."""
+    return bool(instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.RUN_ENQUEUED).records)
+
+
 def pointer_at(cfg: StoreConfig) -> str | None:
     ptr, _ = read_pointer(open_store(cfg), "delta")
     return ptr.source_partition if ptr else None
@@ -128,6 +133,11 @@ def test_daemon_latest_only_and_ui_materialize(cpu_load: list, dev: tuple[Dagste
             for o in obs if o.asset_observation and "decision" in o.asset_observation.metadata
         }
         assert {(at(30).path, "folded"), (at(35).path, "folded"), (at(40).path, "accepted")} <= decisions
+        # The sensor's runs take the direct lane past the queue when their limits have room
+        # (freshidx.run_lanes): at least one of them here was never enqueued.
+        sensor_runs = instance.get_runs(
+            dg.RunsFilter(tags={"freshidx/pipeline": "delta", "freshidx/trigger": "sensor"}))
+        assert sensor_runs and any(not enqueued(instance, r.run_id) for r in sensor_runs)
     finally:
         instance.dispose()
 
@@ -152,6 +162,11 @@ def test_daemon_latest_only_and_ui_materialize(cpu_load: list, dev: tuple[Dagste
     run_id = d.materialize(["delta_index"])
     assert d.wait_run(run_id, timeout=420) == "SUCCESS", d.run_errors(run_id)
     assert pointer_at(cfg) == at(45).path
+    instance = dg.DagsterInstance.from_config(str(d.home))
+    try:
+        assert enqueued(instance, run_id)  # a UI launch goes through the queue
+    finally:
+        instance.dispose()
 
     # The full index, materialized from the UI as well: its freshness state is evaluated and shown,
     # like the delta's.

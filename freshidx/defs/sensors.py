@@ -32,6 +32,7 @@ from freshidx.defs.runs import IN_FLIGHT, UNSUCCESSFUL, in_flight_runs, run_for_
 from freshidx.latest_only import PIPELINE, RunView, apply, plan_tick, wait_for_work
 from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import utcnow
+from freshidx.run_lanes import DIRECT, TAG_LAUNCH
 
 DELTA_KEY = dg.AssetKey("delta_index")
 
@@ -144,7 +145,9 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
                 tags={TAG_PIPELINE: PIPELINE, TAG_PARTITION: req.partition.path, TAG_ATTEMPT: str(req.attempt),
                       TAG_TRIGGER: "sensor", TAG_SKIPPED: str(req.skipped),
                       TAG_NOTICED: noticed.isoformat(timespec="milliseconds"),
-                      "dagster/priority": "10"},  # freshness first: dequeued before catch-up and backfills
+                      "dagster/priority": "10",  # freshness first: dequeued before catch-up and backfills
+                      # launched from this tick when the queue would launch it at once (freshidx.run_lanes)
+                      TAG_LAUNCH: DIRECT},
             )],
             asset_events=events,
             cursor=json.dumps(plan.cursor),
