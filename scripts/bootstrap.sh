@@ -65,11 +65,33 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   # uv resolves and installs the same versions as pip in ~45 s instead of ~75 s on 2 cores (bytecode
   # compiled at install, as pip does, so test processes do not each compile on first import); pip
   # when uv cannot be installed or cannot reach the index (uv ignores pip.conf).
+  # pyspark is published only as a source distribution (~450 MB of jars). uv built it into a wheel on every
+  # fresh install here (~20 s) and kept every build in its cache (~1.4 GB each: the index's answers do not
+  # let uv tell it already has that sdist). Build the pinned version's wheel once into WHEELS and install
+  # from there; without it (offline, no pip) uv builds it as before.
+  WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/freshidx/wheels"
+  SPARK_PIN=$(sed -n 's/.*"pyspark\[connect\]==\([0-9][0-9.]*\)".*/\1/p' pyproject.toml | head -1)
+  if [ -n "$SPARK_PIN" ] && [ ! -f "$WHEELS/pyspark-$SPARK_PIN-py2.py3-none-any.whl" ] && mkdir -p "$WHEELS"; then
+    rm -f "$WHEELS"/pyspark-*.whl  # only the pinned version is kept
+    echo "building the pyspark $SPARK_PIN wheel once into $WHEELS (~30 s) …" >&2
+    # Built beside it, then renamed into place: an interrupted build never leaves a truncated wheel.
+    BUILD_DIR=$(mktemp -d "$WHEELS/.build.XXXXXX")
+    if .venv/bin/python -m pip wheel -q --no-deps --no-cache-dir "pyspark==$SPARK_PIN" -w "$BUILD_DIR" \
+         > .venv/wheel.log 2>&1; then
+      mv "$BUILD_DIR"/pyspark-*.whl "$WHEELS"/
+    else
+      echo "could not build it (see .venv/wheel.log); uv builds pyspark itself" >&2
+    fi
+    rm -rf "$BUILD_DIR"
+  fi
+  FIND_LINKS=()
+  if [ -d "$WHEELS" ]; then FIND_LINKS=(--find-links "$WHEELS"); fi
   if ! { .venv/bin/python -m pip install -q uv \
-           && .venv/bin/uv pip install --python .venv/bin/python --compile-bytecode -e '.[dev]'; } \
+           && .venv/bin/uv pip install --python .venv/bin/python --compile-bytecode "${FIND_LINKS[@]}" \
+                -e '.[dev]'; } \
       > .venv/install.log 2>&1 \
      && ! { echo "uv failed; installing with pip" && .venv/bin/python -m pip install --upgrade pip \
-              && .venv/bin/python -m pip install -e '.[dev]'; } >> .venv/install.log 2>&1; then
+              && .venv/bin/python -m pip install "${FIND_LINKS[@]}" -e '.[dev]'; } >> .venv/install.log 2>&1; then
     tail -40 .venv/install.log >&2
     echo "package installation failed; full log in .venv/install.log" >&2
     exit 1
