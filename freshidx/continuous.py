@@ -174,6 +174,9 @@ class LoopRuns:
             return f"its micro-batch in continuous run {self.run_id[:8]} ({run_key}) failed: {how}" if how else None
         return self.others.ended_how(run_key)
 
+    def last_requested(self) -> str | None:
+        return None  # the loop's own cursor lives in this process: it always has the newest request
+
 
 # ------------------------------------------------------------------------------------------ heartbeat
 

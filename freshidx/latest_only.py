@@ -50,6 +50,11 @@ class RunIndex(Protocol):
         """For a run key whose run failed or was canceled: how it ended (one line); else None."""
         ...
 
+    def last_requested(self) -> str | None:
+        """The run key of the newest run this trigger requested, if the runs tell (else the cursor's is used).
+        The cursor alone is not enough: a tick whose daemon died before the tick ended never saved it."""
+        ...
+
 
 @dataclass(frozen=True)
 class Record:
@@ -185,8 +190,8 @@ def _plan_skipped(plan: TickPlan, runs: RunIndex, settings: Settings, found: Lis
     why = f"folded into the micro-batch for {newest.path}" if watermark else \
         f"folded into the micro-batch for {newest.path} (no watermark: first start or reset, jumped to the newest)"
     # The partition our last run was for, if that run ended without publishing: say how it ended.
-    last = plan.cursor.get("last_requested")
-    how = runs.ended_how(last) if skipped and last and last.startswith(f"{PIPELINE}:") else None
+    last = (runs.last_requested() or plan.cursor.get("last_requested")) if skipped else None
+    how = runs.ended_how(last) if last and last.startswith(f"{PIPELINE}:") else None
     ended_for = last.split(":")[1] if how else None
     for p in skipped:
         plan.records.append(Record(

@@ -53,6 +53,9 @@ class FakeRuns:
             return None
         return f"its run {run.run_id[:8]} ({run_key}) ended {run.status}: boom"
 
+    def last_requested(self) -> str | None:  # the newest sensor run (the instance filters on the trigger tag)
+        return next((k for k in reversed(self.runs) if k.startswith("delta:")), None)
+
 
 class Sensor:
     """plan → apply with a cursor, as the sensor does every tick."""
@@ -147,6 +150,21 @@ def test_failed_partition_is_retried_as_a_new_attempt(local_store_config: StoreC
     assert newer.request is not None and newer.request.partition == at(5)
     entry = decision(s, 0)
     assert entry is not None and entry["reason"].endswith("ended FAILURE: boom")
+
+
+def test_a_cursor_the_daemon_never_saved_still_says_how_the_last_run_ended(local_store_config: StoreConfig) -> None:
+    s = make(local_store_config)
+    s.write(0)
+    before = dict(s.cursor)
+    key = s.launch(s.tick())
+    s.cursor = before  # the daemon died while the requesting tick was still open (a direct launch waits ~2 s)
+    s.runs.end(key)
+    s.write(5)
+    newer = s.tick()
+    assert newer.request is not None and newer.request.partition == at(5)
+    entry = decision(s, 0)
+    assert entry is not None and entry["decision"] == "folded", entry
+    assert f"its run run00000 ({key}) ended FAILURE: boom" in entry["reason"], entry
 
 
 def test_parked_after_max_attempts_until_a_grant(local_store_config: StoreConfig) -> None:

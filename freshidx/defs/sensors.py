@@ -94,6 +94,12 @@ class DagsterDeltaRuns:
         return (f"its run {run.run_id[:8]} ({run_key}) ended {run.status.value}: "
                 f"{failure_reason(self.instance, run.run_id, 200)}")
 
+    def last_requested(self) -> str | None:
+        # The newest sensor run, not the cursor: a direct launch keeps the tick open until the run's worker
+        # has started (~2 s), and a daemon killed meanwhile never saves the tick's cursor.
+        runs = self.instance.get_runs(dg.RunsFilter(tags={TAG_PIPELINE: PIPELINE, TAG_TRIGGER: "sensor"}), limit=1)
+        return runs[0].tags.get("dagster/run_key") if runs else None
+
 
 def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefinition) -> dg.SensorDefinition:
     # The daemon loop is ~5 s and a tick is due when `now - last >= interval`; asking for one
