@@ -14,14 +14,10 @@ from collections.abc import Mapping
 
 import dagster as dg
 
-from freshidx.defs.runs import RUNNING
+from freshidx.defs.runs import QUEUED_OR_RUNNING, RUNNING
 from freshidx.run_lanes import Lane, choose_lane, wants_direct
 
 log = logging.getLogger(__name__)
-
-#: Runs that hold a place under a tag limit: waiting in the queue or holding a worker.
-ACTIVE = [dg.DagsterRunStatus.QUEUED, *RUNNING]
-
 
 class FreshidxRunCoordinator(dg.QueuedRunCoordinator):
     def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
@@ -46,7 +42,7 @@ class FreshidxRunCoordinator(dg.QueuedRunCoordinator):
         cap = queue.max_concurrent_runs if queue else -1
 
         def count_active(tags: Mapping[str, str]) -> int:
-            return instance.get_runs_count(dg.RunsFilter(statuses=ACTIVE, tags=dict(tags)))
+            return instance.get_runs_count(dg.RunsFilter(statuses=QUEUED_OR_RUNNING, tags=dict(tags)))
 
         def count_running() -> int:
             return instance.get_runs_count(dg.RunsFilter(statuses=RUNNING))

@@ -12,8 +12,10 @@ import dagster as dg
 
 #: Runs whose worker exists or should (the reaper probes these for a dead worker).
 RUNNING = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+#: Runs that hold a place under a run-queue tag limit: waiting in the queue or holding a worker.
+QUEUED_OR_RUNNING = [dg.DagsterRunStatus.QUEUED, *RUNNING]
 #: Runs that are not finished: they hold a trigger (no second run for it) and count for overlap policies.
-IN_FLIGHT = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, *RUNNING]
+IN_FLIGHT = [dg.DagsterRunStatus.NOT_STARTED, *QUEUED_OR_RUNNING]
 #: Runs that reached a final status.
 ENDED = [dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
 #: A run ended without success (its attempt failed, unless a shutdown interrupted it).
