@@ -1,4 +1,5 @@
-"""Listing the newest partitions costs a bounded number of LIST calls, whatever the history."""
+"""Listing the newest partitions costs a bounded number of LIST calls and listed entries, whatever the
+history."""
 
 from __future__ import annotations
 
@@ -25,12 +26,21 @@ def write(store: ObjectStore, parts: list[PartitionId], name: str = "part-00000.
         list(pool.map(lambda p: store.put(layout.raw_partition_prefix(SRC, p) + name, b"{}\n"), parts))
 
 
+#: Old partitions (every 5 min, ~3.5 days): a listing that is not bounded by the new data returns at
+#: least this many entries, ~10x the bound the tests assert (:data:`MAX_ENTRIES`).
+HISTORY = 1000
+#: The descent to the newest partition (the prefixes of a year, its months, a month's days, a day's hours,
+#: an hour's minutes) and what follows the watermark: 26-29 entries here, 93 for a restart (which lists six
+#: hours of partitions).
+MAX_ENTRIES = 150
+
+
 @pytest.fixture(scope="module")
 def big_history(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    """5,000 old partitions (every 5 min, ~17 days) in a local store and in S3, built once."""
+    """:data:`HISTORY` old partitions in a local store and in S3, built once."""
     from freshidx_tests.conftest import make_s3_config
 
-    old = [pid(5 * i) for i in range(5000)]
+    old = [pid(5 * i) for i in range(HISTORY)]
     local = StoreConfig(uri=(tmp_path_factory.mktemp("hist") / "store").as_uri())
     s3 = make_s3_config(request.getfixturevalue("moto_endpoint"))
     for cfg in (local, s3):
@@ -48,15 +58,17 @@ def test_listing_after_watermark_is_bounded_by_new_data(big_history, kind: str) 
     found = partitions_after(store, SRC, watermark, max_scan_hours=6)
     assert found.partitions == new
     assert found.newest == new[-1]
-    # Descent to the newest partition (~6 calls) + one StartAfter page; 5,000 old partitions
-    # would need at least 5 pages of 1,000 keys if they were listed.
+    # Descent to the newest partition (~6 calls) + one StartAfter page, and none of the old partitions'
+    # keys: listing them would return HISTORY entries.
     assert store.stats.list_calls <= 8, store.stats.list_calls
+    assert store.stats.listed_entries <= MAX_ENTRIES, store.stats.listed_entries
     assert found.list_calls == store.stats.list_calls
 
     # No new data: still bounded, and nothing returned.
     store.stats.reset()
     assert partitions_after(store, SRC, new[-1], max_scan_hours=6).partitions == []
     assert store.stats.list_calls <= 8
+    assert store.stats.listed_entries <= MAX_ENTRIES, store.stats.listed_entries
 
 
 @pytest.mark.parametrize("kind", ["local", "s3"])
@@ -65,6 +77,7 @@ def test_restart_without_watermark_jumps_to_latest(big_history, kind: str) -> No
     store.stats.reset()
     found = partitions_after(store, SRC, None, max_scan_hours=6)
     assert store.stats.list_calls <= 8, store.stats.list_calls
+    assert store.stats.listed_entries <= MAX_ENTRIES, store.stats.listed_entries
     # Only the last 6 hours are listed (the sensor supersedes all but the newest); older = one gap.
     assert found.unlisted_before is not None and found.partitions[0] >= found.unlisted_before
     # Every 5-minute partition from the floor to the newest, none missing (how many depends on

@@ -93,10 +93,12 @@ def test_keys_cannot_escape_the_root(store: ObjectStore) -> None:
 
 def test_list_calls_are_counted(store: ObjectStore) -> None:
     store.put("c/1", b"1")
-    before = store.stats.list_calls
-    store.list("c/")
-    store.list("c/", delimiter="/")
+    store.put("c/d/2", b"2")
+    before, entries = store.stats.list_calls, store.stats.listed_entries
+    store.list("c/")  # two keys
+    store.list("c/", delimiter="/")  # one key, one common prefix
     assert store.stats.list_calls - before == 2
+    assert store.stats.listed_entries - entries == 4
 
 
 def test_create_json_of_identical_bytes_is_our_own_write(store: ObjectStore) -> None:

@@ -84,20 +84,24 @@ class ListPage:
 
 @dataclass
 class StoreStats:
-    """Call counters, so tests and benchmarks can prove listing cost is bounded."""
+    """Call counters, so tests and benchmarks can prove listing cost is bounded.
+
+    ``listed_entries``: keys and common prefixes the LIST calls returned (what a listing costs beyond its
+    calls: one call may return up to 1,000 of them)."""
 
     list_calls: int = 0
     get_calls: int = 0
     put_calls: int = 0
+    listed_entries: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def bump(self, name: str) -> None:
+    def bump(self, name: str, by: int = 1) -> None:
         with self._lock:
-            setattr(self, name, getattr(self, name) + 1)
+            setattr(self, name, getattr(self, name) + by)
 
     def reset(self) -> None:
         with self._lock:
-            self.list_calls = self.get_calls = self.put_calls = 0
+            self.list_calls = self.get_calls = self.put_calls = self.listed_entries = 0
 
 
 class ObjectStore(ABC):

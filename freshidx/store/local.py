@@ -159,6 +159,7 @@ class LocalStore(ObjectStore):
                     prefixes.append(key + "/")
                 elif after is None or key > after:
                     objects.append(self._info(key, entry))
+            self.stats.bump("listed_entries", len(objects) + len(prefixes))
             return ListPage(objects, prefixes), None
         # Recursive listing in key order, pruning subtrees that lie entirely at or before `after`.
         # One page counts as one LIST call, like S3.
@@ -166,7 +167,9 @@ class LocalStore(ObjectStore):
         for key, entry in self._walk(prefix, after):
             objects.append(self._info(key, entry))
             if len(objects) >= max_keys:
+                self.stats.bump("listed_entries", len(objects))
                 return ListPage(objects, []), key
+        self.stats.bump("listed_entries", len(objects))
         return ListPage(objects, []), None
 
     # ---- internals ----

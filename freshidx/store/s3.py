@@ -272,4 +272,5 @@ class S3Store(ObjectStore):
         ]
         prefixes = [self._rel(p["Prefix"]) for p in r.get("CommonPrefixes", [])]
         token = r.get("NextContinuationToken") if r.get("IsTruncated") else None
+        self.stats.bump("listed_entries", len(objects) + len(prefixes))
         return ListPage(objects, prefixes), token
