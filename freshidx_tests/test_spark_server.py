@@ -185,6 +185,7 @@ def test_memory_strings_and_defaults(tmp_path: Path) -> None:
     assert conf["spark.connect.grpc.binding.address"] == "127.0.0.1"
     assert conf["spark.driver.bindAddress"] == "127.0.0.1"
     assert conf["spark.pyspark.python"] == sys.executable
+    assert conf["spark.python.sql.dataFrameDebugging.enabled"] == "false"  # static: the clients read it
     assert conf["spark.sql.shuffle.partitions"] == "3" and conf["spark.ui.enabled"] == "true"  # extra conf wins
     with pytest.raises(ValueError):
         ServerConfig(state_dir=tmp_path, max_heap_fraction=1.5)

@@ -175,6 +175,14 @@ def test_string_bid_is_never_silently_nulled(spark: SparkSession) -> None:
     assert {r["reason"] for r in invalid.collect()} == {R.REASON_BAD_BID}
 
 
+def test_local_sessions_record_no_call_site_per_dataframe_call(spark: SparkSession) -> None:
+    """PySpark reads this once per process: with it on, every Column call costs ~5 py4j round trips."""
+    from pyspark.errors.utils import is_debugging_enabled
+
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+    assert not is_debugging_enabled()
+
+
 def test_parse_refuses_without_partial_results(spark: SparkSession) -> None:
     spark.conf.set(T.PARTIAL_RESULTS_CONF, "false")
     try:

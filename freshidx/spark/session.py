@@ -19,6 +19,8 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from freshidx.spark.server_config import NO_CALL_SITES
+
 # Set on a session object once our data sources are registered on it.
 _REGISTERED_ATTR = "_freshidx_sources_registered"
 
@@ -44,6 +46,8 @@ LOCAL_DEFAULTS: dict[str, str] = {
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     # Debuggability of Python workers (a segfault prints a traceback instead of "worker crashed").
     "spark.python.worker.faulthandler.enabled": "true",
+    # No Python call site recorded per DataFrame call: 5 py4j round trips become 1 (see NO_CALL_SITES).
+    **NO_CALL_SITES,
 }
 
 # Runtime (session) confs that a Connect client may set; the server owns everything else.
