@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from freshidx.tools.devserver_graphql import WebserverClient
+from freshidx.tools.devserver_graphql import WebserverClient, poll_delays
 
 
 class ScriptedWebserver(WebserverClient):
@@ -52,3 +52,36 @@ def test_a_status_written_back_by_a_late_tick_is_stopped_again_before_the_settle
     assert web.stops == 2, web.stops  # stopped again once the late tick had ended
     assert state["status"] == "STOPPED" and web.status == "STOPPED"
     assert state["ticks"][0]["status"] != "STARTED"
+
+
+class ScriptedRun(WebserverClient):
+    """A run that ends after a fixed number of status reads."""
+
+    def __init__(self, reads_until_done: int) -> None:
+        super().__init__("127.0.0.1", 9)
+        self.left = reads_until_done
+        self.reads = 0
+
+    def run_status(self, run_id: str) -> str:
+        self.reads += 1
+        self.left -= 1
+        return "SUCCESS" if self.left <= 0 else "STARTED"
+
+    def check_alive(self) -> None:
+        pass
+
+
+def test_waiting_for_a_run_polls_quickly_first_then_at_most_once_a_second(monkeypatch: Any) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    client = ScriptedRun(reads_until_done=12)
+    assert client.wait_run("r", timeout=600) == "SUCCESS"
+    assert client.reads == 12 and len(slept) == 11
+    assert slept[0] <= 0.1 and slept == sorted(slept) and max(slept) == 1.0
+    # A minute of waiting is ~65 reads, not 240 at the fixed interval.
+    delays = poll_delays()
+    waited, reads = 0.0, 0
+    while waited < 60:
+        waited += next(delays)
+        reads += 1
+    assert reads <= 70, reads

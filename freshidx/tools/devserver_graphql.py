@@ -14,7 +14,7 @@ that is a per-run result.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import requests
@@ -51,6 +51,16 @@ BACKFILL_TERMINAL_STATUSES = frozenset({"COMPLETED", "COMPLETED_SUCCESS", "COMPL
 
 POLL_INTERVAL = 0.25
 _HTTP_TIMEOUT = 30
+
+
+def poll_delays(first: float = 0.1, factor: float = 1.5, cap: float = 1.0) -> Iterator[float]:
+    """The sleeps between the polls of a wait that may last a minute (a run): quick at first, then ``cap``
+    apart. Each poll is a GraphQL request the webserver answers with ~10 ms of CPU; a minute's wait costs
+    ~65 of them instead of 240 at :data:`POLL_INTERVAL`, and a run's end is seen at most ``cap`` late."""
+    delay = first
+    while True:
+        yield delay
+        delay = min(cap, delay * factor)
 
 
 class DagsterDevError(RuntimeError):
@@ -235,14 +245,15 @@ class WebserverClient:
         """Poll until the run reaches SUCCESS / FAILURE / CANCELED; return that status."""
         deadline = time.monotonic() + timeout
         status = ""
-        while True:
+        for delay in poll_delays():
             status = self.run_status(run_id)
             if status in RUN_TERMINAL_STATUSES:
-                return status
+                break
             self.check_alive()
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"run {run_id} still {status} after {timeout}s")
-            time.sleep(POLL_INTERVAL)
+            time.sleep(delay)
+        return status
 
     def run_errors(self, run_id: str, max_events: int = 20_000) -> list[str]:
         """The run's error events, oldest first, one line each
