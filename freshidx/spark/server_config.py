@@ -31,6 +31,7 @@ RESTART_REASONS = ("crash", "health", "hung", "planned-age", "planned-heap", "pl
 #: per call (~60 us).
 NO_CALL_SITES = {"spark.python.sql.dataFrameDebugging.enabled": "false"}
 
+
 @dataclass
 class ServerConfig:
     """How to run and supervise one Spark Connect server. Durations are seconds."""

@@ -55,8 +55,9 @@ _HTTP_TIMEOUT = 30
 
 def poll_delays(first: float = 0.1, factor: float = 1.5, cap: float = 1.0) -> Iterator[float]:
     """The sleeps between the polls of a wait that may last a minute (a run): quick at first, then ``cap``
-    apart. Each poll is a GraphQL request the webserver answers with ~10 ms of CPU; a minute's wait costs
-    ~65 of them instead of 240 at :data:`POLL_INTERVAL`, and a run's end is seen at most ``cap`` late."""
+    apart. Each poll is a GraphQL request the webserver parses, validates and answers (in the suite, with
+    the daemon and a run on the same 2 cores); a minute's wait costs ~65 of them instead of 240 at
+    :data:`POLL_INTERVAL`, and a run's end is seen at most ``cap`` late."""
     delay = first
     while True:
         yield delay
