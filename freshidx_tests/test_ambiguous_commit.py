@@ -82,9 +82,9 @@ class LostResponses(ObjectStore):
     def delete(self, key: str) -> None:
         self.inner.delete(key)
 
-    def list_page(
-        self, prefix: str, *, delimiter: str | None = None, start_after: str | None = None,
-        max_keys: int = 1000, continuation: str | None = None,
+    def _list_page(
+        self, prefix: str, *, delimiter: str | None, start_after: str | None, max_keys: int,
+        continuation: str | None,
     ) -> tuple[ListPage, str | None]:
         return self.inner.list_page(prefix, delimiter=delimiter, start_after=start_after,
                                     max_keys=max_keys, continuation=continuation)

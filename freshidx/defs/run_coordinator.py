@@ -19,6 +19,7 @@ from freshidx.run_lanes import Lane, choose_lane, wants_direct
 
 log = logging.getLogger(__name__)
 
+
 class FreshidxRunCoordinator(dg.QueuedRunCoordinator):
     def submit_run(self, context: dg.SubmitRunContext) -> dg.DagsterRun:
         run = context.dagster_run

@@ -137,12 +137,22 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> None:
         """Delete a key; deleting a missing key is not an error."""
 
-    @abstractmethod
     def list_page(
         self, prefix: str, *, delimiter: str | None = None, start_after: str | None = None,
         max_keys: int = 1000, continuation: str | None = None,
     ) -> tuple[ListPage, str | None]:
         """One LIST call. Returns the page and a continuation token (None when done)."""
+        page, token = self._list_page(prefix, delimiter=delimiter, start_after=start_after, max_keys=max_keys,
+                                      continuation=continuation)
+        self.stats.bump("listed_entries", len(page.objects) + len(page.prefixes))
+        return page, token
+
+    @abstractmethod
+    def _list_page(
+        self, prefix: str, *, delimiter: str | None, start_after: str | None, max_keys: int,
+        continuation: str | None,
+    ) -> tuple[ListPage, str | None]:
+        """The store's LIST call behind :meth:`list_page` (which counts what it returns)."""
 
     # ---- derived helpers (shared by every implementation) ----
 

@@ -135,9 +135,9 @@ class LocalStore(ObjectStore):
         with contextlib.suppress(FileNotFoundError):
             self.path(key).unlink()
 
-    def list_page(
-        self, prefix: str, *, delimiter: str | None = None, start_after: str | None = None,
-        max_keys: int = 1000, continuation: str | None = None,
+    def _list_page(
+        self, prefix: str, *, delimiter: str | None, start_after: str | None, max_keys: int,
+        continuation: str | None,
     ) -> tuple[ListPage, str | None]:
         # The continuation token is the last key returned: listing resumes strictly after it.
         after = max(filter(None, [start_after, continuation]), default=None)
@@ -159,7 +159,6 @@ class LocalStore(ObjectStore):
                     prefixes.append(key + "/")
                 elif after is None or key > after:
                     objects.append(self._info(key, entry))
-            self.stats.bump("listed_entries", len(objects) + len(prefixes))
             return ListPage(objects, prefixes), None
         # Recursive listing in key order, pruning subtrees that lie entirely at or before `after`.
         # One page counts as one LIST call, like S3.
@@ -167,9 +166,7 @@ class LocalStore(ObjectStore):
         for key, entry in self._walk(prefix, after):
             objects.append(self._info(key, entry))
             if len(objects) >= max_keys:
-                self.stats.bump("listed_entries", len(objects))
                 return ListPage(objects, []), key
-        self.stats.bump("listed_entries", len(objects))
         return ListPage(objects, []), None
 
     # ---- internals ----

@@ -253,9 +253,9 @@ class S3Store(ObjectStore):
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._k(key))
 
-    def list_page(
-        self, prefix: str, *, delimiter: str | None = None, start_after: str | None = None,
-        max_keys: int = 1000, continuation: str | None = None,
+    def _list_page(
+        self, prefix: str, *, delimiter: str | None, start_after: str | None, max_keys: int,
+        continuation: str | None,
     ) -> tuple[ListPage, str | None]:
         args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._k(prefix) if prefix else
                                 (self.prefix + "/" if self.prefix else ""), "MaxKeys": max_keys}
@@ -272,5 +272,4 @@ class S3Store(ObjectStore):
         ]
         prefixes = [self._rel(p["Prefix"]) for p in r.get("CommonPrefixes", [])]
         token = r.get("NextContinuationToken") if r.get("IsTruncated") else None
-        self.stats.bump("listed_entries", len(objects) + len(prefixes))
         return ListPage(objects, prefixes), token
