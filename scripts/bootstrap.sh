@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent setup: Python 3.11 virtualenv in .venv with freshidx[dev], and a Java runtime for Spark.
+# Idempotent setup: Python 3.11 virtualenv in .venv with freshidx[dev] at the versions of
+# requirements.lock, and a Java runtime for Spark.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,10 +21,14 @@ fi
 java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
 if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing a Java 17 runtime for Spark …" >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+    # Debian 12 has Java 17, Debian 13 only Java 21; Spark 4 runs on either.
+    JRE=openjdk-17-jre-headless
+    apt-get update -qq
+    if ! apt-cache show "$JRE" >/dev/null 2>&1; then JRE=openjdk-21-jre-headless; fi
+    echo "installing a Java runtime for Spark ($JRE) …" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$JRE" >/dev/null
   else
-    echo "Spark needs Java 17 or newer on PATH (e.g. apt-get install openjdk-17-jre-headless)" >&2
+    echo "Spark needs Java 17 or 21 on PATH (e.g. apt-get install openjdk-17-jre-headless)" >&2
     exit 1
   fi
 fi
@@ -56,7 +61,7 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 
 STAMP=.venv/.freshidx-installed
-WANT=$(sha256sum pyproject.toml | cut -d' ' -f1)
+WANT=$(cat pyproject.toml requirements.lock | sha256sum | cut -d' ' -f1)
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
@@ -70,7 +75,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   # day of clean clones). Build the pinned version's wheel once into WHEELS and install from there;
   # without it (offline, no pip) uv builds it as before.
   WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/freshidx/wheels"
-  SPARK_PIN=$(sed -n 's/.*"pyspark\[connect\]==\([0-9][0-9.]*\)".*/\1/p' pyproject.toml | head -1)
+  SPARK_PIN=$(sed -n 's/^pyspark==\([0-9][0-9.]*\).*/\1/p' requirements.lock | head -1)
   if [ -n "$SPARK_PIN" ] && [ ! -f "$WHEELS/pyspark-$SPARK_PIN-py2.py3-none-any.whl" ] && mkdir -p "$WHEELS"; then
     rm -f "$WHEELS"/pyspark-*.whl  # only the pinned version is kept
     echo "building the pyspark $SPARK_PIN wheel once into $WHEELS (~30 s) …" >&2
@@ -88,10 +93,10 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   if [ -d "$WHEELS" ]; then FIND_LINKS=(--find-links "$WHEELS"); fi
   if ! { .venv/bin/python -m pip install -q uv \
            && .venv/bin/uv pip install --python .venv/bin/python --compile-bytecode "${FIND_LINKS[@]}" \
-                -e '.[dev]'; } \
+                -r requirements.lock -e '.[dev]'; } \
       > .venv/install.log 2>&1 \
      && ! { echo "uv failed; installing with pip" && .venv/bin/python -m pip install --upgrade pip \
-              && .venv/bin/python -m pip install "${FIND_LINKS[@]}" -e '.[dev]'; } >> .venv/install.log 2>&1; then
+              && .venv/bin/python -m pip install "${FIND_LINKS[@]}" -r requirements.lock -e '.[dev]'; } >> .venv/install.log 2>&1; then
     tail -40 .venv/install.log >&2
     echo "package installation failed; full log in .venv/install.log" >&2
     exit 1
