@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import warnings
 from typing import Any
 
 import dagster as dg
@@ -16,7 +15,9 @@ from dagster_aws.s3 import S3Resource
 
 from freshidx.defs.assets import (
     delta_index,
+    delta_index_job,
     full_index,
+    full_index_job,
     full_index_schedule,
     hourly_partitions,
     raw_ad_updates_spec,
@@ -24,7 +25,7 @@ from freshidx.defs.assets import (
 from freshidx.defs.bucket_io_manager import BucketIOManager
 from freshidx.defs.compaction import delta_compaction, delta_compaction_job, make_compaction_sensor
 from freshidx.defs.continuous import delta_continuous, make_continuous_watchdog
-from freshidx.defs.hourly import HEAVY, make_ads_hourly, make_hourly_sensor
+from freshidx.defs.hourly import make_ads_hourly, make_ads_hourly_job, make_hourly_sensor
 from freshidx.defs.io_manager import IndexIOManager
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.defs.run_health import make_run_health_sensor
@@ -34,8 +35,11 @@ from freshidx.settings import Settings
 
 
 def freshness_policies(settings: Settings) -> dict[str, dg.FreshnessPolicy]:
-    """UI health badges. Dagster evaluates these on last-write time only; the data-aware SLA is the
-    ``freshidx_sla_sensor`` checks."""
+    """UI health badges. Dagster evaluates these on the time of the last materialization only; the
+    data-aware SLA is the ``freshidx_sla_sensor`` checks. While upstream is quiet the SLA sensor records
+    that the serving delta still covers the newest visible partition (a materialization with an unchanged
+    data version, :mod:`freshidx.defs.sla`), so ``delta_index`` goes red only when it falls behind data
+    that exists, never merely because no data arrived."""
     return {
         "delta_index": dg.FreshnessPolicy.time_window(
             fail_window=dt.timedelta(seconds=max(60, settings.lag_fail_seconds)),
@@ -49,13 +53,15 @@ def freshness_policies(settings: Settings) -> dict[str, dg.FreshnessPolicy]:
     }
 
 
-def heavy_schedule(schedule: dg.ScheduleDefinition) -> dg.ScheduleDefinition:
-    """The same schedule, its runs tagged heavy (one heavy build at a time, dagster.yaml)."""
-    return dg.ScheduleDefinition(
-        name=schedule.name, target=[full_index], cron_schedule=schedule.cron_schedule,
-        execution_timezone=schedule.execution_timezone, default_status=schedule.default_status,
-        description=schedule.description, tags={**schedule.tags, **HEAVY},
-    )
+def with_freshness_policies(assets: list[dg.AssetsDefinition], settings: Settings) -> list[dg.AssetsDefinition]:
+    """The assets with their freshness policies attached to their own definitions."""
+    policies = freshness_policies(settings)
+
+    def attach(spec: dg.AssetSpec) -> dg.AssetSpec:
+        policy = policies.get(spec.key.to_user_string())
+        return spec if policy is None else dg.apply_freshness_policy(spec, policy)
+
+    return list(dg.map_asset_specs(attach, assets))
 
 
 def _secret(name: str) -> Any:
@@ -91,31 +97,26 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     settings = settings or Settings.from_env()
     resources = build_resources(settings)
     ads_hourly = make_ads_hourly(settings)
-    defs = dg.Definitions(
-        assets=[raw_ad_updates_spec(settings), delta_index, full_index, ads_hourly, delta_compaction],
-        jobs=[delta_compaction_job, delta_continuous],
+    ads_hourly_job = make_ads_hourly_job(ads_hourly)
+    return dg.Definitions(
+        assets=[raw_ad_updates_spec(settings), *with_freshness_policies([delta_index, full_index], settings),
+                ads_hourly, delta_compaction],
+        jobs=[delta_index_job, full_index_job, ads_hourly_job, delta_compaction_job, delta_continuous],
         asset_checks=sla_checks(),
-        schedules=[heavy_schedule(full_index_schedule(settings))],
+        schedules=[full_index_schedule(settings)],
         sensors=[
             make_delta_sensor(settings.sensor_interval_seconds, hourly_partitions(settings)),
             make_sla_sensor(settings.sla_interval_seconds, settings.sla_autostart),
-            make_hourly_sensor(settings, ads_hourly),
+            make_hourly_sensor(settings, ads_hourly_job),
             make_run_health_sensor(),
             make_compaction_sensor(settings),
             make_continuous_watchdog(settings),
         ],
         resources=resources,
-        # Spark steps run inside the run worker: saves a process spawn (~1-2 s) per run and keeps
-        # one SparkSession per run (measured in shared/notes/dagster-1.13-facts.md §9).
+        # Spark steps run inside the run worker: saves a process spawn per run and keeps one
+        # SparkSession per run.
         executor=dg.in_process_executor,
     )
-    policies = freshness_policies(settings)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # map_asset_specs is a preview API
-        return defs.map_asset_specs(
-            func=lambda spec: dg.apply_freshness_policy(spec, policies[spec.key.to_user_string()])
-            if spec.key.to_user_string() in policies else spec
-        )
 
 
 defs = build_definitions()

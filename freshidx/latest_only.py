@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from freshidx import ledger
 from freshidx.lifecycle import LOST_REQUEST_GRACE, Decision, Mark, TriggerId, attempt_state
-from freshidx.listing import Ignored, Listing, data_after, partitions_after
+from freshidx.listing import Ignored, Listing, partitions_after
 from freshidx.partitions import PartitionId
 from freshidx.publish import parse_iso, read_pointer
 from freshidx.settings import Settings
@@ -95,44 +94,6 @@ class Applied:
     observations: list[tuple[PartitionId, dict[str, Any]]]
     request: Request | None
     skip_reason: str | None
-
-
-def wait_for_work(store: ObjectStore, settings: Settings, runs: RunIndex, *,
-                  clock: Callable[[], float] = time.monotonic,
-                  sleep: Callable[[float], None] = time.sleep) -> bool:
-    """Hold a tick until there is work: a partition newer than the watermark and (overlap policy
-    serialize) no delta run in flight; True when there is, False after ``settings.sensor_wait_seconds``.
-    Under overlap policy skip a run in flight ends the wait at once (the plan records the skips).
-    The daemon starts a sensor tick only every 5 s, so without this an arrival waits 0-5 s before
-    anyone looks; here it waits at most ``sensor_poll_seconds``.
-
-    Cost per look: one in-flight query; then, with no run in flight, one LIST call (the pointer is
-    read again only after a run was seen, since that run may have moved the watermark)."""
-    if settings.sensor_wait_seconds <= 0:
-        return True
-    deadline = clock() + settings.sensor_wait_seconds
-    watermark: PartitionId | None = None
-    known = False  # whether `watermark` is the pointer's current partition
-    while True:
-        in_flight = settings.delta_overlap != "queue" and bool(runs.in_flight())
-        if in_flight and settings.delta_overlap == "skip":
-            return True  # the plan records what arrives while a run is in flight as skipped: now, not later
-        if in_flight:  # serialize: the run's end is the next chance to request
-            known = False
-        else:
-            if not known:
-                pointer, _ = read_pointer(store, PIPELINE)
-                if pointer is None or not pointer.source_partition:
-                    return True  # no delta yet: the full listing decides
-                watermark, known = PartitionId.parse(pointer.source_partition), True
-            if watermark is not None and data_after(store, settings.source, watermark):
-                return True
-        # The last sleep is cut to the deadline and followed by one more look: the wait is never shorter
-        # than sensor_wait_seconds (stopping a poll early made it up to a poll shorter when looks took time).
-        left = deadline - clock()
-        if left <= 0:
-            return False
-        sleep(min(settings.sensor_poll_seconds, left))
 
 
 def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.datetime,

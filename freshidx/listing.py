@@ -139,26 +139,6 @@ def partitions_after(
     return out
 
 
-def data_after(store: ObjectStore, source: str, watermark: PartitionId, *, max_keys: int = 100) -> bool:
-    """Whether a partition newer than ``watermark`` holds a data file: ONE LIST call (the first
-    ``max_keys`` keys after the watermark's partition), for a trigger that watches for new data between
-    full listings. Hidden files and names that do not parse do not count (:func:`partitions_after`
-    reports those); a full page without an answer says yes, so the caller lists properly."""
-    root = layout.raw_root(source)
-    start_after = _start_after(layout.raw_partition_prefix(source, watermark).rstrip("/"))
-    page, token = store.list_page(root, start_after=start_after, max_keys=max_keys)
-    for obj in page.objects:
-        part_path, _, name = obj.key[len(root):].rpartition("/")
-        if name.startswith((".", "_")):
-            continue
-        try:
-            if PartitionId.parse(part_path) > watermark:
-                return True
-        except PartitionError:
-            continue
-    return token is not None
-
-
 def files_in_window(
     store: ObjectStore, source: str, start_exclusive: dt.datetime, end_inclusive: PartitionId
 ) -> tuple[dict[PartitionId, list[ObjectInfo]], list[Ignored]]:

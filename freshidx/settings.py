@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -84,16 +85,6 @@ class PipelineSettings(BaseModel):
     source: str = Field("ad_updates", pattern=r"^[a-z][a-z0-9_]{0,62}$", description="raw source name")
     window_minutes: int = Field(300, gt=0, le=7 * 24 * 60, description="delta window length")
     sensor_interval_seconds: int = Field(5, ge=1, le=3600, description="delta sensor tick interval")
-    # The daemon evaluates sensors every 5 s (fixed in Dagster), so an arrival waited 0-5 s for a tick.
-    sensor_wait_seconds: float = Field(
-        4.0, ge=0, le=4.5,
-        description="delta sensor: a tick with nothing to do keeps watching for a newer partition (and for the "
-        "in-flight delta run to end) this long and requests the run as soon as there is one; 0 = answer at once. "
-        "At most 4.5 s: the next tick starts with the daemon's next 5 s loop")
-    sensor_poll_seconds: float = Field(
-        0.5, ge=0.05, le=5,
-        description="delta sensor: seconds between two looks while a tick waits (one LIST request each, "
-        "starting after the watermark; none while a delta run is in flight)")
     max_scan_hours: int = Field(
         0, ge=0, le=24 * 31,
         description="hours of listing the sensor may scan behind the newest partition (0 = window + 1 h)",
@@ -309,6 +300,7 @@ class Settings(PipelineSettings, BaseSettings):
         """Load from ``FRESHIDX_*`` variables (``os.environ``, or ``env`` if given; ``{}`` = defaults
         only); ``overrides`` that are not None win. Raises :class:`SettingsError`."""
         values = {k: v for k, v in overrides.items() if v is not None}
+        _warn_removed(os.environ if env is None else env)
         try:
             with _environ(env):
                 return cls(**values)
@@ -318,6 +310,20 @@ class Settings(PipelineSettings, BaseSettings):
     def pipeline(self) -> dict[str, Any]:
         """The :class:`PipelineSettings` values (what the Dagster ``freshidx`` resource carries)."""
         return {name: getattr(self, name) for name in PipelineSettings.model_fields}
+
+
+#: Variables of earlier releases that no longer do anything, and why.
+REMOVED_VARIABLES = {
+    "FRESHIDX_SENSOR_WAIT_SECONDS": "the delta sensor answers each tick at once; for second-level freshness "
+    "run continuous mode (FRESHIDX_DELTA_MODE=continuous)",
+    "FRESHIDX_SENSOR_POLL_SECONDS": "see FRESHIDX_SENSOR_WAIT_SECONDS",
+}
+
+
+def _warn_removed(env: Mapping[str, str]) -> None:
+    for name, why in REMOVED_VARIABLES.items():
+        if env.get(name):
+            warnings.warn(f"{name} is ignored: {why}", FutureWarning, stacklevel=3)
 
 
 # ``Settings.from_env(env)`` reads ``env`` instead of ``os.environ``; a context variable carries it

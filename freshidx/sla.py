@@ -246,3 +246,23 @@ DESCRIPTIONS: dict[str, str] = {
 
 def evaluate(o: Observed, s: Settings) -> list[CheckOutcome]:
     return [check(o, s) for check in CHECKS]
+
+
+def still_current(o: Observed, s: Settings, last_materialized: dt.datetime | None) -> str | None:
+    """Why the serving delta may be confirmed as current now, or None.
+
+    Dagster's freshness policy only sees when ``delta_index`` was last materialized, so a quiet upstream
+    would turn it red although nothing is missing. When the delta covers the newest visible partition and
+    its last materialization is older than half the warn window, the SLA sensor records a materialization
+    with the same version (an unchanged data version): the policy then measures "behind data that
+    exists", the meaning the README gives it.
+    """
+    if o.delta is None or o.newest is None or o.waiting_since is not None:
+        return None
+    covered = _delta_partition(o.delta)
+    if covered is None or o.newest > covered:
+        return None
+    if last_materialized is not None and (o.now - last_materialized).total_seconds() < s.lag_warn_seconds / 2:
+        return None
+    return (f"unchanged: {o.delta.version} still covers the newest visible partition {o.newest.path} "
+            "(no newer input)")

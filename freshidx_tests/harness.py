@@ -34,9 +34,6 @@ class Harness:
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # resources reference secrets as EnvVar, resolved from the environment
         self._saved = saved
-        # Ticks here answer at once (no watching for new data): the tests decide when data arrives.
-        # The watch itself: test_sensor_watch.py, and every `dagster dev` test runs with it.
-        overrides.setdefault("sensor_wait_seconds", 0)
         self.settings = Settings.from_env({}, store=cfg.uri, s3_endpoint_url=cfg.endpoint_url,
                                           partitions_start="2026-11-01", delta_shards=2, **overrides)
         self.defs = build_definitions(self.settings)

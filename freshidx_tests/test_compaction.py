@@ -334,7 +334,7 @@ def test_compaction_keeps_answers_and_never_loses_a_segment(tmp_path: Path, spar
             assert len(_serving(h)[1]) == 3
             before = w.check("before the sensor's compaction")
             reqs = h.tick("delta_compaction_sensor").run_requests
-            assert len(reqs) == 1 and reqs[0].tags["freshidx/weight"] == "heavy"
+            assert len(reqs) == 1
             job = h.defs.resolve_job_def("delta_compaction_job")
             run = job.execute_in_process(instance=h.instance, tags={**reqs[0].tags})
             (mat,) = run.asset_materializations_for_node("delta_compaction")

@@ -133,11 +133,13 @@ def test_daemon_latest_only_and_ui_materialize(cpu_load: list, dev: tuple[Dagste
             for o in obs if o.asset_observation and "decision" in o.asset_observation.metadata
         }
         assert {(at(30).path, "folded"), (at(35).path, "folded"), (at(40).path, "accepted")} <= decisions
-        # The sensor's runs take the direct lane past the queue when their limits have room
-        # (freshidx.run_lanes): at least one of them here was never enqueued.
+        # The sensor's runs go through Dagster's own run queue, like every other run (a stock instance),
+        # as runs of delta_index_job with its priority.
         sensor_runs = instance.get_runs(
             dg.RunsFilter(tags={"freshidx/pipeline": "delta", "freshidx/trigger": "sensor"}))
-        assert sensor_runs and any(not enqueued(instance, r.run_id) for r in sensor_runs)
+        assert sensor_runs and all(enqueued(instance, r.run_id) for r in sensor_runs)
+        assert {r.job_name for r in sensor_runs} == {"delta_index_job"}
+        assert all(r.tags.get("dagster/priority") == "10" for r in sensor_runs)
     finally:
         instance.dispose()
 

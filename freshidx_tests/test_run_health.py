@@ -174,7 +174,6 @@ def test_hours_interrupted_by_shutdown_are_never_parked(make_harness: Any) -> No
     for attempt in range(1, 5):  # four stops of the demo while the hour's run is in flight
         (req,) = h.tick("ads_hourly_sensor").run_requests
         assert json.loads(req.tags[catchup.TAG_CLAIMS]) == {hid: f"a{attempt}"}
-        assert req.tags["freshidx/weight"] == "heavy"  # one heavy build at a time (dagster.yaml)
         _end(h, req, interrupted=True, asset="ads_hourly")
     entries = catchup.hour_entries(h.store, "ads_hourly", hour(0))
     assert {"a1.interrupted", "a2.interrupted", "a3.interrupted"} <= set(entries)
@@ -191,20 +190,15 @@ def test_hours_interrupted_by_shutdown_are_never_parked(make_harness: Any) -> No
     assert entries["parked-6"]["reason"].startswith("2 attempts did not publish")
 
 
-def test_heavy_builds_are_tagged_and_remediation_never_doubles_a_full_build(make_harness: Any) -> None:
-    import yaml
-
-    from freshidx_tests.test_daemon_e2e import REPO
-
-    limits = yaml.safe_load((REPO / "dagster.yaml").read_text())["concurrency"]["runs"]["tag_concurrency_limits"]
-    assert {"key": "freshidx/weight", "value": "heavy", "limit": 1} in limits
+def test_remediation_never_doubles_a_full_build(make_harness: Any) -> None:
     h = make_harness()
     h.write(0)
-    schedule = h.defs.resolve_schedule_def("full_index_schedule")
-    assert schedule.tags["freshidx/weight"] == "heavy"
+    # The schedule and the remediation launch the same job (the heavy pool: freshidx_tests/test_lanes.py).
+    assert h.defs.resolve_schedule_def("full_index_schedule").job_name == "full_index_job"
+    assert h.defs.resolve_sensor_def("freshidx_sla_sensor").job_name == "full_index_job"
 
     (req,) = h.tick("freshidx_sla_sensor").run_requests  # no full index yet: remediation
-    assert req.tags["freshidx/weight"] == "heavy" and req.run_key == "sla-full:none:a1"
+    assert req.run_key == "sla-full:none:a1"
     full = _run(h, {**req.tags, "dagster/run_key": str(req.run_key)}, asset="full_index",
                 status=dg.DagsterRunStatus.NOT_STARTED)
     data = h.tick("freshidx_sla_sensor")

@@ -27,6 +27,7 @@ from freshidx.defs.io_manager import (  # TAG_SKIPPED re-exported: the sensors s
     outcome_tags,
     refusal_unless_newer,
 )
+from freshidx.defs.lanes import POOL_DELTA, POOL_HEAVY, PRIORITY_DELTA, PRIORITY_FULL, priority_tag
 from freshidx.defs.publishing_io_manager import PublishPolicy
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.delta import DeltaPlan, build_delta
@@ -141,6 +142,7 @@ INDEX_ASSET: dict = {
     ),
     **INDEX_ASSET,
     tags={"freshidx/lane": "delta"},
+    pool=POOL_DELTA,  # one delta build at a time, however it is launched (freshidx.defs.lanes)
     # Transient failures (e.g. the Connect server restarting) are retried inside the run; config
     # refusals and the validation gate raise a non-retriable Failure.
     retry_policy=dg.RetryPolicy(max_retries=2, delay=10),
@@ -238,6 +240,7 @@ class FullIndexConfig(dg.Config):
     ),
     **INDEX_ASSET,
     tags={"freshidx/lane": "full"},
+    pool=POOL_HEAVY,  # one heavy build at a time beside the delta (freshidx.defs.lanes)
     retry_policy=dg.RetryPolicy(max_retries=2, delay=30),
     output_required=False,  # see delta_index
 )
@@ -417,13 +420,23 @@ def _run_info(context: dg.AssetExecutionContext, settings: Settings) -> dict:
     }
 
 
+#: The jobs the sensors, the schedule and the SLA remediation launch (and the UI can): their tags give the
+#: runs their pipeline and their place in the queue.
+delta_index_job = dg.define_asset_job(
+    "delta_index_job", selection=[delta_index], tags={TAG_PIPELINE: DELTA_PIPELINE, **priority_tag(PRIORITY_DELTA)},
+    description="Builds and publishes delta_index (what delta_index_sensor launches).")
+full_index_job = dg.define_asset_job(
+    "full_index_job", selection=[full_index], tags={TAG_PIPELINE: "full", **priority_tag(PRIORITY_FULL)},
+    description="Builds and publishes full_index (what full_index_schedule and the SLA remediation launch).")
+
+
 def full_index_schedule(settings: Settings) -> dg.ScheduleDefinition:
     return dg.ScheduleDefinition(
         name="full_index_schedule",
-        target=[full_index],
+        job=full_index_job,
         cron_schedule=f"7 */{settings.full_every_hours} * * *",
         execution_timezone="UTC",
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description=f"Full rebuild every {settings.full_every_hours} h (minute 7, off the hour's burst).",
-        tags={TAG_TRIGGER: "schedule", TAG_PIPELINE: "full"},
+        tags={TAG_TRIGGER: "schedule"},
     )

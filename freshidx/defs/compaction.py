@@ -1,9 +1,9 @@
-"""``delta_compaction``: background merge of small delta segments (DESIGN §9, issue 13.3), and its sensor.
+"""``delta_compaction``: background merge of small delta segments (docs/architecture.md), and its sensor.
 
 Never on the freshness path: the micro-batches do not wait for it and it never blocks them (no
-``freshidx/pipeline: delta`` tag, so the delta sensor's overlap rule ignores it). Its runs are tagged
-heavy (``freshidx/weight``: one heavy Spark build at a time beside the delta, dagster.yaml), like the
-full index and the ads_hourly catch-up: it competes with them for the same two cores, not with the
+``freshidx/pipeline: delta`` tag, so the delta sensor's overlap rule ignores it). It takes the heavy
+pool (one heavy Spark build at a time beside the delta, :mod:`freshidx.defs.lanes`), like the full
+index and the ads_hourly catch-up: it competes with them for the same two cores, not with the
 delta. A micro-batch that publishes while a compaction builds wins; the compaction then republishes
 its merged segment over the newer version (:mod:`freshidx.compact_delta`), and a micro-batch that
 loses to a compaction appends its segment to the compacted version (``publish.rebase_after_compaction``).
@@ -16,14 +16,14 @@ import dagster as dg
 
 from freshidx.compact_delta import PIPELINE, compact_delta, needs_compaction
 from freshidx.defs.assets import OWNERS, TAG_OUTCOME, TAG_PIPELINE, TAG_TRIGGER, code_version
-from freshidx.defs.hourly import HEAVY
+from freshidx.defs.lanes import POOL_HEAVY, PRIORITY_COMPACTION, priority_tag
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.defs.runs import in_flight_runs
 from freshidx.settings import Settings
 
 COMPACTION_KEY = dg.AssetKey("delta_compaction")
 JOB_NAME = "delta_compaction_job"
-RUN_TAGS = {TAG_PIPELINE: PIPELINE, **HEAVY}
+RUN_TAGS = {TAG_PIPELINE: PIPELINE, **priority_tag(PRIORITY_COMPACTION)}
 #: Compaction is not urgent: the limit it keeps is far below the one that forces a window rebuild.
 SENSOR_INTERVAL_SECONDS = 30
 
@@ -43,6 +43,7 @@ SENSOR_INTERVAL_SECONDS = 30
     owners=OWNERS,
     deps=["delta_index"],
     tags={"freshidx/lane": "compaction"},
+    pool=POOL_HEAVY,
     # Like the index assets: a run that publishes nothing records no materialization (an observation
     # says why), and it stays green (a compaction that gave up is recorded, not a failure).
     output_required=False,
@@ -76,6 +77,7 @@ def delta_compaction(
         "attempts": dg.MetadataValue.int(result.attempts),
         "build_seconds": dg.MetadataValue.float(result.build_seconds),
         "publish_seconds": dg.MetadataValue.float(result.publish_seconds),
+        **spark.spark_metadata(),
     }
     if result.outcome != "published":
         _not_published(context, metadata)
@@ -113,6 +115,6 @@ def make_compaction_sensor(settings: Settings) -> dg.SensorDefinition:
         if in_flight_runs(context.instance, 1, tags={TAG_PIPELINE: PIPELINE}):
             return dg.SkipReason(f"{why}; a compaction run is in flight")
         return dg.SensorResult(run_requests=[dg.RunRequest(
-            run_key=f"compact:{serving}", tags={**RUN_TAGS, TAG_TRIGGER: "sensor"})])
+            run_key=f"compact:{serving}", tags={TAG_TRIGGER: "sensor"})])
 
     return delta_compaction_sensor

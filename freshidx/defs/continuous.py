@@ -48,6 +48,7 @@ from freshidx.continuous import (
 )
 from freshidx.defs.assets import TAG_PIPELINE, TAG_TRIGGER, code_version, hourly_partitions
 from freshidx.defs.io_manager import outcome_metadata, outcome_tags, publish_index_draft, refusal_unless_newer
+from freshidx.defs.lanes import PRIORITY_DELTA, priority_tag
 from freshidx.defs.publishing_io_manager import PublishPolicy
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.defs.run_health import run_facts
@@ -121,6 +122,9 @@ def rss_mb() -> float | None:
     "FRESHIDX_CONTINUOUS_TRIGGER_SECONDS; each new partition becomes one micro-batch published like a "
     "delta_index run and reported as its materialization. Ends itself on a planned restart.",
     tags={"freshidx/lane": "delta"},
+    # No pool: this run lives for hours, and in the delta pool it would hold a UI "Materialize" of
+    # delta_index in the queue all that time. The loop's planner waits instead while any delta_index
+    # run is queued or running (the sensor's overlap rule) and starts no micro-batch meanwhile.
 )
 def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreResource, spark: SparkResource,
                           freshidx: FreshidxSettings) -> None:
@@ -201,11 +205,7 @@ def _warm_up(context: dg.OpExecutionContext, spark: SparkResource) -> None:
 def _release_if_draining(context: dg.OpExecutionContext, spark: SparkResource) -> bool:
     """A supervised Connect server that drains for a planned restart waits for leases: an idle loop lets
     go of its session (and lease) at once; the next micro-batch leases and connects afresh."""
-    if not (spark.remote and spark.server_state_dir):
-        return False
-    from freshidx.spark.server_state import read_state
-
-    if (read_state(spark.server_state_dir) or {}).get("status") != "draining":
+    if not spark.server_draining():
         return False
     spark.discard()
     context.log.info("Spark Connect server is draining for a restart: session and lease released")
@@ -268,7 +268,7 @@ def _micro_batch(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectS
     if result.outcome == "published" or (attempted and result.outcome != "invalid"):
         # A materialization per publication attempt that reached the CAS, as the IO manager reports it.
         state.published += result.outcome == "published"
-        context.log_event(dg.AssetMaterialization(asset_key="delta_index", metadata=meta,
+        context.log_event(dg.AssetMaterialization(asset_key="delta_index", metadata={**meta, **spark.spark_metadata()},
                                                   description=f"{result.outcome}: {draft.version} for {p.path}"))
         context.instance.add_run_tags(context.run_id, outcome_tags(draft, result))
         context.log.info(f"{result.outcome} delta {draft.version} for {p.path} ({result.reason})")
@@ -304,8 +304,7 @@ def _write_heartbeat(context: dg.OpExecutionContext, st: ObjectStore, state: Loo
     description="Continuous mode (FRESHIDX_DELTA_MODE=continuous): one long-lived run that keeps a Spark "
     "session warm and publishes each new partition as a delta_index micro-batch; started and restarted by "
     "delta_continuous_watchdog.",
-    tags={TAG_PIPELINE: PIPELINE, TAG_MODE: "continuous", TAG_TRIGGER: TRIGGER,
-          "dagster/priority": "10"},
+    tags={TAG_PIPELINE: PIPELINE, TAG_MODE: "continuous", TAG_TRIGGER: TRIGGER, **priority_tag(PRIORITY_DELTA)},
 )
 def delta_continuous() -> None:
     delta_continuous_loop()

@@ -11,6 +11,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
+from typing import Any
 
 import dagster as dg
 from dagster import DagsterRunStatus, RunsFilter
@@ -18,6 +19,7 @@ from dagster import DagsterRunStatus, RunsFilter
 from freshidx import catchup, run_health
 from freshidx.defs.assets import OWNERS, TAG_PIPELINE, TAG_TRIGGER, code_version, hourly_partitions
 from freshidx.defs.bucket_io_manager import HourBucket
+from freshidx.defs.lanes import POOL_HEAVY, PRIORITY_CATCHUP, priority_tag
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.defs.runs import IN_FLIGHT
 from freshidx.lifecycle import Decision, Mark, TriggerId
@@ -27,13 +29,7 @@ from freshidx.readiness import check_ready, list_hour
 from freshidx.settings import Settings
 
 ADS_HOURLY_KEY = dg.AssetKey(catchup.ASSET)
-# Run queue order: delta (freshness, 10) before catch-up (5) before UI backfills (default 0, and
-# dagster.yaml limits those to one at a time).
-LIVE_PRIORITY = "5"
-# dagster.yaml limits runs carrying this tag to one at a time: on a small machine a heavy build
-# (catch-up, full rebuild, SLA remediation) never runs beside another one, only beside the delta.
-TAG_WEIGHT = "freshidx/weight"
-HEAVY = {TAG_WEIGHT: "heavy"}
+ADS_HOURLY_JOB = "ads_hourly_job"
 
 
 def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
@@ -57,6 +53,7 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
         owners=OWNERS,
         deps=["raw_ad_updates"],
         tags={"freshidx/lane": "catchup"},
+        pool=POOL_HEAVY,  # one heavy build at a time beside the delta (freshidx.defs.lanes)
     )
     def ads_hourly(
         context: dg.AssetExecutionContext,
@@ -186,8 +183,6 @@ def run_request(req: catchup.Request) -> dg.RunRequest:
         TAG_PIPELINE: catchup.ASSET, TAG_TRIGGER: "sensor", catchup.TAG_KIND: req.kind,
         catchup.TAG_CLAIMS: json.dumps({catchup.layout.hour_id(c.hour): c.suffix for c in req.claims},
                                        sort_keys=True),
-        "dagster/priority": LIVE_PRIORITY,
-        **HEAVY,
     }
     if len(keys) == 1:
         return dg.RunRequest(run_key=req.run_key, partition_key=keys[0], tags=tags, asset_selection=[ADS_HOURLY_KEY])
@@ -195,10 +190,19 @@ def run_request(req: catchup.Request) -> dg.RunRequest:
     return dg.RunRequest(run_key=req.run_key, tags=tags, asset_selection=[ADS_HOURLY_KEY])
 
 
-def make_hourly_sensor(settings: Settings, ads_hourly: dg.AssetsDefinition) -> dg.SensorDefinition:
+# What define_asset_job returns is not exported by dagster under a public name: hence Any.
+def make_ads_hourly_job(ads_hourly: dg.AssetsDefinition) -> Any:
+    """The catch-up's job: its runs come before compaction and UI backfills in the queue (freshidx.defs.lanes)."""
+    return dg.define_asset_job(
+        ADS_HOURLY_JOB, selection=[ads_hourly], partitions_def=ads_hourly.partitions_def,
+        tags={TAG_PIPELINE: catchup.ASSET, **priority_tag(PRIORITY_CATCHUP)},
+        description="Builds ads_hourly buckets (what ads_hourly_sensor launches for the catch-up).")
+
+
+def make_hourly_sensor(settings: Settings, job: Any) -> dg.SensorDefinition:
     @dg.sensor(
         name="ads_hourly_sensor",
-        target=[ads_hourly],
+        job=job,
         minimum_interval_seconds=max(1, settings.hourly_sensor_interval_seconds - 1),
         default_status=dg.DefaultSensorStatus.RUNNING if settings.catchup_autostart
         else dg.DefaultSensorStatus.STOPPED,

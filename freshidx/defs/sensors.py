@@ -1,4 +1,4 @@
-"""``delta_index_sensor``: latest-only triggering (DESIGN §7, seed 000).
+"""``delta_index_sensor``: latest-only triggering (docs/architecture.md, "Progress policies").
 
 The rule itself is :mod:`freshidx.latest_only` (tested without Dagster); this module observes runs
 from the instance and turns the plan into a ``SensorResult``. Every tick: read the delta pointer
@@ -24,15 +24,14 @@ from freshidx.defs.assets import (
     TAG_PIPELINE,
     TAG_SKIPPED,
     TAG_TRIGGER,
-    delta_index,
+    delta_index_job,
 )
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.defs.run_health import failure_reason
 from freshidx.defs.runs import IN_FLIGHT, UNSUCCESSFUL, in_flight_runs, run_for_key
-from freshidx.latest_only import PIPELINE, RunView, apply, plan_tick, wait_for_work
+from freshidx.latest_only import PIPELINE, RunView, apply, plan_tick
 from freshidx.partitions import PartitionError, PartitionId
 from freshidx.publish import utcnow
-from freshidx.run_lanes import DIRECT, TAG_LAUNCH
 
 DELTA_KEY = dg.AssetKey("delta_index")
 
@@ -95,8 +94,8 @@ class DagsterDeltaRuns:
                 f"{failure_reason(self.instance, run.run_id, 200)}")
 
     def last_requested(self) -> str | None:
-        # The newest sensor run, not the cursor: a direct launch keeps the tick open until the run's worker
-        # has started (~2 s), and a daemon killed meanwhile never saves the tick's cursor.
+        # The newest sensor run, not the cursor: the daemon saves a tick's cursor only when the tick ends,
+        # and a daemon killed after the run was created but before that never saves it.
         runs = self.instance.get_runs(dg.RunsFilter(tags={TAG_PIPELINE: PIPELINE, TAG_TRIGGER: "sensor"}), limit=1)
         return runs[0].tags.get("dagster/run_key") if runs else None
 
@@ -108,7 +107,7 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
 
     @dg.sensor(
         name="delta_index_sensor",
-        target=[delta_index],
+        job=delta_index_job,
         minimum_interval_seconds=minimum,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description="Latest-only trigger of delta_index: processes the newest visible partition, "
@@ -125,7 +124,6 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
                                  "delta_continuous_watchdog) triggers the delta; this sensor requests no runs")
         st = store.open()
         runs = DagsterDeltaRuns(context.instance)
-        wait_for_work(st, settings, runs)
         noticed = utcnow()
         plan = plan_tick(st, settings, runs, noticed,
                          json.loads(context.cursor) if context.cursor else {})
@@ -150,10 +148,7 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
                 run_config={"ops": {"delta_index": {"config": {"source_partition": req.partition.path}}}},
                 tags={TAG_PIPELINE: PIPELINE, TAG_PARTITION: req.partition.path, TAG_ATTEMPT: str(req.attempt),
                       TAG_TRIGGER: "sensor", TAG_SKIPPED: str(req.skipped),
-                      TAG_NOTICED: noticed.isoformat(timespec="milliseconds"),
-                      "dagster/priority": "10",  # freshness first: dequeued before catch-up and backfills
-                      # launched from this tick when the queue would launch it at once (freshidx.run_lanes)
-                      TAG_LAUNCH: DIRECT},
+                      TAG_NOTICED: noticed.isoformat(timespec="milliseconds")},
             )],
             asset_events=events,
             cursor=json.dumps(plan.cursor),

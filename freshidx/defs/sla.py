@@ -19,16 +19,18 @@ import dagster as dg
 from dagster import DagsterRunStatus, RunsFilter
 
 from freshidx import layout, ledger, run_health, sla
-from freshidx.defs.assets import TAG_PIPELINE, TAG_TRIGGER, full_index
-from freshidx.defs.hourly import HEAVY
+from freshidx.defs.assets import TAG_PIPELINE, TAG_TRIGGER, full_index_job
 from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.defs.runs import ENDED, IN_FLIGHT
 from freshidx.lifecycle import Decision, remediation_trigger_id
 from freshidx.publish import iso, utcnow
+from freshidx.settings import Settings
 
 FULL_KEY = dg.AssetKey("full_index")
 DELTA_KEY = dg.AssetKey("delta_index")
 TAG_REMEDIATION = "freshidx/remediation_of"
+#: The tag Dagster reads an event's data version from (the version a confirmation leaves unchanged).
+DATA_VERSION_TAG = "dagster/data_version"
 HEARTBEAT = dt.timedelta(minutes=10)
 MAX_REMEDIATION_ATTEMPTS = 3
 
@@ -75,6 +77,21 @@ def _latest_materialization(instance: dg.DagsterInstance, asset: str) -> int | N
     return records.records[0].storage_id if records.records else None
 
 
+def _confirmation(instance: dg.DagsterInstance, observed: sla.Observed,
+                  settings: Settings) -> dg.AssetMaterialization | None:
+    """A materialization of the serving delta, unchanged, while upstream is quiet (:func:`sla.still_current`)."""
+    records = instance.fetch_materializations(DELTA_KEY, limit=1).records
+    last = dt.datetime.fromtimestamp(records[0].timestamp, dt.UTC) if records else None
+    why = sla.still_current(observed, settings, last)
+    if why is None or observed.delta is None:
+        return None
+    return dg.AssetMaterialization(
+        asset_key=DELTA_KEY, description=why,
+        metadata={"confirmed_current": True, "version": observed.delta.version,
+                  "source_partition": observed.delta.source_partition or ""},
+        tags={DATA_VERSION_TAG: observed.delta.version})
+
+
 def latest_check_runs(instance: dg.DagsterInstance, assets: list[str], limit: int = 25) -> dict[str, str | None]:
     """Per asset, the newest ended run that executed (or skipped) the asset's checks.
 
@@ -113,7 +130,7 @@ def sla_checks() -> list[dg.AssetChecksDefinition]:
 def make_sla_sensor(interval_seconds: int, autostart: bool = True) -> dg.SensorDefinition:
     @dg.sensor(
         name="freshidx_sla_sensor",
-        target=[full_index],
+        job=full_index_job,
         minimum_interval_seconds=interval_seconds,
         default_status=dg.DefaultSensorStatus.RUNNING if autostart else dg.DefaultSensorStatus.STOPPED,
         description="Data-aware SLA: lag, coverage, source silence, stuck publication, run failures. "
@@ -131,7 +148,7 @@ def make_sla_sensor(interval_seconds: int, autostart: bool = True) -> dg.SensorD
         states: dict = cursor.get("states", {})
         latest = {a: _latest_materialization(context.instance, a) for a in sla.CHECK_NAMES}
         check_runs = latest_check_runs(context.instance, list(sla.CHECK_NAMES))
-        events: list[dg.AssetCheckEvaluation] = []
+        events: list[dg.AssetCheckEvaluation | dg.AssetMaterialization] = []
         changes: list[str] = []
         for o in outcomes:
             key = f"{o.asset}.{o.check}"
@@ -155,6 +172,8 @@ def make_sla_sensor(interval_seconds: int, autostart: bool = True) -> dg.SensorD
                 states[key] = {"state": o.state, "at": now.isoformat(), "mat": latest[o.asset],
                                "run": check_runs[o.asset]}
         cursor["states"] = states
+        confirmation = _confirmation(context.instance, observed, settings)
+        events += [confirmation] if confirmation is not None else []
 
         requests: list[dg.RunRequest] = []
         reasons = [o for o in outcomes if o.remediate == "full_index"]
@@ -197,8 +216,7 @@ def _remediation(context: dg.SensorEvaluationContext, st, observed: sla.Observed
                      extra={"at": iso(now)}),
     ):
         return [], f"{run_key} already launched"
-    # Heavy (one heavy build beside the delta, dagster.yaml); before catch-up (5) in the queue: a
-    # coverage gap hides documents from readers, a catch-up backlog does not.
-    return [dg.RunRequest(run_key=run_key, asset_selection=[FULL_KEY],
-                          tags={TAG_TRIGGER: "sla_remediation", TAG_PIPELINE: "full",
-                                TAG_REMEDIATION: of, "dagster/priority": "6", **HEAVY})], None
+    # full_index_job: the heavy pool, and before catch-up in the queue (freshidx.defs.lanes): a coverage
+    # gap hides documents from readers, a catch-up backlog does not.
+    return [dg.RunRequest(run_key=run_key,
+                          tags={TAG_TRIGGER: "sla_remediation", TAG_REMEDIATION: of})], None
