@@ -285,7 +285,7 @@ def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.da
             plan.skip_reason = f"no raw hours under raw/{settings.source}/ yet"
             return plan
         # Nothing before the first Dagster partition (FRESHIDX_PARTITIONS_START) is caught up.
-        start = dt.datetime.fromisoformat(settings.partitions_start).replace(tzinfo=dt.UTC)
+        start = settings.partitions_start_at
         state.frontier = layout.hour_id(max(first, start))
     last_closed = floor_hour(now) - HOUR  # hours whose end is <= now
     busy_hours = runs.busy_hours()

@@ -112,7 +112,7 @@ def _late_unprocessed_hour(store: ObjectStore, settings: Settings, runs: RunInde
     listing = list_hour(store, settings.source, hour)
     if not listing.files:
         return  # nothing there: nothing to process or explain
-    start = dt.datetime.fromisoformat(settings.partitions_start).replace(tzinfo=dt.UTC)
+    start = settings.partitions_start_at
     if hour < start:
         why = (f"late data ({len(listing.files)} object(s)) for closed hour {hid}, before FRESHIDX_PARTITIONS_START "
                f"{settings.partitions_start}: not an {plan.asset} partition, never bucketed; the full index reads it")

@@ -12,16 +12,17 @@ resources. A bad value fails at load with a message naming both the field and th
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import re
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Self
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from freshidx.store import StoreConfig, normalize_uri
 
@@ -133,7 +134,9 @@ class PipelineSettings(BaseModel):
     sla_interval_seconds: int = Field(30, ge=1, le=3600, description="SLA sensor tick interval")
     sla_autostart: bool = Field(True, description="start freshidx_sla_sensor (checks and remediation) with the code "
                                 "location (false: it can still be started from the UI)")
-    partitions_start: str = Field("2026-01-01", description="first hourly Dagster partition (YYYY-MM-DD)")
+    partitions_start: str = Field(
+        "2026-01-01",
+        description="first hourly Dagster partition, UTC: a day (YYYY-MM-DD) or an hour (YYYY-MM-DDTHH:00)")
     keep_versions: int = Field(5, ge=1, le=1000, description="published versions never garbage-collected")
     # Catch-up consumer (ads_hourly): every closed hour exactly once (DESIGN §7).
     readiness: str = Field(
@@ -184,8 +187,15 @@ class PipelineSettings(BaseModel):
     @field_validator("partitions_start")
     @classmethod
     def _start(cls, v: str) -> str:
-        dt.date.fromisoformat(v)
+        at = dt.datetime.fromisoformat(v)
+        if at.tzinfo is not None or (at.minute, at.second, at.microsecond) != (0, 0, 0):
+            raise ValueError("a day (YYYY-MM-DD) or a whole hour (YYYY-MM-DDTHH:00), UTC, without an offset")
         return v
+
+    @property
+    def partitions_start_at(self) -> dt.datetime:
+        """The first hourly partition's start (UTC)."""
+        return dt.datetime.fromisoformat(self.partitions_start).replace(tzinfo=dt.UTC)
 
     @field_validator("readiness")
     @classmethod
@@ -243,6 +253,11 @@ class Settings(PipelineSettings, BaseSettings):
     spark_keep_sessions: bool = Field(
         True, description="delta runs attach to one Connect session the server keeps between runs (warm Python "
                           "workers and caches); needs spark_server_state; false = a new session per run")
+    # NoDecode: parsed by _spark_conf, so that bad JSON is a settings error naming the variable.
+    spark_conf: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict, description="Spark confs, a JSON object of strings (e.g. "
+        '{"spark.executor.memory": "4g"}): the spark resource\'s spark_config; local mode lays them over its '
+        "defaults, a cluster's driver and a Connect session get only these besides what freshidx needs")
 
     @classmethod
     def settings_customise_sources(
@@ -268,6 +283,18 @@ class Settings(PipelineSettings, BaseSettings):
         if not re.match(r"^sc://[^/:]+:\d+(/.*)?$", v):
             raise ValueError(f"must look like sc://host:port, got {v!r}")
         return v
+
+    @field_validator("spark_conf", mode="before")
+    @classmethod
+    def _spark_conf(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not JSON ({exc})") from None
+        if not isinstance(v, Mapping) or not all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
+            raise ValueError('must be a JSON object of strings, e.g. {"spark.executor.memory": "4g"}')
+        return dict(v)
 
     @field_validator("spark_master")
     @classmethod

@@ -60,6 +60,7 @@ def delta_segments(store: ObjectStore, version: str) -> dict[str, Any]:
     segs = manifest.get("segments")
     return {
         "build": inputs.get("build") or "window",
+        "trigger": (manifest.get("run") or {}).get("trigger"),
         "rebuild_reason": inputs.get("rebuild_reason"),
         "full_version": inputs.get("full_version"),
         "segments": None if segs is None else [
@@ -142,7 +143,7 @@ def spark_server(state_dir: str | None) -> dict[str, Any] | None:
     with what it last said: its ``status`` (e.g. ``restarting``) was frozen when the process died."""
     if not state_dir:
         return None
-    from freshidx.spark.server_state import read_state
+    from freshidx.spark_server.server_state import read_state
 
     state = read_state(state_dir)
     if state is None:
@@ -179,12 +180,27 @@ def continuous_status(store: ObjectStore, now: dt.datetime) -> dict[str, Any] | 
     return describe_heartbeat(hb if isinstance(hb, dict) else None, now)
 
 
+def trigger_mode(delta: dict[str, Any] | None, run: dict[str, Any] | None) -> tuple[str | None, str]:
+    """The delta trigger mode the deployment runs, and how that is known: from the store, never from this
+    shell's environment (the deployment's processes have their own). A continuous run that is alive says
+    continuous; otherwise the serving delta's manifest says how its micro-batch was triggered."""
+    if run is not None and run.get("state") == "live":
+        return "continuous", "a live continuous run"
+    trigger = (delta or {}).get("trigger")
+    if trigger in ("continuous", "sensor"):
+        return str(trigger), "the serving delta's run"
+    if trigger:
+        return None, f"the serving delta was launched by {trigger}"
+    return None, "nothing published yet"
+
+
 def collect(store: ObjectStore, source: str, now: dt.datetime | None = None,
-            spark_server_state: str | None = None, spark_server_found_by: str | None = None,
-            delta_mode: str | None = None) -> dict[str, Any]:
+            spark_server_state: str | None = None, spark_server_found_by: str | None = None) -> dict[str, Any]:
     now = now or utcnow()
     newest, ignored = newest_partition(store, source)
     delta = index_status(store, "delta", now)
+    continuous = continuous_status(store, now)
+    mode, mode_known_from = trigger_mode(delta, continuous)
     behind = None
     if newest is not None and delta and delta.get("source_partition"):
         behind = round((newest.at - PartitionId.parse(delta["source_partition"]).at).total_seconds(), 3)
@@ -203,8 +219,9 @@ def collect(store: ObjectStore, source: str, now: dt.datetime | None = None,
         "spark_server": spark_server(spark_server_state),
         "spark_server_found_by": spark_server_found_by or ("given" if spark_server_state else "none"),
         "ads_hourly": catchup_status(store),
-        "delta_mode": delta_mode,
-        "continuous": continuous_status(store, now),
+        "delta_mode": mode,
+        "delta_mode_known_from": mode_known_from,
+        "continuous": continuous,
     }
 
 
@@ -248,7 +265,7 @@ def render(s: dict[str, Any]) -> str:
                          f"{idx['segments_used']} delta segments ({idx['state_chain']} state builds in a row)")
         elif name == "full" and idx.get("build"):
             lines.append(f"        built from every raw partition ({_v(idx.get('raw_reason'))})")
-    lines += _render_mode(s.get("delta_mode"), s.get("continuous"))
+    lines += _render_mode(s.get("delta_mode"), s.get("continuous"), s.get("delta_mode_known_from"))
     if s["seconds_behind_newest"] is not None:
         lines.append(f"delta is {s['seconds_behind_newest']:.0f}s of partitions behind the newest visible one")
     lines += _render_server(s.get("spark_server"), s.get("spark_server_found_by"))
@@ -265,13 +282,13 @@ def render(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _render_mode(mode: str | None, run: dict[str, Any] | None) -> list[str]:
-    """The delta trigger mode and, when a continuous run left a heartbeat, that run."""
+def _render_mode(mode: str | None, run: dict[str, Any] | None, known_from: str | None = None) -> list[str]:
+    """The delta trigger mode (as the store shows it) and, when a continuous run left a heartbeat, that run."""
     if mode is None and run is None:
         return []
-    head = f"mode    {_v(mode)}"
+    head = f"mode    {_v(mode)}" + (f" (from {known_from})" if known_from else "")
     if run is None:
-        return [head + ("  (no continuous run has written a heartbeat yet)" if mode == "continuous" else "")]
+        return [head]
     ended = run.get("ended") or {}
     what = (f"ended ({ended.get('reason')}: {ended.get('detail')})" if run["state"] == "ended" else
             f"{run['state']}, last heartbeat {run['seconds_since_heartbeat']:.0f}s ago")

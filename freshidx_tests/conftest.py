@@ -45,7 +45,7 @@ SLOW_MODULES = frozenset({
 #: matter: this VM's speed varies up to ~2x from day to day (the same suite took 871 and 1632 CPU-s).
 MODULE_SECONDS = {
     "test_cluster": 350, "test_browser_ui": 306, "test_postgres_e2e": 300, "test_spark_server": 277,
-    "test_daemon_e2e": 173, "test_ledger_explains": 158, "test_supervisor_stop": 127,
+    "test_daemon_e2e": 173, "test_limits_e2e": 200, "test_ledger_explains": 158, "test_supervisor_stop": 127,
     "test_catchup": 120, "test_connect_retry": 102, "test_version_conflicts": 93, "test_sla": 92,
     "test_devserver": 91, "test_run_health_e2e": 86, "test_sensor_e2e": 76, "test_delta_versions": 72,
     "test_demo_stop": 65, "test_micro_batch_crash": 64, "test_continuous_e2e": 63,
@@ -287,7 +287,7 @@ def stop_spark_server_group(pid: int, grace_s: float = 90.0) -> None:
 
     try:
         proc = psutil.Process(pid)
-        if "freshidx.spark.server" not in " ".join(proc.cmdline()):
+        if "freshidx.spark_server.server" not in " ".join(proc.cmdline()):
             return  # not ours: the server is gone and its pid was reused
         proc.send_signal(signal.SIGTERM)
         proc.wait(grace_s)
@@ -313,7 +313,7 @@ def shared_spark_connect() -> Iterator[dict[str, str]]:
     import fcntl
     import json
 
-    from freshidx.spark.server_state import read_state
+    from freshidx.spark_server.server_state import read_state
     from freshidx_tests.polling import poll_until
 
     root = Path(os.environ[SHARED_CONNECT_DIR_VAR])
@@ -325,7 +325,7 @@ def shared_spark_connect() -> Iterator[dict[str, str]]:
             port = free_port()
             with open(root / "spark-server.out", "ab") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "freshidx.spark.server", "--port", str(port), "--state-dir",
+                    [sys.executable, "-m", "freshidx.spark_server.server", "--port", str(port), "--state-dir",
                      str(state_dir), "--driver-memory", SHARED_CONNECT_HEAP, "--no-cds-dump",
                      *TEST_JVM_ARGS],
                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True,

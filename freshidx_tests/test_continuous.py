@@ -207,21 +207,34 @@ def _serving(h: Harness) -> str | None:
     return ptr.source_partition if ptr else None
 
 
-def test_status_shows_mode_and_live_run(local_store_config: Any) -> None:
+def test_status_shows_mode_and_live_run(local_store_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from freshidx import status
     from freshidx.store import open_store
 
     st = open_store(local_store_config)
     now = dt.datetime.now(dt.UTC)
-    assert "mode    sensor" in status.render(status.collect(st, "ad_updates", now, delta_mode="sensor"))
+    # The mode comes from the store, never from this shell's FRESHIDX_DELTA_MODE.
+    monkeypatch.setenv("FRESHIDX_DELTA_MODE", "sensor")
+    assert status.collect(st, "ad_updates", now)["delta_mode"] is None  # nothing published, no run
     state = continuous.LoopState("abcdef12-run", now - dt.timedelta(seconds=30), LIMITS, ticks=30, batches=2,
                                  published=2, last_tick=now)
     st.put_json(layout.continuous_heartbeat_key(), continuous.heartbeat(state, now))
-    s = status.collect(st, "ad_updates", now, delta_mode="continuous")
+    s = status.collect(st, "ad_updates", now)
     assert s["continuous"]["state"] == "live" and s["continuous"]["run_id"] == "abcdef12-run"
+    assert s["delta_mode"] == "continuous"
     text = status.render(s)
-    assert "mode    continuous  continuous run abcdef12 live" in text
+    assert "mode    continuous (from a live continuous run)  continuous run abcdef12 live" in text
     assert "next planned restart" in text and "published 2" in text
+
+
+def test_status_mode_follows_the_serving_delta_when_no_run_is_live() -> None:
+    from freshidx import status
+
+    ended = {"state": "ended", "run_id": "x"}
+    assert status.trigger_mode({"trigger": "sensor"}, ended) == ("sensor", "the serving delta's run")
+    assert status.trigger_mode({"trigger": "continuous"}, None) == ("continuous", "the serving delta's run")
+    assert status.trigger_mode({"trigger": "ui"}, None)[0] is None
+    assert status.trigger_mode({"trigger": "sensor"}, {"state": "live"})[0] == "continuous"
 
 
 def test_sigterm_ends_the_trigger_wait_at_once() -> None:

@@ -79,3 +79,18 @@ def test_no_confirmation_while_a_newer_partition_waits(make_harness: Any) -> Non
     h.write(5)
     _point_at(h.store, at(0))
     assert not _confirmations(h.tick("freshidx_sla_sensor"))
+
+
+def test_the_demo_partitions_begin_with_its_data(local_store_config: Any) -> None:
+    from freshidx.store import open_store
+    from freshidx.tools.demo import data_start
+    from freshidx.tools.generate import GeneratorConfig, write_partition
+
+    store = open_store(local_store_config)
+    now = dt.datetime(2026, 11, 28, 14, 37, tzinfo=dt.UTC)
+    assert data_start(store, "ad_updates", 90, now) == "2026-11-28T13:00"  # empty store: the history's hour
+    write_partition(store, GeneratorConfig(seed=1, ads=10, products=3, changes_per_partition=2),
+                    PartitionId(dt.datetime(2026, 11, 27, 22, 5, tzinfo=dt.UTC)))
+    start = data_start(store, "ad_updates", 90, now)
+    assert start == "2026-11-27T22:00"  # older data already in the store
+    assert Settings.from_env({"FRESHIDX_PARTITIONS_START": start}).partitions_start_at.hour == 22

@@ -6,20 +6,16 @@ import json
 
 import click
 
-from freshidx.cli.base import LazyCommand, json_option, store_option
+from freshidx.cli.base import LazyCommand, json_option, open_command_store, store_option
 
 
 def cmd_status(*, store: str | None, as_json: bool, spark_server_state: str | None) -> int:
-    from freshidx.settings import Settings
     from freshidx.status import collect, locate_spark_server_state, render
-    from freshidx.store import open_store
 
-    settings = Settings.from_env(store=store)
-    st = open_store(settings.store_config())
+    settings, st = open_command_store(store, reads_only=True)
     # The state must belong to this store: a CWD-relative default described some other demo's server.
     where = locate_spark_server_state(st, spark_server_state, settings.spark_server_state)
-    s = collect(st, settings.source, spark_server_state=where.state_dir, spark_server_found_by=where.found_by,
-                delta_mode=settings.delta_mode)
+    s = collect(st, settings.source, spark_server_state=where.state_dir, spark_server_found_by=where.found_by)
     print(json.dumps(s, indent=1, default=str) if as_json else render(s))
     return 0
 

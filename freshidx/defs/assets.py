@@ -55,7 +55,7 @@ TAG_NOTICED = "freshidx/noticed_at"
 
 
 def hourly_partitions(settings: Settings) -> dg.HourlyPartitionsDefinition:
-    return dg.HourlyPartitionsDefinition(start_date=f"{settings.partitions_start}-00:00", timezone="UTC")
+    return dg.HourlyPartitionsDefinition(start_date=settings.partitions_start_at, timezone="UTC")
 
 
 def store_kind(uri: str) -> str:

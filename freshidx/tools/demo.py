@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from freshidx.store import ObjectStore
 
+
 DEMO_ID_ENV = "FRESHIDX_DEMO_ID"
 DELTA_MODE_ENV = "FRESHIDX_DELTA_MODE"
 #: The demo's delta mode unless FRESHIDX_DELTA_MODE is set (issue 14: the demo uses continuous).
@@ -60,6 +61,17 @@ class DemoArgs:
     as_json: bool
     spark: str
     spark_port: int
+
+
+def data_start(store: ObjectStore, source: str, history_minutes: int, now: dt.datetime) -> str:
+    """The first hour of the demo's data, as FRESHIDX_PARTITIONS_START: the oldest raw hour already in the
+    store, or the hour the generator's history begins in (a few LIST calls)."""
+    from freshidx.catchup_ledger import oldest_hour
+
+    history = (now - dt.timedelta(minutes=history_minutes)).replace(minute=0, second=0, microsecond=0)
+    oldest = oldest_hour(store, source)
+    start = history if oldest is None else min(oldest, history)
+    return f"{start:%Y-%m-%dT%H}:00"
 
 
 class Printer:
@@ -90,6 +102,9 @@ def cmd_demo(**options: Any) -> int:
     env = {"FRESHIDX_STORE": settings.store, DEMO_ID_ENV: demo_id, DELTA_MODE_ENV: settings.delta_mode}
     env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or sys.executable)
     store = open_store(settings.store_config())
+    if not os.environ.get("FRESHIDX_PARTITIONS_START"):  # the UI's hourly partitions begin with the data
+        env["FRESHIDX_PARTITIONS_START"] = data_start(store, settings.source, args.history_minutes,
+                                                      dt.datetime.now(dt.UTC))
     out = Printer(args.as_json)
     stopping = _stop_on_signals()
     instance = _open_instance(dagster_home)
@@ -185,7 +200,7 @@ def _start_spark_server(args: DemoArgs, home: Path, env: dict[str, str], state_d
                         store: ObjectStore) -> subprocess.Popen[bytes]:
     """Start the supervised Spark Connect server (``env`` already points the runs at it)."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "freshidx.spark.server", "--port", str(args.spark_port),
+        [sys.executable, "-m", "freshidx.spark_server.server", "--port", str(args.spark_port),
          "--state-dir", str(state_dir), "--no-cds-dump"],  # first start fast: map `spark-cds`'s archive, never dump
         stdout=open(home / "spark-server.out", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
         env={**os.environ, **env}, start_new_session=True,
@@ -381,7 +396,7 @@ def _stop_supervisor(server: subprocess.Popen[bytes], state_dir: Path) -> None:
         server.wait(10)
     try:
         from freshidx.procs import cmdline, session_members
-        from freshidx.spark.server_state import read_state
+        from freshidx.spark_server.server_state import read_state
 
         state = read_state(state_dir) or {}
         pid = state.get("pid")

@@ -225,6 +225,20 @@ class WebserverClient:
         result = _check_union(data["launchRun"], "LaunchRunSuccess", f"materialize {asset_keys}")
         return str(result["run"]["runId"])
 
+    def launch_job(self, job_name: str, tags: dict[str, str] | None = None,
+                   run_config: dict[str, Any] | None = None) -> str:
+        """Launch a run of a named job, like the job page's Launch button; returns the run id."""
+        params: dict[str, Any] = {
+            "selector": {"repositoryLocationName": self.location_name, "repositoryName": self.repository_name,
+                         "jobName": job_name},
+            "runConfigData": run_config or {},
+            "mode": "default",
+            "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]},
+        }
+        data = self.graphql(LAUNCH_RUN_MUTATION, {"executionParams": params})
+        result = _check_union(data["launchRun"], "LaunchRunSuccess", f"launch {job_name}")
+        return str(result["run"]["runId"])
+
     def terminate_runs(self, run_ids: list[str]) -> dict[str, str]:
         """Terminate runs like the UI's Terminate button; returns run id -> result typename."""
         if not run_ids:
