@@ -30,6 +30,7 @@ from freshidx_tests.test_daemon_e2e import REPO, SLA_OFF, enqueued, env_for
 GEN = GeneratorConfig(seed=11, ads=200, products=40, changes_per_partition=20)
 H0 = catchup.floor_hour(dt.datetime.now(dt.UTC)) - dt.timedelta(hours=3)
 HEAVY_ASSETS = {dg.AssetKey("full_index"), dg.AssetKey("ads_hourly"), dg.AssetKey("delta_compaction")}
+HEAVY_JOBS = {"full_index_job", "ads_hourly_job", "delta_compaction_job"}
 DELTA_ASSET = dg.AssetKey("delta_index")
 END_EVENTS = (dg.DagsterEventType.RUN_SUCCESS, dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED)
 
@@ -60,6 +61,14 @@ def _overlaps(intervals: dict[str, tuple[float, float]]) -> list[tuple[str, str]
     ordered = sorted(intervals.items(), key=lambda kv: kv[1][0])
     return [(a, b) for (a, (_, a_end)), (b, (b_start, _)) in itertools.pairwise(ordered)
             if b_start < a_end]
+
+
+def _builds(run: dg.DagsterRun) -> set[str]:
+    """What a run builds: by its assets (UI launches of the asset job) or its job (the triggers' runs)."""
+    assets = set(run.asset_selection or ())
+    heavy = bool(HEAVY_ASSETS & assets) or run.job_name in HEAVY_JOBS
+    delta = DELTA_ASSET in assets or run.job_name == "delta_index_job"
+    return {name for name, yes in (("heavy", heavy), ("delta", delta)) if yes}
 
 
 def _all_ended(instance: dg.DagsterInstance, run_ids: list[str]) -> bool:
@@ -99,9 +108,8 @@ def test_no_two_heavy_or_delta_builds_overlap_whoever_launches_them(
         failed = {r.run_id: dev.run_errors(r.run_id)[:3] for r in every if r.status != dg.DagsterRunStatus.SUCCESS}
         assert not failed, failed
 
-        heavy = {r.run_id: _interval(instance, r.run_id) for r in every
-                 if HEAVY_ASSETS & set(r.asset_selection or ())}
-        delta = {r.run_id: _interval(instance, r.run_id) for r in every if DELTA_ASSET in (r.asset_selection or ())}
+        heavy = {r.run_id: _interval(instance, r.run_id) for r in every if "heavy" in _builds(r)}
+        delta = {r.run_id: _interval(instance, r.run_id) for r in every if "delta" in _builds(r)}
         assert set(launched) - set(deltas) <= set(heavy) and len(heavy) >= 4
         assert set(deltas) <= set(delta)
         assert not _overlaps(heavy), "two heavy builds ran at once"

@@ -19,6 +19,11 @@ POOL_DELTA = "freshidx_delta"
 #: One heavy Spark build at a time beside the delta.
 POOL_HEAVY = "freshidx_heavy"
 
+#: The limits freshidx's tooling sets in the instances it starts (``dagster instance concurrency set``).
+#: Dagster creates a pool's limit from ``default_limit`` only when its queue first sees a run of that pool,
+#: and does not enforce it in that same pass: runs queued together before it could start together.
+POOL_LIMITS = {POOL_DELTA: 1, POOL_HEAVY: 1}
+
 PRIORITY_DELTA = 10
 PRIORITY_FULL = 6
 PRIORITY_CATCHUP = 5

@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -34,6 +34,7 @@ from typing import Self
 
 import requests
 
+from freshidx.defs.lanes import POOL_LIMITS
 from freshidx.procs import group_members
 from freshidx.tools.devserver_graphql import (
     ASSET_JOB_NAME,
@@ -91,6 +92,20 @@ def prepare_home(home: Path, dagster_yaml: Path | Traversable | None) -> Path:
     elif not (isinstance(dagster_yaml, Path) and dagster_yaml.resolve() == target.resolve()):
         target.write_bytes(dagster_yaml.read_bytes())
     return home
+
+
+def set_pool_limits(limits: Mapping[str, int], env: Mapping[str, str], log_path: Path) -> None:
+    """Give the instance's pools their limits before its daemon starts (``dagster instance concurrency set``,
+    one process per pool, in parallel). A pool whose limit exists is enforced from the queue's first pass;
+    one created from ``default_limit`` only after the pass that first sees it (:data:`POOL_LIMITS`)."""
+    with open(log_path, "ab") as log:
+        procs = [(pool, subprocess.Popen(
+            [sys.executable, "-m", "dagster", "instance", "concurrency", "set", pool, str(limit)],
+            env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
+            for pool, limit in limits.items()]
+        failed = [pool for pool, p in procs if p.wait() != 0]
+    if failed:
+        raise DagsterDevError(f"could not set the limits of pools {failed} (see {log_path})")
 
 
 def packaged_dagster_yaml() -> Traversable:
@@ -152,6 +167,7 @@ class DagsterDev(WebserverClient):
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         log_path: Path | None = None,
+        pool_limits: Mapping[str, int] | None = None,
     ) -> None:
         if python_file is not None and workspace is not None:
             raise ValueError("pass at most one of python_file / workspace")
@@ -168,6 +184,7 @@ class DagsterDev(WebserverClient):
         self._env = dict(env or {})
         self.cwd = Path(cwd) if cwd is not None else None
         self.log_path = Path(log_path) if log_path is not None else self.home / "dagster-dev.log"
+        self.pool_limits = dict(POOL_LIMITS if pool_limits is None else pool_limits)
         self._proc: subprocess.Popen[bytes] | None = None
         self._pgid: int | None = None
 
@@ -216,6 +233,7 @@ class DagsterDev(WebserverClient):
         for var in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
             if var not in self._env:
                 env.pop(var, None)
+        set_pool_limits(self.pool_limits, env, self.log_path)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 self.command,
