@@ -34,6 +34,8 @@ def search_json(cfg: StoreConfig, tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_nothing_published_is_said_with_a_documented_exit(local_store_config: StoreConfig, tmp_path: Path) -> None:
+    # An empty store (a store that does not exist is an error: test_cli_store_errors.py).
+    Path(local_store_config.local_root).mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FRESHIDX_")}
     run = subprocess.run([sys.executable, "-m", "freshidx.cli", *search(local_store_config, tmp_path / "cache")],
                          capture_output=True, text=True, env=env, timeout=120)

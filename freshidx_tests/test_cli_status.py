@@ -104,6 +104,7 @@ def test_store_without_server_state_says_so(tmp_path: Path, capsys: pytest.Captu
     # A stale state in the CWD's default place must not be attributed to an unrelated store.
     write_state(tmp_path / ".freshidx" / "spark-server", status="restarting", supervisor_pid=dead_pid())
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "elsewhere-store").mkdir(parents=True)  # status reads a store, never creates one
     uri = (tmp_path / "data" / "elsewhere-store").as_uri()
     assert cli.main(["status", "--store", uri]) == 0
     out = capsys.readouterr().out
@@ -118,6 +119,7 @@ def test_default_store_finds_its_demo_home_from_the_cwd(tmp_path: Path, capsys: 
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # The embedded default (./.freshidx/store) still finds ./.freshidx/spark-server: same demo home.
     write_state(tmp_path / ".freshidx" / "spark-server", status="up", supervisor_pid=os.getpid(), pid=os.getpid())
+    (tmp_path / ".freshidx" / "store").mkdir()  # the demo made it
     monkeypatch.chdir(tmp_path)
     assert cli.main(["status", "--json"]) == 0
     js = json.loads(capsys.readouterr().out)
@@ -141,6 +143,7 @@ def test_state_from_another_host_is_not_judged_by_local_pids(tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     state_dir = tmp_path / "remote-server"
     write_state(state_dir, status="up", hostname="spark-box-7", supervisor_pid=dead_pid(), pid=1)
+    (tmp_path / "st").mkdir()
     assert cli.main(["status", "--store", (tmp_path / "st").as_uri(), "--spark-server-state", str(state_dir)]) == 0
     out = capsys.readouterr().out
     assert "connect server up" in out and "state written on host spark-box-7; liveness not checked" in out

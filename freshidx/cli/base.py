@@ -4,10 +4,14 @@
 * commands whose implementation (``"module:function"``) is imported only when the command runs
   (:class:`LazyCommand`, :class:`LazyGroup`): ``freshidx --help`` and ``freshidx <cmd> --help``
   import neither Spark nor Dagster, and ``freshidx search`` imports what searching needs, no more;
+* one way to open a command's store (:func:`open_command_store`): a command that only reads opens it
+  with ``must_exist`` (nothing is created, a missing store is an error);
 * argparse's contract, which scripts and tests rely on: a usage error prints
   ``<prog>: error: argument --opt: <why>`` on stderr and exits 2 (``SystemExit``), a
-  ``SettingsError`` prints ``freshidx: <message>`` and exits 2, otherwise the command's return value
-  is the exit code (:func:`run`).
+  ``SettingsError`` prints ``freshidx: <message>`` and exits 2, and so does a store that cannot be used
+  at all (``StoreAccessError``: unreachable, no or refused credentials, no bucket, no directory; the
+  line names the setting to fix and where the store value came from), otherwise the command's return
+  value is the exit code (:func:`run`).
 
 The command modules (``freshidx.cli.*``) import only this module, click and the standard library at
 import time; their option defaults that mirror a library constant are checked against it by
@@ -17,17 +21,25 @@ import time; their option defaults that mirror a library constant are checked ag
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
+
+if TYPE_CHECKING:
+    from freshidx.settings import Settings
+    from freshidx.store import ObjectStore
 
 #: ``-h`` as well as ``--help``, as with argparse.
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 STORE_HELP = "store URI (default: FRESHIDX_STORE or ./.freshidx/store)"
 #: ``ctx.meta`` flag of :func:`parse`: resolve the command and its parameters, run nothing.
 PARSE_ONLY = "freshidx.parse_only"
+#: ``ctx.meta`` key: the ``--store`` value of the command that runs (``None``: not given), recorded before
+#: it runs so that :func:`run` can say where the store of a ``StoreAccessError`` came from.
+STORE_GIVEN = "freshidx.store_given"
 
 #: A command's implementation: ``"package.module:function"`` (imported when the command runs) or the
 #: function itself. It is called with the command's parameters as keyword arguments and returns the
@@ -62,6 +74,21 @@ class Parsed(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+def open_command_store(store: str | None, *, reads_only: bool, **overrides: Any) -> tuple[Settings, ObjectStore]:
+    """The settings and the store of a command: ``store`` (its ``--store``), else ``FRESHIDX_STORE``, else
+    the default; ``overrides`` are more :class:`~freshidx.settings.Settings` values (None = not given).
+
+    ``reads_only``: the command never writes, so the store must exist and opening it creates nothing
+    (``open_store(..., must_exist=True)``: a missing ``file://`` directory is an error, not a new empty
+    store; an S3 store is checked with one short LIST). Otherwise (a writer) a ``file://`` store is created
+    as needed. A store that cannot be used raises ``StoreAccessError``; :func:`run` prints it."""
+    from freshidx.settings import Settings
+    from freshidx.store import open_store
+
+    settings = Settings.from_env(store=store, **overrides)
+    return settings, open_store(settings.store_config(), must_exist=reads_only)
+
+
 def _first_paragraph(text: str | None) -> str | None:
     """The listing's one-liner, whole (click would cut it at 45 characters; argparse did not)."""
     return text.split("\n\n", 1)[0] if text else None
@@ -92,6 +119,7 @@ class LazyCommand(click.Command):
         ctx = click.get_current_context()
         if ctx.meta.get(PARSE_ONLY):
             return ctx
+        _record_store(ctx, params)
         return self.load()(**params)
 
 
@@ -121,7 +149,13 @@ class LazyGroup(click.Group):
             return None
         if ctx.meta.get(PARSE_ONLY):
             return ctx
+        _record_store(ctx, params)
         return self.load()(**params)
+
+
+def _record_store(ctx: click.Context, params: dict[str, Any]) -> None:
+    if "store" in params:
+        ctx.meta[STORE_GIVEN] = params["store"]
 
 
 def _usage_error(exc: click.UsageError) -> NoReturn:
@@ -144,8 +178,10 @@ def _usage_error(exc: click.UsageError) -> NoReturn:
 def run(command: click.Command, argv: Sequence[str] | None, prog_name: str) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return its exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    meta: dict[str, Any] = {}
     try:
         with command.make_context(prog_name, args) as ctx:
+            meta = ctx.meta  # shared by the sub-commands' contexts
             rv = command.invoke(ctx)
     except click.exceptions.Exit as exc:  # --help
         return int(exc.exit_code)
@@ -159,6 +195,12 @@ def run(command: click.Command, argv: Sequence[str] | None, prog_name: str) -> i
 
         if isinstance(exc, SettingsError):
             print(f"freshidx: {exc}", file=sys.stderr)
+            return 2
+        from freshidx.store.errors import Origin, StoreAccessError  # light: no boto, no pydantic
+
+        if isinstance(exc, StoreAccessError):
+            origin = Origin.of(meta[STORE_GIVEN], os.environ) if STORE_GIVEN in meta else None
+            print(f"freshidx: {exc.with_origin(origin)}", file=sys.stderr)
             return 2
         raise
     return int(rv or 0)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from freshidx.cli.base import LazyCommand, LazyGroup, Parsed, json_option, store_option
+from freshidx.cli.base import LazyCommand, LazyGroup, Parsed, json_option, open_command_store, store_option
 
 if TYPE_CHECKING:
     from freshidx.store import ObjectStore
@@ -17,11 +17,8 @@ if TYPE_CHECKING:
 PIPELINES = ("delta", "full", "sla", "ads_hourly", "delta_compaction")
 
 
-def _open(store: str | None) -> ObjectStore:
-    from freshidx.settings import Settings
-    from freshidx.store import open_store
-
-    return open_store(Settings.from_env(store=store).store_config())
+def _open(store: str | None, *, reads_only: bool) -> ObjectStore:
+    return open_command_store(store, reads_only=reads_only)[1]
 
 
 def cmd_retry(*, store: str | None, pipeline: str, partition: str | None, hour: str | None, reason: str) -> int:
@@ -38,7 +35,7 @@ def cmd_retry(*, store: str | None, pipeline: str, partition: str | None, hour: 
     except PartitionError as exc:
         print(f"freshidx ledger retry: --partition: {exc}", file=sys.stderr)
         return 2
-    st = _open(store)
+    st = _open(store, reads_only=False)
     final = ledger.decision(st, pipeline, minute)
     if final is not None:
         print(f"{minute.path} already has a final decision: {final['decision']} ({final['reason']})",
@@ -59,7 +56,7 @@ def _retry_hour(store: str | None, hour_id: str | None, reason: str) -> int:
     except ValueError:
         print(f"freshidx ledger retry: --hour: expected YYYYMMDDTHH, got {hour_id!r}", file=sys.stderr)
         return 2
-    st = _open(store)
+    st = _open(store, reads_only=False)
     if catchup.processed(st, catchup.ASSET, hour):
         print(f"{hour_id} is already processed; launch a backfill of it from the UI to rebuild it", file=sys.stderr)
         return 1
@@ -103,7 +100,7 @@ def cmd_ledger(*, store: str | None, pipeline: str, since: dt.date | None, until
             # Exit 2 like any usage error: a silent empty answer would read as "nothing happened".
             print(f"freshidx ledger: --partition: {exc}", file=sys.stderr)
             return 2
-    st = _open(store)
+    st = _open(store, reads_only=True)
     pipelines = list(PIPELINES) if pipeline == "all" else [pipeline]
     if selector is not None and since is None and until is None:
         since = until = selector.date  # a partition's entries are keyed under its own date

@@ -30,11 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from freshidx.cli.base import LazyCommand, LazyGroup, json_option, store_option
+from freshidx.cli.base import LazyCommand, LazyGroup, json_option, open_command_store, store_option
 
 if TYPE_CHECKING:
     from freshidx.partitions import PartitionId
-    from freshidx.settings import Settings
     from freshidx.store import ObjectStore
 
 
@@ -76,16 +75,8 @@ def _partition(value: str | None) -> PartitionId | None:
         raise SystemExit(f"freshidx quarantine: --partition: {exc}") from None
 
 
-def _open(store: str | None) -> tuple[Settings, ObjectStore]:
-    from freshidx.settings import Settings
-    from freshidx.store import open_store
-
-    settings = Settings.from_env(store=store)
-    return settings, open_store(settings.store_config())
-
-
 def cmd_list(*, store: str | None, as_json: bool, partition: str | None) -> int:
-    settings, st = _open(store)
+    settings, st = open_command_store(store, reads_only=True)
     counts: dict[str, Counter[str]] = {}
     for part, e in entries(st, settings.source, _partition(partition)):
         counts.setdefault(part, Counter())[str(e.get("reason"))] += 1
@@ -100,7 +91,7 @@ def cmd_list(*, store: str | None, as_json: bool, partition: str | None) -> int:
 
 
 def cmd_export(*, store: str | None, as_json: bool, partition: str, run: str | None, out: str) -> int:
-    settings, st = _open(store)
+    settings, st = open_command_store(store, reads_only=True)  # writes only --out
     lines: list[bytes] = []
     objects: list[dict[str, Any]] = []
     for _, e in entries(st, settings.source, _partition(partition), run):
@@ -128,7 +119,7 @@ def cmd_replay(*, store: str | None, as_json: bool, file: str) -> int:
     from freshidx import layout
     from freshidx.partitions import PartitionId
 
-    settings, st = _open(store)
+    settings, st = open_command_store(store, reads_only=False)  # new raw input, as `freshidx generate`
     data = Path(file).read_bytes()
     if not data.strip():
         print(f"freshidx quarantine replay: {file} is empty; nothing uploaded", file=sys.stderr)

@@ -5,31 +5,20 @@ from __future__ import annotations
 import datetime as dt
 import json
 import sys
-from typing import TYPE_CHECKING
 
 import click
 
-from freshidx.cli.base import LazyCommand, json_option, store_option
-
-if TYPE_CHECKING:
-    from freshidx.store import ObjectStore
+from freshidx.cli.base import LazyCommand, json_option, open_command_store, store_option
 
 INDEX_NAMES = ("delta", "full")  # freshidx.layout.INDEX_NAMES
 DEFAULT_GRACE_MINUTES = 60  # freshidx.retention.DEFAULT_GRACE_MINUTES
 DEFAULT_MAX_VERSIONS = 100  # freshidx.retention.DEFAULT_MAX_VERSIONS
 
 
-def _open(store: str | None) -> ObjectStore:
-    from freshidx.settings import Settings
-    from freshidx.store import open_store
-
-    return open_store(Settings.from_env(store=store).store_config())
-
-
 def cmd_rollback(*, index: str, to_version: str | None, store: str | None, as_json: bool) -> int:
     from freshidx.retention import RetentionError, rollback
 
-    st = _open(store)
+    _, st = open_command_store(store, reads_only=False)
     try:
         pointer = rollback(st, index, to_version)
     except RetentionError as exc:
@@ -48,10 +37,8 @@ def cmd_rollback(*, index: str, to_version: str | None, store: str | None, as_js
 def cmd_gc(*, index: str, keep: int | None, grace_minutes: float, dry_run: bool, max_versions: int,
            store: str | None, as_json: bool) -> int:
     from freshidx.retention import gc
-    from freshidx.settings import Settings
 
-    settings = Settings.from_env(store=store)
-    st = _open(store)
+    settings, st = open_command_store(store, reads_only=dry_run)
     report = gc(st, index, keep if keep is not None else settings.keep_versions,
                 dt.timedelta(minutes=grace_minutes), dry_run=dry_run, max_versions=max_versions)
     if as_json:

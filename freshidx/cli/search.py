@@ -12,24 +12,33 @@ import sys
 
 import click
 
-from freshidx.cli.base import LazyCommand, json_option, store_option
+from freshidx.cli.base import LazyCommand, json_option, open_command_store, store_option
 
 
-def default_cache_dir() -> str:
-    from freshidx.settings import DEFAULT_HOME
+def default_cache_dir(store_uri: str) -> str:
+    """The shard cache without ``--cache``: ``<temp dir>/freshidx-<uid>/search-cache/<hash of the store URI>``.
 
-    return os.path.join(os.getcwd(), DEFAULT_HOME, "cache")
+    Searching only reads: it creates nothing in the working directory (nor the store). Per store, so two
+    stores never evict each other's shards; per user, in a directory only the user may enter (one that
+    another user made first is not trusted: a fresh temp dir then)."""
+    import hashlib
+    import stat
+    import tempfile
+
+    base = os.path.join(tempfile.gettempdir(), f"freshidx-{os.getuid()}")
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    st = os.lstat(base)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        base = tempfile.mkdtemp(prefix="freshidx-search-")
+    return os.path.join(base, "search-cache", hashlib.sha256(store_uri.encode()).hexdigest()[:16])
 
 
 def cmd_search(*, query: str, k: int, as_json: bool, store: str | None, cache: str | None) -> int:
     from freshidx.serving import NOTHING_PUBLISHED_EXIT, Searcher, ServingError
-    from freshidx.settings import Settings
-    from freshidx.store import open_store
 
-    settings = Settings.from_env(store=store)
-    st = open_store(settings.store_config())
+    _, st = open_command_store(store, reads_only=True)
     try:
-        searcher = Searcher(st, cache or default_cache_dir())
+        searcher = Searcher(st, cache or default_cache_dir(st.uri))
     except ServingError as exc:
         print(f"freshidx search: {exc}", file=sys.stderr)
         return 1
@@ -69,7 +78,8 @@ search = LazyCommand(
     click.Option(["--k"], type=int, default=10, help="number of hits (default 10)"),
     json_option("one JSON object: hits, versions, answered_by, published (false: nothing published yet, exit 3)"),
     store_option(),
-    click.Option(["--cache"], help="local shard cache (default ./.freshidx/cache)"),
+    click.Option(["--cache"], help="local shard cache (default: one per store under the temp dir, "
+                 "<tmp>/freshidx-<uid>/search-cache/)"),
     short_help="query the published full + delta indexes",
     help="query the published full + delta indexes\n\n"
     "QUERY: tantivy query syntax over title and keywords; invalid syntax falls back to words",

@@ -25,6 +25,7 @@ from freshidx.store.base import (
     StoreStats,
     WriteOutcomeUnknown,
 )
+from freshidx.store.errors import Origin, Problem, StoreAccessError
 
 __all__ = [
     "ConditionalWritesUnsupported",
@@ -33,7 +34,10 @@ __all__ = [
     "NotFound",
     "ObjectInfo",
     "ObjectStore",
+    "Origin",
     "PreconditionFailed",
+    "Problem",
+    "StoreAccessError",
     "StoreConfig",
     "StoreError",
     "StoreStats",
@@ -119,9 +123,12 @@ class StoreConfig:
     def boto3_client(self) -> Any:
         from freshidx.store.s3 import s3_client
 
-        return s3_client(endpoint_url=self.endpoint_url, region_name=self.region,
-                         aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key,
-                         aws_session_token=self.session_token)
+        return s3_client(**self.boto3_kwargs())
+
+    def boto3_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`freshidx.store.s3.s3_client` for this store."""
+        return {"endpoint_url": self.endpoint_url, "region_name": self.region, "aws_access_key_id": self.access_key_id,
+                "aws_secret_access_key": self.secret_access_key, "aws_session_token": self.session_token}
 
 
 def normalize_uri(uri: str) -> str:
@@ -131,20 +138,33 @@ def normalize_uri(uri: str) -> str:
     return uri.rstrip("/") if not uri.endswith(":///") else uri
 
 
-def open_store(config: StoreConfig | str, *, for_writing: bool = False) -> ObjectStore:
-    """Open a store. ``for_writing`` probes conditional-write support now (once per process and
-    store) instead of at the first create-once / compare-and-swap, which probes anyway: a store that
-    ignores ``If-None-Match`` / ``If-Match`` raises :class:`ConditionalWritesUnsupported`."""
+def open_store(config: StoreConfig | str, *, for_writing: bool = False, must_exist: bool = False) -> ObjectStore:
+    """Open a store.
+
+    ``must_exist``: the store must be there already, and opening it creates nothing. A ``file://`` root
+    that is missing (or not a directory) raises :class:`StoreAccessError` instead of becoming a new empty
+    store, and an S3 store is asked once now (one LIST of at most one key, with short timeouts:
+    :func:`freshidx.store.s3.s3_check_client`), so a wrong endpoint, missing or refused credentials or a
+    missing bucket fail here, naming the setting to fix. Commands that only read open their store so.
+    Without it (writers), a ``file://`` root is created as needed; S3 errors of that kind are raised as
+    :class:`StoreAccessError` by the first call that meets them.
+
+    ``for_writing`` probes conditional-write support now (once per process and store) instead of at the
+    first create-once / compare-and-swap, which probes anyway: a store that ignores ``If-None-Match`` /
+    ``If-Match`` raises :class:`ConditionalWritesUnsupported`."""
     cfg = StoreConfig.from_env(config) if isinstance(config, str) else config
     store: ObjectStore
     if cfg.is_s3:
-        from freshidx.store.s3 import S3Store
+        from freshidx.store.s3 import S3Store, s3_check_client
 
-        store = S3Store(cfg.boto3_client(), cfg.bucket, cfg.prefix, cfg.uri)
+        s3 = S3Store(cfg.boto3_client(), cfg.bucket, cfg.prefix, cfg.uri)
+        if must_exist:
+            s3.check_exists(s3_check_client(**cfg.boto3_kwargs()))
+        store = s3
     else:
         from freshidx.store.local import LocalStore
 
-        store = LocalStore(cfg.local_root, cfg.uri)
+        store = LocalStore(cfg.local_root, cfg.uri, create=not must_exist)
     if for_writing:
         store.check_conditional_writes()
     return store

@@ -27,6 +27,7 @@ from freshidx.store.base import (
     StoreStats,
     check_key,
 )
+from freshidx.store.errors import classify
 
 _RESERVED = ".freshidx-"
 
@@ -36,20 +37,43 @@ def _etag(data: bytes) -> str:
 
 
 class LocalStore(ObjectStore):
-    def __init__(self, root: str | os.PathLike[str], uri: str | None = None) -> None:
+    """``create=True``: the root (and its parents) is created if missing, as a writer wants.
+    ``create=False``: the root must be an existing directory (else :class:`StoreAccessError`) and opening
+    creates nothing in it; the temp and lock dirs appear only with the first write."""
+
+    def __init__(self, root: str | os.PathLike[str], uri: str | None = None, *, create: bool = True) -> None:
         self.root = Path(root).resolve()
         self.uri = uri or self.root.as_uri()
         self.stats = StoreStats()
         self._tmp = self.root / f"{_RESERVED}tmp"
         self._locks = self.root / f"{_RESERVED}locks"
-        for d in (self.root, self._tmp, self._locks):
-            d.mkdir(parents=True, exist_ok=True)
+        self._work_dirs_made = create
+        if create:
+            for d in (self.root, self._tmp, self._locks):
+                d.mkdir(parents=True, exist_ok=True)
+        else:
+            try:
+                with os.scandir(self.root):
+                    pass  # an existing directory we may read
+            except OSError as exc:
+                error = classify(exc, uri=self.uri)
+                if error is None:
+                    raise
+                raise error from exc
+
+    def _work_dirs(self) -> None:
+        """The temp and lock dirs, made by the first write of a store opened with ``create=False``."""
+        if not self._work_dirs_made:
+            for d in (self._tmp, self._locks):
+                d.mkdir(exist_ok=True)
+            self._work_dirs_made = True
 
     # ---- paths ----
     def path(self, key: str) -> Path:
         return self.root / check_key(key)
 
     def _write_tmp(self, data: bytes) -> Path:
+        self._work_dirs()
         tmp = self._tmp / uuid.uuid4().hex
         with open(tmp, "wb") as f:
             f.write(data)
@@ -59,6 +83,7 @@ class LocalStore(ObjectStore):
 
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator[None]:
+        self._work_dirs()
         lock = self._locks / hashlib.sha1(key.encode()).hexdigest()
         with open(lock, "a+b") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)

@@ -22,9 +22,10 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
-from botocore.exceptions import ClientError, HTTPClientError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from freshidx.store.base import (
@@ -39,6 +40,7 @@ from freshidx.store.base import (
     WriteOutcomeUnknown,
     check_key,
 )
+from freshidx.store.errors import StoreAccessError, classify
 
 _LOST = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
 
@@ -62,13 +64,31 @@ def s3_client(**kwargs: Any) -> Any:
     return _cached_client(os.getpid(), era, tuple(sorted(bound.arguments.items())))
 
 
+def s3_check_client(**kwargs: Any) -> Any:
+    """:func:`s3_client`'s configuration for the one call that checks a store is there
+    (:meth:`S3Store.check_exists`, ``open_store(..., must_exist=True)``): short timeouts and a single retry
+    (:data:`CHECK_TIMEOUTS`, :data:`CHECK_ATTEMPTS`), so a wrong endpoint is reported in seconds, not after
+    five attempts of a 60 s connect timeout (a refused connection fails at once either way). The store's
+    other calls keep the patient configuration."""
+    bound = inspect.signature(_new_s3_client).bind(**kwargs)
+    bound.apply_defaults()
+    bound.arguments["max_attempts"] = CHECK_ATTEMPTS
+    era = int(time.monotonic() // CLIENT_MAX_AGE_S)
+    return _cached_client(os.getpid(), era, tuple(sorted(bound.arguments.items())), CHECK_TIMEOUTS)
+
+
 #: How long one S3 client is reused (seconds).
 CLIENT_MAX_AGE_S = 900
+#: Connect and read timeouts (seconds) of the client that checks a store is there (:func:`s3_check_client`).
+CHECK_TIMEOUTS = (3.0, 15.0)
+#: Attempts of that check: one retry (botocore waits under 0.05 s before it, unless throttled).
+CHECK_ATTEMPTS = 2
 
 
 @functools.lru_cache(maxsize=32)
-def _cached_client(pid: int, era: int, kwargs: tuple[tuple[str, Any], ...]) -> Any:
-    return _new_s3_client(**dict(kwargs))
+def _cached_client(pid: int, era: int, kwargs: tuple[tuple[str, Any], ...],
+                   timeouts: tuple[float, float] | None = None) -> Any:
+    return _build_client(dict(kwargs), timeouts)
 
 
 def _new_s3_client(
@@ -79,18 +99,33 @@ def _new_s3_client(
 ) -> Any:
     """A new boto3 S3 client. Path-style addressing, because custom endpoints (moto, MinIO) rarely
     resolve ``bucket.host``; botocore's standard retry mode (5 attempts by default, as dagster-aws)."""
+    return _build_client({
+        "endpoint_url": endpoint_url, "region_name": region_name, "aws_access_key_id": aws_access_key_id,
+        "aws_secret_access_key": aws_secret_access_key, "aws_session_token": aws_session_token,
+        "max_attempts": max_attempts, "profile_name": profile_name, "use_ssl": use_ssl, "verify": verify,
+        "use_unsigned_session": use_unsigned_session,
+    })
+
+
+def _build_client(kw: dict[str, Any], timeouts: tuple[float, float] | None = None) -> Any:
+    """:func:`_new_s3_client` from all its keyword arguments; ``timeouts`` (connect, read) replace botocore's
+    defaults (60 s each)."""
     import boto3
     from botocore import UNSIGNED
     from botocore.config import Config
 
-    config = Config(retries={"max_attempts": max_attempts, "mode": "standard"}, s3={"addressing_style": "path"})
-    if use_unsigned_session:
+    config = Config(retries={"max_attempts": kw["max_attempts"], "mode": "standard"}, s3={"addressing_style": "path"})
+    if kw["use_unsigned_session"]:
         config = config.merge(Config(signature_version=UNSIGNED))
-    return boto3.session.Session(profile_name=profile_name).client(
-        "s3", endpoint_url=endpoint_url, region_name=region_name or "us-east-1", use_ssl=use_ssl, verify=verify,
-        aws_access_key_id=aws_access_key_id, aws_secret_access_key=aws_secret_access_key,
-        aws_session_token=aws_session_token, config=config,
+    if timeouts is not None:
+        config = config.merge(Config(connect_timeout=timeouts[0], read_timeout=timeouts[1]))
+    return boto3.session.Session(profile_name=kw["profile_name"]).client(
+        "s3", endpoint_url=kw["endpoint_url"], region_name=kw["region_name"] or "us-east-1", use_ssl=kw["use_ssl"],
+        verify=kw["verify"], aws_access_key_id=kw["aws_access_key_id"],
+        aws_secret_access_key=kw["aws_secret_access_key"], aws_session_token=kw["aws_session_token"], config=config,
     )
+
+
 _MISSING = {"NoSuchKey", "404", "NotFound"}
 
 
@@ -124,6 +159,28 @@ class S3Store(ObjectStore):
             "before-call.s3.ListObjectsV2", lambda **_: self.stats.bump("list_calls")
         )
 
+    @contextlib.contextmanager
+    def _reaching(self) -> Iterator[None]:
+        """What says the store cannot be used at all (endpoint, credentials, region, bucket) is raised as
+        :class:`~freshidx.store.errors.StoreAccessError`, naming the setting to fix; anything else as it came."""
+        try:
+            yield
+        except (ClientError, BotoCoreError) as exc:
+            if (error := self._access_error(exc)) is None:
+                raise
+            raise error from exc
+
+    def _access_error(self, exc: BaseException) -> StoreAccessError | None:
+        return classify(exc, uri=self.uri, endpoint=getattr(self.client.meta, "endpoint_url", None))
+
+    def check_exists(self, client: Any | None = None) -> None:
+        """One LIST of at most one key under the prefix, with ``client`` (default: the store's): raises
+        :class:`~freshidx.store.errors.StoreAccessError` if the endpoint cannot be reached, the credentials
+        are missing or refused, or the bucket does not exist. An empty prefix is an empty store, not an error."""
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        with self._reaching():
+            (client or self.client).list_objects_v2(Bucket=self.bucket, Prefix=prefix, MaxKeys=1)
+
     def _k(self, key: str) -> str:
         check_key(key)
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -133,27 +190,30 @@ class S3Store(ObjectStore):
 
     def get(self, key: str) -> StoredObject:
         self.stats.bump("get_calls")
-        try:
-            r = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
-        except ClientError as exc:
-            if _code(exc) in _MISSING:
-                raise NotFound(key) from exc
-            raise
+        with self._reaching():
+            try:
+                r = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
+            except ClientError as exc:
+                if _code(exc) in _MISSING:
+                    raise NotFound(key) from exc
+                raise
         return StoredObject(key, r["Body"].read(), r["ETag"])
 
     def head(self, key: str) -> ObjectInfo:
         self.stats.bump("get_calls")
-        try:
-            r = self.client.head_object(Bucket=self.bucket, Key=self._k(key))
-        except ClientError as exc:
-            if _code(exc) in _MISSING:
-                raise NotFound(key) from exc
-            raise
+        with self._reaching():
+            try:
+                r = self.client.head_object(Bucket=self.bucket, Key=self._k(key))
+            except ClientError as exc:
+                if _code(exc) in _MISSING:
+                    raise NotFound(key) from exc
+                raise
         return ObjectInfo(key, int(r["ContentLength"]), str(r["ETag"]), r["LastModified"])
 
     def put(self, key: str, data: bytes) -> str:
         self.stats.bump("put_calls")
-        return str(self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data)["ETag"])
+        with self._reaching():
+            return str(self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=data)["ETag"])
 
     # ---- conditional writes ----
     @property
@@ -164,7 +224,8 @@ class S3Store(ObjectStore):
         ident = (self.endpoint, self.bucket, self.prefix)
         with _verdicts_lock:  # one probe per store and process, even with concurrent first writers
             if ident not in _verdicts:
-                _verdicts[ident] = self._probe()
+                with self._reaching():  # no verdict when the store cannot be reached at all
+                    _verdicts[ident] = self._probe()
             verdict = _verdicts[ident]
         if verdict is not None:
             raise ConditionalWritesUnsupported(verdict)
@@ -180,6 +241,8 @@ class S3Store(ObjectStore):
                 status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
                 if status >= 500 and status != 501:
                     raise  # transient (botocore's retries spent): no verdict, the next write probes again
+                if self._access_error(exc) is not None:
+                    raise  # credentials, bucket, region: says nothing about conditional writes
                 return exc
 
         try:
@@ -236,6 +299,8 @@ class S3Store(ObjectStore):
         except ClientError as exc:
             if _condition_failed(exc):
                 raise PreconditionFailed(f"{key}: {_code(exc)}") from exc
+            if (error := self._access_error(exc)) is not None:
+                raise error from exc
             raise
         except (HTTPClientError, BotoConnectionError) as exc:
             # botocore's own retries are spent and no response ever arrived: applied or not, unknown.
@@ -251,7 +316,8 @@ class S3Store(ObjectStore):
         return self._conditional_put(key, data, IfMatch=expected_etag)
 
     def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._k(key))
+        with self._reaching():
+            self.client.delete_object(Bucket=self.bucket, Key=self._k(key))
 
     def _list_page(
         self, prefix: str, *, delimiter: str | None, start_after: str | None, max_keys: int,
@@ -265,7 +331,8 @@ class S3Store(ObjectStore):
             args["ContinuationToken"] = continuation
         elif start_after:
             args["StartAfter"] = self._k(start_after)
-        r = self.client.list_objects_v2(**args)
+        with self._reaching():
+            r = self.client.list_objects_v2(**args)
         objects = [
             ObjectInfo(self._rel(o["Key"]), int(o["Size"]), str(o["ETag"]), o["LastModified"])
             for o in r.get("Contents", [])
