@@ -50,14 +50,16 @@ class PostgresServer:
             raise RuntimeError(f"{args[0]} failed ({proc.returncode}): {proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         return proc
 
-    def start(self) -> PostgresServer:
+    def start(self, port: int | None = None) -> PostgresServer:
+        """initdb, start and create the database; on ``port`` if given (e.g. the port a test mapped a
+        compose service's to), else on a free loopback port."""
         if os.geteuid() == 0:
             pw = pwd.getpwnam("postgres")
             os.chown(self.root, pw.pw_uid, pw.pw_gid)
         # trust auth on loopback only: a throw-away server for one test
         self._run("initdb", "-D", str(self.data), "-U", self.user, "--auth=trust", "-E", "UTF8", "--no-sync")
-        for _ in range(3):  # the probed port can be taken before the server binds it: retry on another
-            self.port = free_port()
+        for _ in range(1 if port else 3):  # the probed port can be taken before the server binds it: retry
+            self.port = port or free_port()
             try:
                 self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "-t", "120",
                           "-o", f"-h 127.0.0.1 -p {self.port} -k {self.root} -c fsync=off", "start")
@@ -84,9 +86,9 @@ class PostgresServer:
             return ""
 
 
-def make_server() -> PostgresServer | None:
+def make_server(user: str = "dagster", db: str = "dagster") -> PostgresServer | None:
     """A not yet started server in a fresh /tmp dir (pytest's tmp dirs are root-only), or None."""
     bin_dir = pg_bin_dir()
     if bin_dir is None:
         return None
-    return PostgresServer(bin_dir, Path(tempfile.mkdtemp(prefix="freshidx-pg-")))
+    return PostgresServer(bin_dir, Path(tempfile.mkdtemp(prefix="freshidx-pg-")), user=user, db=db)

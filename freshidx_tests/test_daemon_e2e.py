@@ -41,7 +41,7 @@ def env_for(cfg: StoreConfig, spark: dict[str, str] | None = None) -> dict[str, 
     """``spark``: the ``shared_spark_connect`` fixture's environment (runs lease the shared server instead
     of starting a local JVM each); None = local Spark per run."""
     # The catch-up sensor is off here: its Spark runs would compete with the delta runs under test
-    # (test_postgres_e2e.py runs both).
+    # (test_compose_deployment.py runs both).
     env = {"FRESHIDX_STORE": cfg.uri, "PYSPARK_PYTHON": sys.executable, "FRESHIDX_PARTITIONS_START": "2026-11-01",
            "FRESHIDX_CATCHUP_AUTOSTART": "false",
            "FRESHNESS_DAEMON_INTERVAL_SECONDS": "5"}

@@ -33,7 +33,7 @@ if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
   fi
 fi
 
-# PostgreSQL server binaries for the Dagster-on-PostgreSQL test (freshidx_tests/test_postgres_e2e.py
+# PostgreSQL server binaries for the Dagster-on-PostgreSQL test (freshidx_tests/test_compose_deployment.py
 # starts its own server from initdb; Debian keeps initdb off PATH, under /usr/lib/postgresql/*/bin).
 have_initdb() { command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; }
 if ! have_initdb; then
