@@ -84,8 +84,8 @@ def build_resources(settings: Settings) -> dict[str, Any]:
     store = ObjectStoreResource(uri=settings.store, s3=s3)
     return {
         "store": store,
-        "spark": SparkResource(remote=settings.spark_remote, master=settings.spark_master,
-                               server_state_dir=settings.spark_server_state,
+        "spark": SparkResource(spark_config=dict(settings.spark_conf), remote=settings.spark_remote,
+                               master=settings.spark_master, server_state_dir=settings.spark_server_state,
                                keep_sessions=settings.spark_keep_sessions),
         "freshidx": FreshidxSettings.from_settings(settings),
         "index_io_manager": IndexIOManager(store=store),

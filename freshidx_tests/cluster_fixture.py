@@ -37,8 +37,8 @@ def light_jvm() -> str:
     """:data:`_LIGHT_JVM` plus the class archive ``freshidx spark-cds`` prepared (``scripts/test.sh`` does),
     if any: the master, workers and executors are launched by ``spark-class`` with the classpath the archive
     was made with, so they map it (checked with ``-Xshare:on``); ``-Xshare:auto`` skips it otherwise."""
-    from freshidx.spark.cds import map_options
-    from freshidx.spark.local_cds import find_archive
+    from freshidx.spark_server.cds import map_options
+    from freshidx.spark_server.local_cds import find_archive
 
     archive = find_archive("768m")
     return " ".join([_LIGHT_JVM, *(map_options(archive) if archive else [])])
@@ -293,8 +293,7 @@ def _phase(name: str) -> None:
 def _driver_session(master: str, ui_port: int | None) -> Any:
     """Start the driver's context first, with the test's extra confs; SparkResource then reuses it
     (getOrCreate) and adds what it always adds on a cluster (loopback driver, the package zip)."""
-    from freshidx.defs.resources import cluster_conf
-    from freshidx.spark.session import build_local_session
+    from freshidx.spark.session import build_local_session, cluster_conf
 
     conf = {**cluster_conf(master), **executor_conf()}
     if ui_port:

@@ -120,7 +120,8 @@ def test_cli_defaults_mirror_the_library() -> None:
     from freshidx.cli import generate as cli_generate
     from freshidx.cli import retention as cli_retention
     from freshidx.cli import spark_server as cli_spark_server
-    from freshidx.spark import server_config, shards
+    from freshidx.spark import shards
+    from freshidx.spark_server import server_config
     from freshidx.tools import bench, bench_freshness, generate
 
     assert cli_retention.INDEX_NAMES == layout.INDEX_NAMES

@@ -146,7 +146,7 @@ def test_connect_server_attached_to_the_cluster_matches_local_mode(
              "--conf", f"spark.executor.extraJavaOptions={light_jvm()}"],
             cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        from freshidx.spark.server_state import read_state
+        from freshidx.spark_server.server_state import read_state
 
         poll_until(lambda: server.poll() is not None or (read_state(state) or {}).get("status") == "up",
                    timeout=300, interval=0.5, what="spark-server up")

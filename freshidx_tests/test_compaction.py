@@ -339,6 +339,7 @@ def test_compaction_keeps_answers_and_never_loses_a_segment(tmp_path: Path, spar
             run = job.execute_in_process(instance=h.instance, tags={**reqs[0].tags})
             (mat,) = run.asset_materializations_for_node("delta_compaction")
             assert mat.metadata["outcome"].value == "published" and mat.metadata["segments_after"].value == 1
+            assert str(mat.metadata["spark_app_id"].value).startswith("local-")  # the application that built it
             _, segs = _serving(h)
             assert len(segs) == 1
             assert w.check("after the sensor's compaction") == before

@@ -29,8 +29,8 @@ import dagster as dg
 import pytest
 
 from freshidx.publish import read_pointer
-from freshidx.spark.lease import acquire_lease
-from freshidx.spark.server_state import read_state
+from freshidx.spark_server.lease import acquire_lease
+from freshidx.spark_server.server_state import read_state
 from freshidx.store import StoreConfig, open_store
 from freshidx.tools.devserver import prepare_home
 from freshidx.tools.generate import GeneratorConfig, write_partition
@@ -52,7 +52,8 @@ def spark_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path
     log = tmp_path / "spark-server.out"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "freshidx.spark.server", "--port", str(free_port()), "--state-dir", str(state_dir),
+            [sys.executable, "-m", "freshidx.spark_server.server", "--port", str(free_port()),
+             "--state-dir", str(state_dir),
              "--driver-memory", "1g", "--drain-timeout", "600", "--cds-dir", str(tmp_path / "cds"), "--no-warm-up",
              "--json", *TEST_JVM_ARGS],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO,

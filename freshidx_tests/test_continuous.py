@@ -194,6 +194,7 @@ def test_continuous_run_publishes_folds_and_restarts(make_harness: Any, spark: A
     meta = published[0].materialization.metadata
     assert meta["trigger"].value == "continuous" and meta["source_partition"].value == at(25).path
     assert meta["skipped_partitions"].value == 5 and "lag_seconds" in meta
+    assert str(meta["spark_app_id"].value).startswith("local-")  # the Spark application that built it
     run = h.instance.get_run_by_id(result.run_id)
     assert run is not None and run.tags["freshidx/ended"] == StopReason.MAX_RUNTIME.value
     hb, _ = h.store.get_json(layout.continuous_heartbeat_key())

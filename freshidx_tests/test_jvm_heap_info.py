@@ -1,6 +1,6 @@
 """``jcmd GC.heap_info`` parsed for every collector the server may run with (no JVM needed)."""
 
-from freshidx.spark.jvm import heap_used_bytes
+from freshidx.spark_server.jvm import heap_used_bytes
 
 G1 = """ garbage-first heap   total 262144K, used 81234K [0x00000000c0000000, 0x0000000100000000)
   region size 1024K, 52 young (53248K), 6 survivors (6144K)

@@ -1,4 +1,4 @@
-"""Delta runs attach to one Connect session the server keeps between runs (freshidx.spark.kept_session).
+"""Delta runs attach to one Connect session the server keeps between runs (freshidx.spark_server.kept_session).
 
 Against the suite's real supervised Spark Connect server: two runs (two resource instances, as two Dagster
 run processes have) asking for the same kept session see the same server-side session, and the first
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from freshidx.defs.resources import SparkResource
-from freshidx.spark.kept_session import new_session_id, read_session_id, session_file, with_session_id
+from freshidx.spark_server.kept_session import new_session_id, read_session_id, session_file, with_session_id
 
 
 def test_the_session_id_goes_into_the_connection_string() -> None:
@@ -55,6 +55,11 @@ def test_two_runs_share_the_kept_session_and_a_closed_one_is_replaced(shared_spa
     with first.session(keep_as=name) as s1:
         s1.range(3).createOrReplaceTempView(view)  # session-scoped: visible only in the same server session
         sid = s1.session_id
+    # What the run's materializations carry: the server's application, and its UI as the supervisor
+    # recorded it (the server picks a free UI port, which its confs do not say).
+    meta = first.spark_metadata()
+    assert str(meta["spark_app_id"].value).startswith("local-"), meta
+    assert str(meta["spark_ui"].value).startswith("http://"), meta
     first.discard()  # the run ends: its client goes, the kept session stays on the server
     assert read_session_id(state_dir, name) == sid
 

@@ -1,4 +1,4 @@
-"""The class archive of local-mode Spark JVMs (:mod:`freshidx.spark.local_cds`, ``freshidx spark-cds``).
+"""The class archive of local-mode Spark JVMs (:mod:`freshidx.spark_server.local_cds`, ``freshidx spark-cds``).
 
 * which JVM options a local session gets: the archive only when there is one for its heap size, never
   over the caller's own sharing options, nothing when ``FRESHIDX_SPARK_CDS_DIR=off``;
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from freshidx.spark import cds, local_cds
-from freshidx.spark.jvm import jcmd
-from freshidx.spark.server_config import ServerConfig
+from freshidx.spark_server import cds, local_cds
+from freshidx.spark_server.jvm import jcmd
+from freshidx.spark_server.server_config import ServerConfig
 
 OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
@@ -195,7 +195,7 @@ def test_spark_cds_leaves_an_archive_a_new_local_jvm_maps_and_a_corrupt_one_is_s
 
 @pytest.mark.slow
 def test_a_connect_server_started_without_dumping_maps_the_prepared_archive(tmp_path: Path) -> None:
-    from freshidx.spark.server_state import read_state
+    from freshidx.spark_server.server_state import read_state
     from freshidx_tests.conftest import TEST_JVM_ARGS, free_port, stop_spark_server
     from freshidx_tests.polling import poll_until
 
@@ -209,7 +209,8 @@ def test_a_connect_server_started_without_dumping_maps_the_prepared_archive(tmp_
     state = tmp_path / "state"
     with open(tmp_path / "server.out", "wb") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "freshidx.spark.server", "--port", str(free_port()), "--state-dir", str(state),
+            [sys.executable, "-m", "freshidx.spark_server.server", "--port", str(free_port()),
+             "--state-dir", str(state),
              "--driver-memory", "2g", "--no-cds-dump", "--no-warm-up", *TEST_JVM_ARGS],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:

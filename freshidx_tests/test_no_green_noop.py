@@ -36,6 +36,13 @@ def nothing_new(h: Harness, result: dg.ExecuteInProcessResult, index: str, outco
     return obs
 
 
+def assert_spark_application(result: dg.ExecuteInProcessResult) -> None:
+    """The materialization says which Spark application built it (the suite's local session)."""
+    (event,) = result.get_asset_materialization_events()
+    metadata = event.materialization.metadata
+    assert str(metadata["spark_app_id"].value).startswith("local-"), metadata
+
+
 def latest_materialization_run(h: Harness, asset: str) -> str | None:
     event = h.instance.get_latest_materialization_event(dg.AssetKey(asset))
     return event.run_id if event else None
@@ -49,6 +56,7 @@ def test_unchanged_full_rebuild_and_delta_materialize_record_no_materialization(
     # Full: built, then rebuilt from exactly the same inputs (decided after the build).
     first = h.run(dg.RunRequest(asset_selection=FULL))
     assert first.success and len(first.get_asset_materialization_events()) == 1
+    assert_spark_application(first)
     serving = read_pointer(h.store, "full")[0]
     again = h.run(dg.RunRequest(asset_selection=FULL))
     obs = nothing_new(h, again, "full", "unchanged")
@@ -67,6 +75,7 @@ def test_unchanged_full_rebuild_and_delta_materialize_record_no_materialization(
     # Delta: published, then "Materialize" with no config and nothing new (decided before building).
     built = h.run(dg.RunRequest(asset_selection=DELTA))
     assert built.success and len(built.get_asset_materialization_events()) == 1
+    assert_spark_application(built)
     delta = read_pointer(h.store, "delta")[0]
     assert delta is not None and delta.source_partition == at(10).path
     noop = h.run(dg.RunRequest(asset_selection=DELTA))

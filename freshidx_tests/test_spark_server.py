@@ -38,13 +38,13 @@ import pytest
 from pyspark.errors import PySparkException
 
 from freshidx import procs, status
-from freshidx.spark.jvm import jcmd, sample_memory
-from freshidx.spark.lease import ServerUnavailable, acquire_lease, active_leases
-from freshidx.spark.local_cds import CDS_DIR_ENV
-from freshidx.spark.server_config import SERVER_CLASS, ServerConfig, parse_memory
-from freshidx.spark.server_process import StateDirBusy
-from freshidx.spark.server_state import HOSTNAME, read_state
-from freshidx.spark.supervisor import SparkConnectSupervisor
+from freshidx.spark_server.jvm import jcmd, sample_memory
+from freshidx.spark_server.lease import ServerUnavailable, acquire_lease, active_leases
+from freshidx.spark_server.local_cds import CDS_DIR_ENV
+from freshidx.spark_server.server_config import SERVER_CLASS, ServerConfig, parse_memory
+from freshidx.spark_server.server_process import StateDirBusy
+from freshidx.spark_server.server_state import HOSTNAME, read_state
+from freshidx.spark_server.supervisor import SparkConnectSupervisor
 from freshidx_tests.conftest import TEST_JVM_ARGS, TEST_JVM_CONF, free_port
 from freshidx_tests.polling import poll_until
 
@@ -504,7 +504,7 @@ def test_kill_9_is_restarted(supervised: Supervised) -> None:
         # The step fails on the dead server's session; the resource drops it (and its lease) ...
         with pytest.raises(PySparkException), resource.session() as stale:
             stale.sql("SELECT 2").collect()
-        assert resource._session is None and resource._leases is None
+        assert resource._spark_session is None and active_leases(supervised.state_dir) == []
         # ... so the retry, in the same process with the same resource, leases and connects afresh.
         with resource.session() as fresh:
             assert fresh.sql("SELECT 3 AS three").collect()[0]["three"] == 3
@@ -628,7 +628,7 @@ def test_cli_runs_in_foreground_and_cleans_up_on_sigterm(tmp_path: Path, cds_dir
     log = tmp_path / "cli.out"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "freshidx.spark.server", "--port", str(port), "--state-dir", str(state_dir),
+            [sys.executable, "-m", "freshidx.spark_server.server", "--port", str(port), "--state-dir", str(state_dir),
              "--driver-memory", "1g", "--cds-dir", str(cds_dir), "--no-warm-up", "--json", *TEST_JVM_ARGS],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -637,7 +637,7 @@ def test_cli_runs_in_foreground_and_cleans_up_on_sigterm(tmp_path: Path, cds_dir
                         timeout=START_DEADLINE + 10, what=f"CLI server up ({log})")
         assert st["supervisor_pid"] == proc.pid and st["url"] == f"sc://127.0.0.1:{port}"
         status = subprocess.run(
-            [sys.executable, "-m", "freshidx.spark.server", "--status", "--json", "--state-dir", str(state_dir)],
+            [sys.executable, "-m", "freshidx.spark_server.server", "--status", "--json", "--state-dir", str(state_dir)],
             capture_output=True, text=True, timeout=60, check=True)
         assert json.loads(status.stdout)["pid"] == st["pid"]
         jvm = st["pid"]

@@ -28,10 +28,10 @@ import pytest
 
 from freshidx import procs
 from freshidx.cli.spark_server import relay_signals
-from freshidx.spark.lease import acquire_lease
-from freshidx.spark.local_cds import CDS_DIR_ENV
-from freshidx.spark.server_launch import port_accepts
-from freshidx.spark.server_state import read_state
+from freshidx.spark_server.lease import acquire_lease
+from freshidx.spark_server.local_cds import CDS_DIR_ENV
+from freshidx.spark_server.server_launch import port_accepts
+from freshidx.spark_server.server_state import read_state
 from freshidx_tests.conftest import TEST_JVM_ARGS, free_port
 from freshidx_tests.polling import poll_until
 
@@ -63,7 +63,7 @@ class Cli:
         self.out = tmp / "cli.out"
         self.port = free_port()
         self.jvms: set[int] = set()
-        args = [sys.executable, "-m", "freshidx.spark.server", "--port", str(self.port), "--state-dir",
+        args = [sys.executable, "-m", "freshidx.spark_server.server", "--port", str(self.port), "--state-dir",
                 str(self.state_dir), "--driver-memory", "1g", "--health-interval", "2", "--json", *TEST_JVM_ARGS]
         # (the dump follows the warm-up; without it the dump starts as soon as the port opens, which a
         # loaded box reaches well within the CLI's start timeout)

@@ -14,7 +14,7 @@ if [[ "${1:-}" == "--fast" ]]; then
     exec .venv/bin/python -m pytest -n 2 -m "not slow" --durations=10 freshidx_tests "$@"
 fi
 # The class archive the suite's ~13 local Spark JVMs map (none in the fast lane): ~8 CPU-s less each
-# on 2 cores (freshidx.spark.local_cds). Made once per JDK and Spark install (~60 s), then a no-op.
+# on 2 cores (freshidx.spark_server.local_cds). Made once per JDK and Spark install (~60 s), then a no-op.
 # Not in bootstrap.sh: the demo's default runs use a Connect server, which has its own archive.
 .venv/bin/freshidx spark-cds >&2 || echo "could not prepare the class archive for local Spark (it starts without one)" >&2
 # Four workers on the 2-core box, one test file each at a time, longest files first

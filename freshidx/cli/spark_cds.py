@@ -1,4 +1,4 @@
-"""``freshidx spark-cds``: prepare the class archive Spark JVMs map (:mod:`freshidx.spark.local_cds`)."""
+"""``freshidx spark-cds``: prepare the class archive Spark JVMs map (:mod:`freshidx.spark_server.local_cds`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from freshidx.cli.base import LazyCommand, json_option
 
 
 def cmd_spark_cds(*, directory: Path | None, driver_memory: str, force: bool, as_json: bool) -> int:
-    from freshidx.spark.local_cds import prepare
+    from freshidx.spark_server.local_cds import prepare
 
     done = prepare(directory, driver_memory, force=force)
     if as_json:

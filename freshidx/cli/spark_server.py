@@ -1,7 +1,7 @@
 """``freshidx spark-server``: run a supervised Spark Connect server in the foreground.
 
-The supervisor is :class:`freshidx.spark.supervisor.SparkConnectSupervisor` (its docstring says what it
-watches and when it restarts); ``python -m freshidx.spark.server`` runs this same command.
+The supervisor is :class:`freshidx.spark_server.supervisor.SparkConnectSupervisor` (its docstring says what it
+watches and when it restarts); ``python -m freshidx.spark_server.server`` runs this same command.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import click
 from freshidx.cli.base import LazyCommand, json_option, run
 
 if TYPE_CHECKING:
-    from freshidx.spark.server_config import ServerConfig
+    from freshidx.spark_server.server_config import ServerConfig
 
-DEFAULT_PORT = 15002  # freshidx.spark.server_config.DEFAULT_PORT
-DEFAULT_STATE_DIR = Path(".freshidx") / "spark-server"  # freshidx.spark.server_config.DEFAULT_STATE_DIR
+DEFAULT_PORT = 15002  # freshidx.spark_server.server_config.DEFAULT_PORT
+DEFAULT_STATE_DIR = Path(".freshidx") / "spark-server"  # freshidx.spark_server.server_config.DEFAULT_STATE_DIR
 
 
 def server_config(*, host: str, port: int, master: str, state_dir: Path, restart_every: float,
@@ -34,7 +34,7 @@ def server_config(*, host: str, port: int, master: str, state_dir: Path, restart
                   health_interval: float, hang_timeout: float, cds_dir: Path | None, no_class_data_sharing: bool,
                   no_cds_dump: bool, conf: Sequence[str], no_warm_up: bool) -> ServerConfig:
     """The supervisor's configuration from the command's options."""
-    from freshidx.spark.server_config import ServerConfig
+    from freshidx.spark_server.server_config import ServerConfig
 
     spark_conf: dict[str, str] = {}
     for item in conf:
@@ -63,9 +63,9 @@ def _render(state: dict[str, Any]) -> str:
 
 def cmd_spark_server(*, status: bool, as_json: bool, **options: Any) -> int:
     """Run the supervisor in the foreground until SIGINT/SIGTERM; then stop the JVM cleanly."""
-    from freshidx.spark.server_process import ServerStartError
-    from freshidx.spark.server_state import read_state
-    from freshidx.spark.supervisor import SparkConnectSupervisor
+    from freshidx.spark_server.server_process import ServerStartError
+    from freshidx.spark_server.server_state import read_state
+    from freshidx.spark_server.supervisor import SparkConnectSupervisor
 
     if status:
         state_dir = options["state_dir"]
@@ -192,5 +192,5 @@ spark_server = LazyCommand(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m freshidx.spark.server [options]``."""
-    return run(spark_server, argv, "python -m freshidx.spark.server")
+    """``python -m freshidx.spark_server.server [options]``."""
+    return run(spark_server, argv, "python -m freshidx.spark_server.server")

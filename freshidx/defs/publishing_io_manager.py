@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 import dagster as dg
 
 from freshidx import layout
-from freshidx.defs.resources import ObjectStoreResource
+from freshidx.defs.resources import ObjectStoreResource, SparkResource
 from freshidx.publish import DraftManifest, Pointer, PublishResult, publish, read_pointer
 from freshidx.store import ObjectStore
 
@@ -85,6 +85,13 @@ def running_step() -> dg.AssetExecutionContext | None:
         return None
 
 
+def spark_metadata(step: dg.AssetExecutionContext | None) -> dict[str, dg.MetadataValue]:
+    """The Spark application the step's ``spark`` resource ran it on (:meth:`SparkResource.spark_metadata`):
+    every Spark asset's materialization says which application (and UI) built it."""
+    spark = getattr(step.resources, "spark", None) if step is not None else None
+    return spark.spark_metadata() if isinstance(spark, SparkResource) else {}
+
+
 def manifest_link(store: ObjectStore, draft: DraftManifest) -> dg.MetadataValue:
     return dg.MetadataValue.path(f"{store.uri}/{layout.manifest_key(draft.index, draft.version)}")
 
@@ -114,6 +121,7 @@ class PublishingIOManager(dg.ConfigurableIOManager):
             # Through the running step's instance, not OutputContext's internal step_context.
             step.instance.add_run_tags(context.run_id, tags)
         self.report(context, store, publications)
+        context.add_output_metadata(spark_metadata(step))
         failed = [p for p in publications if p.failed]
         if failed:
             # The previous version keeps serving; fail the run so it is visible and retried (by a

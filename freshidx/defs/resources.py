@@ -4,21 +4,31 @@
 import contextlib
 import hashlib
 import io
+import logging
 import os
-import socket
 import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
-from urllib.parse import urlsplit
 
 import dagster as dg
 from dagster_aws.s3 import S3Resource
+from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
 
 from freshidx.settings import PipelineSettings, Settings
+from freshidx.spark.session import (
+    application_info,
+    build_connect_session,
+    build_local_session,
+    close_session,
+    conf_strings,
+    is_cluster_master,
+)
 from freshidx.store import ObjectStore, StoreConfig, open_store
+
+log = logging.getLogger(__name__)
 
 
 class ObjectStoreResource(dg.ConfigurableResource):
@@ -61,73 +71,89 @@ class ObjectStoreResource(dg.ConfigurableResource):
         return self._store
 
 
-class SparkResource(dg.ConfigurableResource):
-    """A SparkSession: local mode (embedded default), a cluster master (``spark://host:port``, the
-    driver runs in this process and executors on the cluster's workers), or Spark Connect
-    (``sc://host:port``; the server may itself be attached to a cluster).
+class SparkResource(LazyPySparkResource):
+    """dagster-pyspark's lazily created SparkSession, in three ways to get it: local mode (embedded default),
+    a cluster master (``spark://host:port``, the driver runs in this process and executors on the cluster's
+    workers), or Spark Connect (``sc://host:port``; the server may itself be attached to a cluster).
 
-    The session is created on first use, so runs that stop early never pay Spark start-up.
-    Local and cluster-driver sessions are left running for the process (Dagster runs are one process
-    each, and the test suite shares one session); Connect client sessions are closed at teardown.
+    ``spark_config`` (dagster-pyspark's field, also ``FRESHIDX_SPARK_CONF``) is the Spark conf: local mode
+    lays it over freshidx's local defaults, a cluster's driver gets it besides only what freshidx needs
+    (:func:`freshidx.spark.session.driver_conf`), a Connect client sets it on its session.
+
+    The session is created on first use (``spark_session``, :meth:`get_session`, :meth:`session`), so runs
+    that stop early never pay Spark start-up. Local and cluster-driver sessions are left running for the
+    process (Dagster runs are one process each, and the test suite shares one session); Connect client
+    sessions are always created anew (``create()``) and closed at teardown.
+
+    With ``server_state_dir`` the Connect session is leased from a ``freshidx spark-server``
+    (:func:`freshidx.spark_server.open_connect_session`); that package is imported only then.
 
     On a cluster master the driver ships the installed ``freshidx`` package to the executors as a
     zip (:func:`ship_package_zip`), see docs/deployment.md for what else the workers need.
     """
 
+    spark_config: dict[str, Any] = {}
     remote: str | None = None
     master: str = "local[2]"
-    conf: dict[str, str] = {}
     server_state_dir: str | None = None
     """State dir of a `freshidx spark-server` supervisor: runs hold a lease while they use it, so a
     planned restart drains first, and a run arriving during a restart waits (then fails clearly)."""
-    # A drained restart on a loaded 2-core box took 53-175 s: a retry must outwait one.
+    # A drained restart on a loaded 2-core box can take minutes: a retry must outwait one.
     lease_timeout_seconds: float = 300.0
     keep_sessions: bool = True
     """Runs that ask for a kept session (``session(keep_as="delta")``: every freshidx run asks, by its
     pipeline's name) attach to one server-side Connect session by name instead of opening a new one
     (warm Python workers, plan cache, decoded state; and no Python worker daemon left behind per run:
-    :mod:`freshidx.spark.kept_session`). Needs ``server_state_dir``; ``False`` = a new session per run."""
+    :mod:`freshidx.spark_server.kept_session`). Needs ``server_state_dir``; ``False`` = a new session per run."""
 
-    _session: Any = PrivateAttr(default=None)
-    _kept: bool = PrivateAttr(default=False)
-    _leases: Any = PrivateAttr(default=None)
+    _exit: Any = PrivateAttr(default=None)
+    _app_info: Any = PrivateAttr(default=None)
     _run_id: str = PrivateAttr(default="adhoc")
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._run_id = context.run_id or "adhoc"
 
+    @property
+    def spark_session(self) -> Any:
+        """dagster-pyspark's accessor: the run's session (:meth:`get_session`)."""
+        return self.get_session()
+
+    @property
+    def spark_context(self) -> Any:
+        return self.get_session().sparkContext
+
     def get_session(self, keep_as: str | None = None) -> Any:
         """The run's session (created on first use). ``keep_as`` names the kept Connect session to attach
         to (see :attr:`keep_sessions`); the first call decides, later calls return the same session."""
-        if self._session is None:
-            from freshidx.spark.session import build_connect_session, build_local_session
+        if self._spark_session is None:
+            self._spark_session = self._open(keep_as)
+        return self._spark_session
 
-            if self.remote:
-                remote = self.remote
-                if self.server_state_dir:
-                    from freshidx.spark.lease import acquire_lease
+    def _open(self, keep_as: str | None) -> Any:
+        conf = conf_strings(self.spark_config)
+        if self.remote:
+            return self._open_connect(self.remote, conf, keep_as)
+        session = build_local_session(self.master, conf=conf)
+        if is_cluster_master(self.master):
+            ship_package_zip(session)
+        return session
 
-                    self._leases = contextlib.ExitStack()
-                    lease = self._leases.enter_context(
-                        acquire_lease(self.server_state_dir, self._run_id, timeout_s=self.lease_timeout_seconds)
-                    )
-                    remote = lease.url or remote
-                conf = dict(self.conf)
-                if keep_as and self.keep_sessions and self.server_state_dir:
-                    from freshidx.spark.kept_session import attach
+    def _open_connect(self, remote: str, conf: dict[str, str], keep_as: str | None) -> Any:
+        def build(url: str) -> Any:
+            return build_connect_session(url, conf)
 
-                    self._session = attach(remote, self.server_state_dir, keep_as,
-                                           lambda url: build_connect_session(url, conf))
-                    self._kept = True
-                else:
-                    self._session = build_connect_session(remote, conf)
-            elif is_cluster_master(self.master):
-                session = build_local_session(self.master, conf={**cluster_conf(self.master), **self.conf})
-                ship_package_zip(session)
-                self._session = session
-            else:
-                self._session = build_local_session(self.master, conf=dict(self.conf))
-        return self._session
+        stack = contextlib.ExitStack()
+        if self.server_state_dir:
+            from freshidx.spark_server import open_connect_session
+
+            session = stack.enter_context(open_connect_session(
+                remote, self.server_state_dir, self._run_id, build=build,
+                keep_as=keep_as if self.keep_sessions else None, lease_timeout_s=self.lease_timeout_seconds))
+        else:
+            session = build(remote)
+            stack.callback(close_session, session, release=True)
+        self._exit = stack
+        return session
 
     @contextlib.contextmanager
     def session(self, keep_as: str | None = None) -> Iterator[Any]:
@@ -146,44 +172,49 @@ class SparkResource(dg.ConfigurableResource):
     def discard(self) -> None:
         """Forget a Connect session and release its lease (local sessions stay: they are per process).
         A kept session is left open on the server for the next run."""
-        if self._session is not None and self.remote:
-            from freshidx.spark.connect_client import close_session
-
-            close_session(self._session, release=not self._kept)  # never raises: the server may be gone
-            self._session = None
-            self._kept = False
-        if self._leases is not None:
-            self._leases.close()
-            self._leases = None
+        stack, self._exit = self._exit, None
+        if stack is not None:
+            self._spark_session = None
+            self._app_info = None
+            stack.close()  # closing never raises: the server may be gone
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         self.discard()
 
+    def server_draining(self) -> bool:
+        """Whether the supervised Connect server drains for a planned restart (False without one)."""
+        if not (self.remote and self.server_state_dir):
+            return False
+        from freshidx.spark_server import server_status
 
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+        return server_status(self.server_state_dir) == "draining"
 
+    def spark_metadata(self) -> dict[str, dg.MetadataValue]:
+        """The Spark application of this run's session, for materialization metadata: ``spark_app_id`` and
+        ``spark_ui`` where known. Empty when the run made no session; never raises (asked once per session)."""
+        if self._spark_session is None:
+            return {}
+        if self._app_info is None:
+            self._app_info = self._application_info()
+        app_id, ui = self._app_info
+        meta: dict[str, dg.MetadataValue] = {}
+        if app_id:
+            meta["spark_app_id"] = dg.MetadataValue.text(app_id)
+        if ui:
+            meta["spark_ui"] = dg.MetadataValue.url(ui)
+        return meta
 
-def is_cluster_master(master: str) -> bool:
-    """A master whose executors are separate processes, possibly on other hosts (not ``local[...]``)."""
-    return not master.startswith("local")
+    def _application_info(self) -> tuple[str | None, str | None]:
+        try:
+            app_id, ui = application_info(self._spark_session)
+            if ui is None and self.remote and self.server_state_dir:
+                from freshidx.spark_server import server_ui_url
 
-
-def cluster_conf(master: str, env: dict[str, str] | None = None) -> dict[str, str]:
-    """Confs a driver needs on a cluster, on top of the session builder's local defaults.
-
-    The builder pins the driver's RPC and block manager to 127.0.0.1 (right for local mode). Executors
-    on other hosts must reach the driver, so it advertises ``SPARK_LOCAL_HOSTNAME`` (Spark's own
-    variable; else this host's name) and binds ``SPARK_LOCAL_IP`` (else all interfaces). A master on
-    loopback means the whole cluster is on this machine: keep loopback then.
-    """
-    e = os.environ if env is None else env
-    host = urlsplit(master.split(",")[0]).hostname or ""
-    if host in _LOOPBACK:
-        return {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
-    return {
-        "spark.driver.host": e.get("SPARK_LOCAL_HOSTNAME") or socket.getfqdn(),
-        "spark.driver.bindAddress": e.get("SPARK_LOCAL_IP") or "0.0.0.0",
-    }
+                ui = server_ui_url(self.server_state_dir)  # a supervised server picks its UI port
+            return app_id, ui
+        except Exception as exc:  # metadata only: the run's outcome does not depend on it
+            log.warning("no Spark application info for the materialization metadata: %s", exc)
+            return None, None
 
 
 def package_zip(target_dir: str | None = None) -> Path:

@@ -1,6 +1,10 @@
-"""Spark sessions for freshidx: local in-process, or a Spark Connect client. Same code either way.
+"""Spark sessions for freshidx: local in-process, a cluster's driver, or a Spark Connect client. Same code
+either way.
 
 Every session gets the freshidx Python data sources registered (:func:`register_sources`).
+
+Its conf is :data:`REQUIRED_CONF` (what freshidx is correct with, in every mode) plus, in local mode
+only, :data:`LOCAL_TUNING` (start-up over peak speed, no UI, loopback): :func:`driver_conf` decides.
 
 Python workers must run the project's interpreter (``PYSPARK_PYTHON``), otherwise they start
 ``python3`` from ``PATH`` and fail to import pyarrow or freshidx. :func:`build_local_session` sets it
@@ -8,41 +12,61 @@ to ``sys.executable`` unless already set. For Spark Connect the *server* decides
 its workers run: start it with ``PYSPARK_PYTHON`` pointing at an interpreter that has pyarrow.
 freshidx itself reaches the server's workers by value (cloudpickle), see
 :func:`build_connect_session`.
+
+pyspark is imported when a session is made, so the conf decisions here import nothing heavy.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-from pyspark.sql import SparkSession
-
-from freshidx.spark.server_config import NO_CALL_SITES
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # Set on a session object once our data sources are registered on it.
 _REGISTERED_ATTR = "_freshidx_sources_registered"
 
-LOCAL_DEFAULTS: dict[str, str] = {
+#: PySpark 4 wraps every DataFrame/Column call to record its Python call site for error messages. In local
+#: mode that costs ~5 py4j round trips per call instead of one (the conf lookup, the origin's set and
+#: clear); freshidx builds its plans from fixed code, so the call site says nothing a traceback does not
+#: (docs/benchmarks.md has the measurement). A static conf: a Connect client reads the server's, which
+#: ``freshidx spark-server`` sets too.
+NO_CALL_SITES = {"spark.python.sql.dataFrameDebugging.enabled": "false"}
+
+#: What freshidx needs to be correct, in every mode (local, a cluster's driver, a Connect session):
+#: timestamps are UTC, ``mapInArrow``/``toPandas`` go through Arrow, and
+#: :func:`freshidx.transform.parse_records` relies on partial JSON results (the default since Spark 3.4).
+#: All runtime confs, so a Connect client may set them too.
+REQUIRED_CONF: dict[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.json.enablePartialResults": "true",
+}
+
+#: A local-mode driver listens on loopback only: no hostname lookups at start-up, nothing listening on
+#: public interfaces. A cluster's driver gets :func:`cluster_conf` instead.
+LOOPBACK_DRIVER: dict[str, str] = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+
+#: Local-mode tuning: small jobs (tests, the demo, the embedded store) on a small machine. Never given to a
+#: cluster's driver, where it would cripple the application (no UI, 4 shuffle partitions, a 1 GB driver,
+#: a C1-only JVM).
+LOCAL_TUNING: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
-    "spark.sql.session.timeZone": "UTC",
     "spark.sql.shuffle.partitions": "4",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
-    # freshidx.transform.parse_records relies on it (the default since Spark 3.4).
-    "spark.sql.json.enablePartialResults": "true",
     # The driver only ever collects small values (file lists, commit messages): keep it lean and
     # fail loudly if some code path tries to pull data through it.
     "spark.driver.memory": "1g",
     "spark.driver.maxResultSize": "256m",
-    # Loopback only: no hostname lookups at start-up, nothing listening on public interfaces.
-    "spark.driver.host": "127.0.0.1",
-    "spark.driver.bindAddress": "127.0.0.1",
-    # Start-up over peak speed: local mode is for small jobs (tests, demo, the embedded store), and on
-    # a contended 2-core machine C2 compiler threads and the parallel GC roughly double the time to a
-    # first result (measured: 60-73 s -> 34-38 s for session + first two jobs at load average ~10).
-    # Pass your own spark.driver.extraJavaOptions (or use a Connect server) for heavy local runs.
+    # Start-up over peak speed: on a contended 2-core machine C2 compiler threads and the parallel GC
+    # roughly double the time to a first result. Pass your own spark.driver.extraJavaOptions (or use a
+    # Connect server) for heavy local runs.
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     # Debuggability of Python workers (a segfault prints a traceback instead of "worker crashed").
     "spark.python.worker.faulthandler.enabled": "true",
@@ -50,41 +74,105 @@ LOCAL_DEFAULTS: dict[str, str] = {
     **NO_CALL_SITES,
 }
 
-# Runtime (session) confs that a Connect client may set; the server owns everything else.
-CONNECT_DEFAULTS: dict[str, str] = {
-    "spark.sql.session.timeZone": "UTC",
-    "spark.sql.execution.arrow.pyspark.enabled": "true",
-    "spark.sql.json.enablePartialResults": "true",
-}
+#: A local session's defaults (``spark_config`` overrides them).
+LOCAL_DEFAULTS: dict[str, str] = {**REQUIRED_CONF, **LOOPBACK_DRIVER, **LOCAL_TUNING}
+
+#: Runtime (session) confs that a Connect client sets; the server owns everything else.
+CONNECT_DEFAULTS: dict[str, str] = dict(REQUIRED_CONF)
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def is_cluster_master(master: str) -> bool:
+    """A master whose executors are separate processes, possibly on other hosts (not ``local[...]``)."""
+    return not master.startswith("local")
+
+
+def cluster_conf(master: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Confs a driver needs on a cluster: how its executors reach it.
+
+    Executors on other hosts must reach the driver, so it advertises ``SPARK_LOCAL_HOSTNAME`` (Spark's own
+    variable; else this host's name) and binds ``SPARK_LOCAL_IP`` (else all interfaces). A master on
+    loopback means the whole cluster is on this machine: keep loopback then.
+    """
+    e = os.environ if env is None else env
+    host = urlsplit(master.split(",")[0]).hostname or ""
+    if host in _LOOPBACK:
+        return dict(LOOPBACK_DRIVER)
+    return {
+        "spark.driver.host": e.get("SPARK_LOCAL_HOSTNAME") or socket.getfqdn(),
+        "spark.driver.bindAddress": e.get("SPARK_LOCAL_IP") or "0.0.0.0",
+    }
+
+
+def driver_conf(master: str, spark_config: Mapping[str, str] | None = None,
+                env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The builder conf of a session whose driver runs in this process; ``spark_config`` wins.
+
+    Local mode: :data:`LOCAL_DEFAULTS`. A cluster's driver: :data:`REQUIRED_CONF` and :func:`cluster_conf`
+    only, so Spark's and the cluster's own defaults apply to everything else.
+    """
+    base = {**REQUIRED_CONF, **cluster_conf(master, env)} if is_cluster_master(master) else LOCAL_DEFAULTS
+    return {**base, **(spark_config or {})}
+
+
+def conf_strings(spark_config: Mapping[str, Any]) -> dict[str, str]:
+    """A Spark conf as strings, nested mappings flattened to dotted keys (as dagster-pyspark's
+    ``spark_config`` accepts them: ``{"spark": {"executor": {"memory": "2g"}}}``); booleans as Spark
+    spells them."""
+    out: dict[str, str] = {}
+    for key, value in spark_config.items():
+        if isinstance(value, Mapping):
+            out.update({f"{key}.{k}": v for k, v in conf_strings(value).items()})
+        elif isinstance(value, bool):
+            out[str(key)] = "true" if value else "false"
+        else:
+            out[str(key)] = str(value)
+    return out
 
 
 def build_local_session(
-    master: str = "local[2]", app_name: str = "freshidx", conf: dict[str, str] | None = None
+    master: str = "local[2]", app_name: str = "freshidx", conf: Mapping[str, str] | None = None
 ) -> SparkSession:
-    """An in-process Spark session (``getOrCreate``) with freshidx defaults and data sources registered.
+    """A session whose driver runs in this process (``getOrCreate``), local mode or a cluster's driver,
+    with :func:`driver_conf` and the freshidx data sources registered.
 
-    ``conf`` overrides the defaults in :data:`LOCAL_DEFAULTS`. Static confs (memory, master, …) only
-    take effect if this call starts the JVM; runtime SQL confs are applied to an existing session too.
-    The JVM maps the class archive ``freshidx spark-cds`` prepared, if any (:mod:`freshidx.spark.local_cds`).
+    ``conf`` overrides the defaults. Static confs (memory, master, …) only take effect if this call starts
+    the JVM; runtime SQL confs are applied to an existing session too. In local mode the JVM maps the class
+    archive ``freshidx spark-cds`` prepared, if any (:func:`_with_class_archive`).
     """
+    from pyspark.sql import SparkSession
+
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # A Spark Connect client created earlier in this process (or a parent's) leaves these set, and
     # the builder then refuses local mode (CONNECT_URL_NOT_SET). Asking for local mode means local.
     for var in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
         os.environ.pop(var, None)
-    from freshidx.spark.local_cds import with_archive
-
+    full = driver_conf(master, conf)
+    if not is_cluster_master(master):
+        full = _with_class_archive(full)
     builder: Any = SparkSession.builder.master(master).appName(app_name)
-    for key, value in with_archive({**LOCAL_DEFAULTS, **(conf or {})}).items():
+    for key, value in full.items():
         builder = builder.config(key, value)
     spark: SparkSession = builder.getOrCreate()
     register_sources(spark)
     return spark
 
 
+def _with_class_archive(conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` with the driver JVM mapping the local class archive, if one was prepared. An optimisation
+    that lives with the Spark server's operations (:func:`freshidx.spark_server.local_class_archive`):
+    without them a session starts as it would without an archive."""
+    try:
+        from freshidx.spark_server import local_class_archive
+    except ImportError:
+        return conf
+    return local_class_archive(conf)
+
+
 def build_connect_session(
-    remote: str, conf: dict[str, str] | None = None, *, ship_code: bool = True
+    remote: str, conf: Mapping[str, str] | None = None, *, ship_code: bool = True
 ) -> SparkSession:
     """A Spark Connect client session to ``sc://host:port`` with freshidx data sources registered.
 
@@ -93,6 +181,8 @@ def build_connect_session(
     pyspark + pyarrow, not freshidx. Pass ``ship_code=False`` when freshidx is installed on the
     server (smaller task payloads, and the server's version of the code is used).
     """
+    from pyspark.sql import SparkSession
+
     if ship_code:
         ship_package_by_value()
     builder: Any = SparkSession.builder.remote(remote)
@@ -104,6 +194,44 @@ def build_connect_session(
     spark: SparkSession = builder.create()
     register_sources(spark)
     return spark
+
+
+def close_session(session: Any, *, release: bool) -> None:
+    """Stop a Spark Connect client session, never raising; ``release=False`` skips the ReleaseSession RPC
+    (the server may be hung or gone, and waiting for its answer is what the caller must not do; or the
+    server keeps the session for the next run)."""
+    if session is None:
+        return
+    session.release_session_on_close = release
+    with contextlib.suppress(Exception):
+        session.stop()
+
+
+def is_connect_session(session: Any) -> bool:
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
+def application_info(session: Any) -> tuple[str | None, str | None]:
+    """The Spark application behind ``session``: its id and its UI's URL (None where unknown or off).
+
+    A classic session asks its SparkContext. A Connect client sees the server's confs only, in one RPC
+    (``conf.getAll``): the id, and the UI's address when the UI is on at a fixed port (a server that
+    picked a free port, ``spark.ui.port=0``, does not say which).
+    """
+    if not is_connect_session(session):
+        ctx = session.sparkContext
+        return ctx.applicationId, ctx.uiWebUrl
+    return connect_application_info(session.conf.getAll)
+
+
+def connect_application_info(confs: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """:func:`application_info` from a Connect server's confs."""
+    app_id = confs.get("spark.app.id")
+    port = confs.get("spark.ui.port", "4040")
+    host = confs.get("spark.driver.host")
+    if confs.get("spark.ui.enabled", "true").lower() != "true" or port == "0" or not host:
+        return app_id, None
+    return app_id, f"http://{host}:{port}"
 
 
 def ship_package_by_value() -> None:

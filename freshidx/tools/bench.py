@@ -234,8 +234,8 @@ def bench_build_cluster(master: str, workers: Sequence[int], docs: int, shards: 
 
     Each count gets its own application (the cap is fixed when the context starts). The benchmark store
     is a local temp directory: run the workers on this host (or share that path with them)."""
-    from freshidx.defs.resources import cluster_conf, ship_package_zip
-    from freshidx.spark.session import build_local_session
+    from freshidx.defs.resources import ship_package_zip
+    from freshidx.spark.session import build_local_session, cluster_conf
 
     out = []
     for n in workers:

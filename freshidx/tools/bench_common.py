@@ -209,8 +209,8 @@ class ConnectServer:
                  heap_check_interval_s: float = 30.0, max_heap_fraction: float = 0.85,
                  cds_dir: Path | None = DEFAULT_CDS_DIR, health_timeout_s: float = 15.0,
                  health_failures: int = 3) -> None:
-        from freshidx.spark.server_config import ServerConfig
-        from freshidx.spark.supervisor import SparkConnectSupervisor
+        from freshidx.spark_server.server_config import ServerConfig
+        from freshidx.spark_server.supervisor import SparkConnectSupervisor
         from freshidx.tools.devserver import free_port
 
         self.config = ServerConfig(
@@ -260,7 +260,7 @@ class ConnectServer:
             raise RuntimeError(f"Spark Connect server failed to start: {self._start_error}") from self._start_error
 
     def state(self) -> dict[str, Any]:
-        from freshidx.spark.server_state import read_state
+        from freshidx.spark_server.server_state import read_state
 
         return read_state(self.state_dir) or {}
 

@@ -4,7 +4,7 @@
 [--delta-modes sensor,continuous] [--json]``
     A real end-to-end measurement through ``dagster dev`` (webserver + daemon, the packaged
     ``dagster.yaml``) on a temporary local store, once with a supervised Spark Connect server
-    (:class:`~freshidx.spark.supervisor.SparkConnectSupervisor`, runs take leases from it) and once with
+    (:class:`~freshidx.spark_server.supervisor.SparkConnectSupervisor`, runs take leases from it) and once with
     local-mode Spark (a ``SparkSession`` per run), in one invocation.
 
     Per mode: seed a 5 h window of history (~D documents), start ``dagster dev``, wait until the

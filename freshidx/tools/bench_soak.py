@@ -61,8 +61,8 @@ class _Batches:
         """Build and publish ``partition`` (sets :attr:`lease_wait`, :attr:`pid`). Raises on failure."""
         from freshidx.delta import DeltaPlan, build_delta
         from freshidx.publish import publish
-        from freshidx.spark.lease import acquire_lease
         from freshidx.spark.session import build_connect_session
+        from freshidx.spark_server.lease import acquire_lease
 
         self.lease_wait = self.pid = None
         with acquire_lease(self.server.state_dir, f"soak-{i:05d}", timeout_s=300) as lease:

@@ -1,5 +1,5 @@
 """``python -m freshidx.tools.local_cds_workload ARCHIVE DRIVER_MEMORY``: the child process of
-:func:`freshidx.spark.local_cds.prepare`. Starts a local session whose JVM dumps the classes it loaded
+:func:`freshidx.spark_server.local_cds.prepare`. Starts a local session whose JVM dumps the classes it loaded
 to ARCHIVE when it exits, after the JVM side of a build on a small generated partition: the raw read
 (Arrow batches from Python tasks), JSON parsing and validation, the latest-per-ad shuffle, a Parquet
 write and read. Not a whole index build: its Python work (tantivy) loads no JVM classes, and the
@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from freshidx.spark.local_cds import JAVA_OPTIONS
+from freshidx.spark_server.local_cds import JAVA_OPTIONS
 
 
 def main(argv: list[str]) -> int:

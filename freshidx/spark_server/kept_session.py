@@ -89,7 +89,7 @@ def _close_failed_client(session_id: str) -> None:
     or its exit hook would retry that release for minutes at process exit."""
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    from freshidx.spark.connect_client import close_session
+    from freshidx.spark.session import close_session
 
     failed = ConnectSession.getActiveSession()
     if failed is not None and failed.session_id == session_id:

@@ -3,7 +3,8 @@
 They never touch pyspark's default/active session (a freshidx run in the same process keeps its own),
 retry briefly (a probe that waits minutes says nothing), and run under a timeout in a daemon thread
 (:func:`call_with_timeout`): a hung server must not hang the supervisor. pyspark is imported only
-when a session is made, so importing this module stays cheap.
+when a session is made, so importing this module stays cheap. Closing one is the pipeline's own
+:func:`freshidx.spark.session.close_session`.
 """
 
 from __future__ import annotations
@@ -69,16 +70,6 @@ def connect_session(url: str, *, quick_retries: bool) -> Any:
     if quick_retries:
         session.client.set_retry_policies([DefaultPolicy(max_retries=2, initial_backoff=100, max_backoff=1000)])
     return session
-
-
-def close_session(session: Any, *, release: bool) -> None:
-    """Stop a client session, never raising; ``release=False`` skips the ReleaseSession RPC (the server
-    may be hung or gone, and waiting for its answer is what the caller must not do)."""
-    if session is None:
-        return
-    session.release_session_on_close = release
-    with contextlib.suppress(Exception):
-        session.stop()
 
 
 def select_one(session: Any) -> bool:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from freshidx import procs
-from freshidx.spark.server_state import HOSTNAME, atomic_write_json, now_iso, read_state, state_is_usable
+from freshidx.spark_server.server_state import HOSTNAME, atomic_write_json, now_iso, read_state, state_is_usable
 
 _SAFE_RUN_ID = re.compile(r"[^A-Za-z0-9._-]")
 

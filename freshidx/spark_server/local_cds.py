@@ -9,12 +9,12 @@ its JVM start each time (each Dagster run is a process of its own), so that is t
 The archive is made once per JDK + Spark jars + driver heap size (:func:`prepare`, ``freshidx
 spark-cds``, which ``scripts/test.sh`` runs; ~60 s, 67 CPU-s): a throw-away JVM runs the JVM side of
 a small build and dumps the classes it loaded when it exits (``-XX:ArchiveClassesAtExit``, which needs
-no JDK tools, unlike the Connect server's ``jcmd`` dump in :mod:`freshidx.spark.cds`).
+no JDK tools, unlike the Connect server's ``jcmd`` dump in :mod:`freshidx.spark_server.cds`).
 :func:`with_archive` then adds it to a local session's JVM options when it exists; ``-Xshare:auto``
 makes a JVM that cannot use it (another JDK, a changed classpath) start without it, as before.
 :func:`find_archive` picks it: a JVM with another heap under 32 GiB maps the default (1g) one. The
 same archive serves every JVM ``spark-class`` launches from these jars: a Connect server without an
-archive of its own (:func:`freshidx.spark.cds.plan_archive`), a standalone master, workers, executors.
+archive of its own (:func:`freshidx.spark_server.cds.plan_archive`), a standalone master, workers, executors.
 
 The cache stays bounded: making an archive deletes the same jar path's superseded ones and those no JVM
 was given for two weeks (:func:`remove_unused`).
@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from freshidx.spark.cds import archive_name, cds_key, map_options, remove_stale_dumps, remove_superseded
-from freshidx.spark.server_config import parse_memory
+from freshidx.spark_server.cds import archive_name, cds_key, map_options, remove_stale_dumps, remove_superseded
+from freshidx.spark_server.server_config import parse_memory
 
 CDS_DIR_ENV = "FRESHIDX_SPARK_CDS_DIR"
 JAVA_OPTIONS = "spark.driver.extraJavaOptions"

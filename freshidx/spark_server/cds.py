@@ -12,7 +12,7 @@ to the first planned restart, while clients wait.) A JVM ignores an archive it c
 supervisor deletes an archive of its own in use by a start that fails.
 
 A server with no archive of its own maps the one ``freshidx spark-cds`` prepared for local sessions
-(:mod:`freshidx.spark.local_cds`: same JDK, same jars, so the same classes) and dumps none.
+(:mod:`freshidx.spark_server.local_cds`: same JDK, same jars, so the same classes) and dumps none.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from freshidx.spark.jvm import jcmd, run_jcmd
-from freshidx.spark.server_config import ServerConfig, spark_home
+from freshidx.spark_server.jvm import jcmd, run_jcmd
+from freshidx.spark_server.server_config import ServerConfig, spark_home
 
 #: Files older than this next to an archive are temp files of dumps that never finished.
 _STALE_TMP_S = 3600
@@ -109,7 +109,7 @@ def map_options(archive: Path) -> list[str]:
 
 def plan_archive(config: ServerConfig, prepared: Path | None = None) -> ArchivePlan:
     """Map the server's own archive if there is one; else map ``prepared`` (the archive ``freshidx
-    spark-cds`` made for this JDK and these jars, :func:`freshidx.spark.local_cds.find_archive`), which
+    spark-cds`` made for this JDK and these jars, :func:`freshidx.spark_server.local_cds.find_archive`), which
     starts the server as fast as its own (quiet 2-core box, 2g heap: 10.3-10.9 CPU-s to up against 11.2 with
     its own and 16.9-17.8 without) and costs no dump; else get ready to dump one, unless ``config.cds_dump``
     is off (nothing without jcmd or JDK 17)."""

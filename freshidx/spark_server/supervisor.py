@@ -1,23 +1,23 @@
 """A supervised Spark Connect server: health checks, crash restarts, planned restarts with draining.
 
-``freshidx spark-server`` (or ``python -m freshidx.spark.server``) runs :class:`SparkConnectSupervisor`
-in the foreground: one Spark Connect server JVM (:mod:`freshidx.spark.server_process` starts and stops
+``freshidx spark-server`` (or ``python -m freshidx.spark_server.server``) runs :class:`SparkConnectSupervisor`
+in the foreground: one Spark Connect server JVM (:mod:`freshidx.spark_server.server_process` starts and stops
 it) and the watchdog the design asks for:
 
 * **liveness** – the process is polled every ``poll_interval_s``; if it died (OOM killer,
   ``kill -9``) it is restarted at once (reason ``crash``);
 * **health and progress** – every ``health_interval_s`` a Spark Connect client session runs
   ``SELECT 1`` under a short timeout, and the progress of the server's jobs is sampled
-  (:mod:`freshidx.spark.progress`: task/stage counters and live I/O metrics from the driver's UI REST
+  (:mod:`freshidx.spark_server.progress`: task/stage counters and live I/O metrics from the driver's UI REST
   API on a random loopback port, plus the CPU time of the server's Python workers; *not* the JVM's
   CPU, which a starved JVM cannot get and an idle one spends on heartbeats and probes). While runs
-  hold leases (:mod:`freshidx.spark.lease`), probes do not decide anything (a failed one is recorded
+  hold leases (:mod:`freshidx.spark_server.lease`), probes do not decide anything (a failed one is recorded
   as ``health_busy_since`` / ``health_busy_failures``): the server is restarted (reason ``hung``) only
   once its jobs made no progress for ``hang_timeout_s``. A server nobody leases is restarted (reason
   ``health``) after ``health_failures`` failed probes in a row;
 * **planned restarts** – when the JVM is older than ``restart_every_s`` (reason ``planned-age``) or
   its heap stays over ``max_heap_fraction`` of ``-Xmx`` even after a full GC (``planned-heap``,
-  measured as :mod:`freshidx.spark.jvm` says), the supervisor *drains* first (so do ``hung`` and
+  measured as :mod:`freshidx.spark_server.jvm` says), the supervisor *drains* first (so do ``hung`` and
   ``health``; only a dead JVM is restarted at once): it marks the state ``draining`` and waits (up to
   ``drain_timeout_s``) until no client holds a lease, then restarts. ``SIGHUP`` (CLI) requests one
   (``planned-manual``). More than ``max_session_processes`` processes in the JVM's session (Python
@@ -25,7 +25,7 @@ it) and the watchdog the design asks for:
   (``planned-processes``).
 
 ``SIGTERM``/``SIGINT`` to ``freshidx spark-server`` call :meth:`~ServerProcess.request_stop` from the
-handler (what a stop guarantees: :mod:`freshidx.spark.server_process`).
+handler (what a stop guarantees: :mod:`freshidx.spark_server.server_process`).
 
 **Clients cut off by a restart** see a ``pyspark.errors.PySparkException`` (e.g.
 ``SparkConnectGrpcException`` or ``Cannot call methods on a stopped SparkContext``), an ordinary
@@ -41,12 +41,12 @@ from collections.abc import Callable
 from typing import Any
 
 from freshidx import procs
-from freshidx.spark.jvm import run_jcmd
-from freshidx.spark.lease import active_leases
-from freshidx.spark.progress import ProgressTracker, python_worker_cpu_s
-from freshidx.spark.server_config import ServerConfig
-from freshidx.spark.server_process import ServerProcess, ServerStartError, StateDirBusy
-from freshidx.spark.server_state import now_iso
+from freshidx.spark_server.jvm import run_jcmd
+from freshidx.spark_server.lease import active_leases
+from freshidx.spark_server.progress import ProgressTracker, python_worker_cpu_s
+from freshidx.spark_server.server_config import ServerConfig
+from freshidx.spark_server.server_process import ServerProcess, ServerStartError, StateDirBusy
+from freshidx.spark_server.server_state import now_iso
 
 
 class SparkConnectSupervisor(ServerProcess):

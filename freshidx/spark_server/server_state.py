@@ -1,7 +1,7 @@
 """The supervisor's state file, ``state_dir/state.json``: written atomically by the supervisor (one per
-state dir), read by clients (:mod:`freshidx.spark.lease`), ``freshidx status`` and the demo.
+state dir), read by clients (:mod:`freshidx.spark_server.lease`), ``freshidx status`` and the demo.
 
-Fields are the supervisor's (``status`` from :data:`~freshidx.spark.server_config.STATUSES`, ``pid``
+Fields are the supervisor's (``status`` from :data:`~freshidx.spark_server.server_config.STATUSES`, ``pid``
 of the JVM, ``url``, restart counters, heap and progress samples …) plus ``hostname`` and
 ``supervisor_pid``, which let a reader on the same host tell a live supervisor from a stale file.
 """

@@ -1,5 +1,5 @@
 """How one Spark Connect server JVM is launched: its command line, environment, properties file, log,
-and the port checks around it. No state and no waiting here: :mod:`freshidx.spark.server_process`
+and the port checks around it. No state and no waiting here: :mod:`freshidx.spark_server.server_process`
 does the spawning, waiting and stopping.
 
 The server is the one in the installed pyspark wheel: ``$SPARK_HOME/bin/spark-submit --class
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import IO
 
-from freshidx.spark.server_config import SERVER_CLASS, ServerConfig, spark_home
-from freshidx.spark.server_state import now_iso
+from freshidx.spark_server.server_config import SERVER_CLASS, ServerConfig, spark_home
+from freshidx.spark_server.server_state import now_iso
 
 # Run through this before spark-submit: the JVM gets SIGTERM (its shutdown hooks clean up; it exits
 # in seconds) when the supervisor thread that spawned it ends, even by SIGKILL, and it never outlives a

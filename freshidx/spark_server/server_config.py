@@ -3,7 +3,7 @@ vocabulary of the supervisor's state file (statuses, restart reasons).
 
 Kept apart from the supervisor so that the CLI, the benchmarks and the tests can build a configuration
 without importing the machinery that runs it. What the supervisor does with these settings:
-:mod:`freshidx.spark.supervisor`.
+:mod:`freshidx.spark_server.supervisor`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from freshidx.spark.session import NO_CALL_SITES
+
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 DEFAULT_STATE_DIR = Path(".freshidx") / "spark-server"
 DEFAULT_PORT = 15002
@@ -21,15 +23,6 @@ DEFAULT_PORT = 15002
 STATUSES = ("starting", "up", "draining", "restarting", "down")
 #: ``last_restart_reason`` in ``state.json``: ``crash`` is immediate, every other one drains first.
 RESTART_REASONS = ("crash", "health", "hung", "planned-age", "planned-heap", "planned-processes", "planned-manual")
-
-
-#: PySpark 4 wraps every DataFrame/Column call to record its Python call site for error messages. In local
-#: mode that costs ~5 py4j round trips per call instead of one (the conf lookup, the origin's set and
-#: clear); freshidx builds its plans from fixed code, so the call site says nothing a traceback does not.
-#: Measured on a test module of small builds: 82 -> 74 CPU-s, 67 -> 57 s. A static conf: a Connect client
-#: reads the server's (:meth:`ServerConfig.spark_conf`), where it saves a stack walk and an import attempt
-#: per call (~60 us).
-NO_CALL_SITES = {"spark.python.sql.dataFrameDebugging.enabled": "false"}
 
 
 @dataclass
@@ -116,7 +109,8 @@ class ServerConfig:
             "spark.sql.execution.arrow.pyspark.enabled": "true",
             "spark.pyspark.python": self.python,
             "spark.python.worker.faulthandler.enabled": "true",
-            # Static, and read by the clients: no call site recorded per DataFrame call.
+            # Static, and read by the clients: no call site recorded per DataFrame call, where it
+            # saves a stack walk and an import attempt per call (~60 us).
             **NO_CALL_SITES,
             # Python workers are reused (Spark's default, restated because it was off here before): a
             # fresh worker per task costs fork + pyarrow/freshidx imports, ~0.35-0.45 s per Python task

@@ -1,11 +1,11 @@
 """One Spark Connect server JVM: started, warmed up, probed and stopped, with its state on disk.
 
-:class:`ServerProcess` runs the server of the installed pyspark wheel (:mod:`freshidx.spark.server_launch`)
+:class:`ServerProcess` runs the server of the installed pyspark wheel (:mod:`freshidx.spark_server.server_launch`)
 as a *foreground* child in its own session and reports ``up`` only once a real query and a Python job
 have run (the warm-up). The decisions when to restart it are the supervisor's
-(:mod:`freshidx.spark.supervisor`); everything here is about doing one start or one stop right.
+(:mod:`freshidx.spark_server.supervisor`); everything here is about doing one start or one stop right.
 
-**State** is ``state_dir/state.json`` (:mod:`freshidx.spark.server_state`). The JVM's stdout/stderr
+**State** is ``state_dir/state.json`` (:mod:`freshidx.spark_server.server_state`). The JVM's stdout/stderr
 go to ``state_dir/server.log``. Only one supervisor may own a ``state_dir`` (an ``flock`` on
 ``state_dir/supervisor.lock``); a JVM left behind by a supervisor that was killed with ``SIGKILL`` is
 found through the recorded pid and its command line and killed on the next start. On stop the whole
@@ -14,11 +14,11 @@ process group) gets ``SIGTERM``, then ``SIGKILL`` after ``stop_timeout_s``.
 
 **Stopping at any moment.** :meth:`ServerProcess.request_stop` (safe in a signal handler): the
 current JVM's session gets ``SIGTERM`` at once, whatever is happening (starting, warming up, dumping
-the class archive (:mod:`freshidx.spark.cds`), draining, restarting), every wait in a start polls the
+the class archive (:mod:`freshidx.spark_server.cds`), draining, restarting), every wait in a start polls the
 request (a JVM spawned just before it is killed right after ``Popen``), no JVM is spawned after it,
 the JVM gets at most :data:`STOP_GRACE_S` before ``SIGKILL``, and the last status written is
 ``down`` (with ``stopped_at``). The JVM is also started with ``PR_SET_PDEATHSIG`` = ``SIGTERM``
-(:data:`~freshidx.spark.server_launch.PDEATHSIG_SHIM`): if the supervisor is killed with
+(:data:`~freshidx.spark_server.server_launch.PDEATHSIG_SHIM`): if the supervisor is killed with
 ``SIGKILL``, its JVM shuts down with it (the worker daemons exit when the JVM's pipes close), and the
 recorded-pid check above remains for anything else. The death signal follows the *thread* that
 spawned the JVM: start and supervise from one long-lived thread.
@@ -38,13 +38,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from freshidx import procs
-from freshidx.spark import cds, local_cds
-from freshidx.spark import server_launch as launch
-from freshidx.spark.connect_client import call_with_timeout, close_session, connect_session, select_one, warmup_batches
-from freshidx.spark.jvm import MemorySample, sample_memory
-from freshidx.spark.progress import SparkStatusClient, ui_port_from_log
-from freshidx.spark.server_config import SERVER_CLASS, ServerConfig, parse_memory
-from freshidx.spark.server_state import HOSTNAME, STATE_FILE, atomic_write_json, now_iso, read_state
+from freshidx.spark.session import close_session
+from freshidx.spark_server import cds, local_cds
+from freshidx.spark_server import server_launch as launch
+from freshidx.spark_server.connect_client import call_with_timeout, connect_session, select_one, warmup_batches
+from freshidx.spark_server.jvm import MemorySample, sample_memory
+from freshidx.spark_server.progress import SparkStatusClient, ui_port_from_log
+from freshidx.spark_server.server_config import SERVER_CLASS, ServerConfig, parse_memory
+from freshidx.spark_server.server_state import HOSTNAME, STATE_FILE, atomic_write_json, now_iso, read_state
 
 #: After a stop request the JVM gets at most this long to exit on SIGTERM (callers such as the demo
 #: SIGKILL the supervisor ~30 s after their SIGTERM; the JVM must be gone well before).
@@ -62,7 +63,7 @@ class StateDirBusy(ServerStartError):
 class ServerProcess:
     """One Spark Connect server JVM at a time: owns the state dir, starts, warms up, probes and stops
     the JVM, and records all of it in ``state.json``. Thread-safe. The watchdog that decides when to
-    restart it is the subclass :class:`~freshidx.spark.supervisor.SparkConnectSupervisor`."""
+    restart it is the subclass :class:`~freshidx.spark_server.supervisor.SparkConnectSupervisor`."""
 
     def __init__(
         self, config: ServerConfig, *, on_state: Callable[[dict[str, Any]], None] | None = None
@@ -407,7 +408,7 @@ class ServerProcess:
         return ok
 
     def _sample_memory(self) -> MemorySample | None:
-        """Sample the JVM's heap (:mod:`freshidx.spark.jvm`) and record it in the state."""
+        """Sample the JVM's heap (:mod:`freshidx.spark_server.jvm`) and record it in the state."""
         pid = self.pid
         if pid is None:
             return None

@@ -1,0 +1,76 @@
+"""The operations of a supervised Spark Connect server (``freshidx spark-server``): an optional component.
+
+The pipeline's builds need a Spark session only (:mod:`freshidx.spark`). A deployment that runs
+``freshidx spark-server`` also gets leases (a planned restart drains the runs first), sessions the
+server keeps between runs, and the local class archive. The pipeline reaches this package through the
+functions below only, and only where it is configured for it: :class:`~freshidx.defs.resources.SparkResource`
+when ``server_state_dir`` is set, and :func:`freshidx.spark.session.build_local_session` in local mode (the
+class archive). A cluster, or a Connect server of its own, imports nothing from here. Importing this
+package is cheap: each function imports what it uses.
+
+The modules, one job each:
+
+* :mod:`~freshidx.spark_server.server_config` – :class:`~freshidx.spark_server.server_config.ServerConfig`;
+* :mod:`~freshidx.spark_server.server_state` – ``state.json``;
+* :mod:`~freshidx.spark_server.lease` and :mod:`~freshidx.spark_server.kept_session` – the client side;
+* :mod:`~freshidx.spark_server.server_launch`, :mod:`~freshidx.spark_server.cds`,
+  :mod:`~freshidx.spark_server.jvm`, :mod:`~freshidx.spark_server.connect_client`,
+  :mod:`~freshidx.spark_server.progress` – launching the JVM, its class archive, ``jcmd`` and heap
+  samples, the supervisor's own client sessions, its hang detector;
+* :mod:`~freshidx.spark_server.server_process` – one JVM started, warmed up, probed and stopped;
+* :mod:`~freshidx.spark_server.supervisor` – the watchdog (health, progress, planned restarts);
+* :mod:`~freshidx.spark_server.local_cds` – the class archive of local-mode JVMs (``freshidx spark-cds``);
+* :mod:`~freshidx.spark_server.server` – ``python -m freshidx.spark_server.server``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+
+@contextlib.contextmanager
+def open_connect_session(remote: str, state_dir: str | Path, run_id: str, *, build: Callable[[str], Any],
+                         keep_as: str | None = None, lease_timeout_s: float = 300.0) -> Iterator[Any]:
+    """A Connect session on the supervised server, under a lease held until the block ends.
+
+    ``build(url)`` makes the session (the lease says the server's current URL, else ``remote``). With
+    ``keep_as`` it attaches to the session the server keeps under that name
+    (:mod:`~freshidx.spark_server.kept_session`) and leaves it open at the end; otherwise the session is
+    released. Waits up to ``lease_timeout_s`` for a server that is restarting.
+    """
+    from freshidx.spark.session import close_session
+    from freshidx.spark_server.kept_session import attach
+    from freshidx.spark_server.lease import acquire_lease
+
+    with acquire_lease(state_dir, run_id, timeout_s=lease_timeout_s) as lease:
+        url = lease.url or remote
+        session = attach(url, state_dir, keep_as, build) if keep_as else build(url)
+        try:
+            yield session
+        finally:
+            close_session(session, release=not keep_as)  # never raises: the server may be gone
+
+
+def server_status(state_dir: str | Path) -> str | None:
+    """The supervisor's status (``up``, ``draining``, …; see ``STATUSES``), None without a state."""
+    from freshidx.spark_server.server_state import read_state
+
+    return (read_state(state_dir) or {}).get("status")
+
+
+def server_ui_url(state_dir: str | Path) -> str | None:
+    """The Spark UI of the supervised server's application, as its state records it (None if unknown)."""
+    from freshidx.spark_server.server_state import read_state
+
+    return (read_state(state_dir) or {}).get("ui_url") or None
+
+
+def local_class_archive(conf: Mapping[str, str]) -> dict[str, str]:
+    """A local session's conf with its JVM mapping the class archive ``freshidx spark-cds`` prepared, if
+    any (:func:`freshidx.spark_server.local_cds.with_archive`)."""
+    from freshidx.spark_server.local_cds import with_archive
+
+    return with_archive(conf)
