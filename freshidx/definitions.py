@@ -13,7 +13,13 @@ from typing import Any
 import dagster as dg
 from dagster_aws.s3 import S3Resource
 
-from freshidx.defs.assets import (
+from freshidx.defs.catchup.assets import make_ads_hourly, make_ads_hourly_job, make_hourly_sensor
+from freshidx.defs.catchup.io_manager import BucketIOManager
+from freshidx.defs.delta.compaction import delta_compaction, delta_compaction_job, make_compaction_sensor
+from freshidx.defs.delta.continuous import delta_continuous, make_continuous_watchdog
+from freshidx.defs.delta.sensor import make_delta_sensor
+from freshidx.defs.runs.health import make_run_health_sensor
+from freshidx.defs.shared.assets import (
     delta_index,
     delta_index_job,
     full_index,
@@ -22,15 +28,9 @@ from freshidx.defs.assets import (
     hourly_partitions,
     raw_ad_updates_spec,
 )
-from freshidx.defs.bucket_io_manager import BucketIOManager
-from freshidx.defs.compaction import delta_compaction, delta_compaction_job, make_compaction_sensor
-from freshidx.defs.continuous import delta_continuous, make_continuous_watchdog
-from freshidx.defs.hourly import make_ads_hourly, make_ads_hourly_job, make_hourly_sensor
-from freshidx.defs.io_manager import IndexIOManager
-from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource, SparkResource
-from freshidx.defs.run_health import make_run_health_sensor
-from freshidx.defs.sensors import make_delta_sensor
-from freshidx.defs.sla import make_sla_sensor, sla_checks
+from freshidx.defs.shared.io_manager import IndexIOManager
+from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
+from freshidx.defs.sla.checks import make_sla_sensor, sla_checks
 from freshidx.settings import Settings
 
 
@@ -38,7 +38,7 @@ def freshness_policies(settings: Settings) -> dict[str, dg.FreshnessPolicy]:
     """UI health badges. Dagster evaluates these on the time of the last materialization only; the
     data-aware SLA is the ``freshidx_sla_sensor`` checks. While upstream is quiet the SLA sensor records
     that the serving delta still covers the newest visible partition (a materialization with an unchanged
-    data version, :mod:`freshidx.defs.sla`), so ``delta_index`` goes red only when it falls behind data
+    data version, :mod:`freshidx.defs.sla.checks`), so ``delta_index`` goes red only when it falls behind data
     that exists, never merely because no data arrived."""
     return {
         "delta_index": dg.FreshnessPolicy.time_window(

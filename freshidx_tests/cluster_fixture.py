@@ -212,8 +212,7 @@ def hourly_scenario(store_uri: dict[str, Any], **overrides: Any) -> dict[str, li
     """ads_hourly for 2 closed hours via the catch-up sensor and its runs; the published rows per hour."""
     import dagster as dg
 
-    from freshidx import layout
-    from freshidx.store import StoreConfig
+    from freshidx.store import StoreConfig, layout
     from freshidx_tests.harness import Harness
     from freshidx_tests.test_catchup import bucket_rows, drain, hour, write_hours
 
@@ -254,8 +253,8 @@ def write_kill_data(store_uri: dict[str, Any]) -> None:
 
 def full_answers(store_uri: dict[str, Any], cache: Path) -> dict[str, Any]:
     """What the published full index answers (the pointer's version, opened by the real Searcher)."""
-    from freshidx.publish import read_pointer
-    from freshidx.serving import Searcher
+    from freshidx.publish.commit import read_pointer
+    from freshidx.serve.searcher import Searcher
     from freshidx.store import StoreConfig, open_store
 
     store = open_store(StoreConfig(**store_uri))
@@ -333,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         result["master"] = session.conf.get("spark.master")
         # SparkResource ships the package when it first gets the session; do the same before
         # looking, so the check sees what the runs see.
-        from freshidx.defs.resources import ship_package_zip
+        from freshidx.defs.shared.resources import ship_package_zip
 
         ship_package_zip(session)
         result["workers"] = _worker_view(session)

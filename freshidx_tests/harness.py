@@ -9,9 +9,9 @@ from typing import Any
 import dagster as dg
 
 from freshidx.definitions import build_definitions
-from freshidx.partitions import PartitionId
 from freshidx.settings import Settings
 from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.generate import GeneratorConfig, PartitionWritten, write_partition
 
 T0 = dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.UTC)

@@ -18,7 +18,6 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from freshidx import layout
 from freshidx.records import ACTIVE
 from freshidx.spark.shards import (
     COVERED_ARROW_SCHEMA,
@@ -34,8 +33,8 @@ from freshidx.spark.shards import (
     write_empty_sharded,
     write_sharded,
 )
-from freshidx.store import StoreConfig
-from freshidx.transform import TYPED_FIELDS
+from freshidx.spark.transform import TYPED_FIELDS
+from freshidx.store import StoreConfig, layout
 
 # Spark's Python workers need not import freshidx_tests (it is not installed): ship this by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -16,20 +16,21 @@ from typing import Literal
 
 import pytest
 
-from freshidx import layout, ledger
-from freshidx.defs.io_manager import record_outcome
-from freshidx.partitions import PartitionId
-from freshidx.publish import DraftManifest, PublishResult, publish, read_pointer
+from freshidx.defs.shared.io_manager import record_outcome
+from freshidx.publish.commit import DraftManifest, PublishResult, publish, read_pointer
 from freshidx.store import (
     ListPage,
     ObjectInfo,
     ObjectStore,
     StoredObject,
     WriteOutcomeUnknown,
+    layout,
     open_store,
 )
 from freshidx.store.base import dump_json
 from freshidx.store.local import LocalStore
+from freshidx.store.partitions import PartitionId
+from freshidx.trigger import ledger
 from freshidx_tests.conftest import make_s3_config
 from freshidx_tests.s3_proxy import S3Proxy, drop_first
 from freshidx_tests.test_publish import draft, history

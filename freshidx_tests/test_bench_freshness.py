@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from freshidx.partitions import PartitionId
+from freshidx.store.partitions import PartitionId
 from freshidx.tools import bench_freshness as bf
 from freshidx.tools.generate import history_partitions, partition_records
 from freshidx_tests.conftest import CONNECT_ENV

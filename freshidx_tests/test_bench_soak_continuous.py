@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from freshidx.partitions import PartitionId
+from freshidx.store.partitions import PartitionId
 from freshidx.tools import bench_freshness as bf
 from freshidx.tools import bench_soak_continuous as sc
 from freshidx.tools.bench_report import render_soak_continuous, soak_curve_rows
@@ -70,8 +70,8 @@ def test_run_end_says_planned_restart_memory_crash_or_still_running() -> None:
 
 
 def test_scan_run_log_reads_the_loops_lines() -> None:
-    from freshidx.continuous import decide
-    from freshidx.latest_only import Applied, Request
+    from freshidx.trigger.continuous import decide
+    from freshidx.trigger.latest_only import Applied, Request
 
     started = decide(Applied([], Request(PartitionId.parse(p(1)), 1, 2), None)).reason  # what the loop logs
     lines = [(1.0, "continuous delta: trigger every 1.0 s, planned restart at …"),
@@ -87,8 +87,8 @@ def test_scan_run_log_reads_the_loops_lines() -> None:
 
 
 def test_the_failure_line_the_loop_logs_is_the_one_counted() -> None:
-    from freshidx.defs.continuous import failed_attempt
-    from freshidx.latest_only import Request
+    from freshidx.defs.delta.continuous import failed_attempt
+    from freshidx.trigger.latest_only import Request
 
     logged: list[str] = []
     context = SimpleNamespace(log=SimpleNamespace(error=logged.append))

@@ -15,7 +15,7 @@ through the CLI (``freshidx status --json`` / ``freshidx ledger --json``) and th
 Then (issue "The Dagster UI tells the truth"): on every asset's Checks tab, each check's description
 and state as shown (the list entry's status and icon, "Evaluation result", the latest evaluation's
 text) match what the checks report through GraphQL, the descriptions are the ones defined in
-``freshidx.sla``, and the reported state is what the checks compute from the store right now.
+``freshidx.sla.checks``, and the reported state is what the checks compute from the store right now.
 
 Runs are followed with GraphQL polling (cheap on a busy 2-core box), and the UI's run page is read
 when a run starts and once it has ended. Needs ``/usr/bin/chromium`` and the ``playwright`` package;
@@ -36,11 +36,12 @@ from typing import Any
 
 import pytest
 
-from freshidx import catchup, layout, sla
-from freshidx.partitions import PartitionId
-from freshidx.publish import read_pointer
+from freshidx.catchup import planner as catchup
+from freshidx.publish.commit import read_pointer
 from freshidx.settings import Settings
-from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.sla import checks as sla
+from freshidx.store import ObjectStore, StoreConfig, layout, open_store
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.devserver import BACKFILL_TERMINAL_STATUSES, RUN_TERMINAL_STATUSES, DagsterDev, prepare_home
 from freshidx.tools.generate import GeneratorConfig, write_partition
 from freshidx_tests.browser_fixture import (
@@ -229,7 +230,7 @@ def computed_outcomes(s: Setup) -> dict[tuple[str, str], sla.CheckOutcome]:
     """What each check computes from the store now, with the settings ``dagster dev`` runs with."""
     import dagster as dg
 
-    from freshidx.defs.sla import consecutive_delta_failures
+    from freshidx.defs.sla.checks import consecutive_delta_failures
 
     settings = Settings.from_env(env=s.env)
     instance = dg.DagsterInstance.from_config(str(s.dev.home))

@@ -20,10 +20,11 @@ from typing import Any
 import dagster as dg
 import pyarrow.parquet as pq
 
-from freshidx import catchup, layout, readiness
-from freshidx.partitions import PartitionId
-from freshidx.publish import read_manifest, read_pointer
-from freshidx.store import ObjectStore, StoreConfig
+from freshidx.catchup import planner as catchup
+from freshidx.catchup import readiness
+from freshidx.publish.commit import read_manifest, read_pointer
+from freshidx.store import ObjectStore, StoreConfig, layout
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.generate import GeneratorConfig, partition_base_version, partition_records, write_partition
 from freshidx_tests.harness import Harness
 from freshidx_tests.polling import poll_until

@@ -1,4 +1,4 @@
-"""The catch-up rule (:mod:`freshidx.catchup`) without Dagster or Spark: a local store, a fake run list,
+"""The catch-up rule (:mod:`freshidx.catchup.planner`) without Dagster or Spark: a local store, a fake run list,
 milliseconds per test. A "run" here publishes what the bucket IO manager would (an empty bucket whose
 manifest lists the hour's inputs, and the ledger entry), so the planner sees the store it would see.
 The same scenarios run through Dagster in test_catchup.py, test_overlap.py, test_run_health.py and
@@ -14,14 +14,15 @@ from typing import Any
 
 import pytest
 
-from freshidx import catchup, layout, readiness
-from freshidx.catchup import ASSET, Applied, Record, Request, RunView, TickPlan, apply, plan_tick
-from freshidx.lifecycle import Decision, Mark
-from freshidx.partitions import PartitionId
-from freshidx.publish import DraftManifest, iso, new_version, publish
-from freshidx.readiness import list_hour
+from freshidx.catchup import planner as catchup
+from freshidx.catchup import readiness
+from freshidx.catchup.planner import ASSET, Applied, Record, Request, RunView, TickPlan, apply, plan_tick
+from freshidx.catchup.readiness import list_hour
+from freshidx.publish.commit import DraftManifest, iso, new_version, publish
 from freshidx.settings import Settings
-from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.store import ObjectStore, StoreConfig, layout, open_store
+from freshidx.store.partitions import PartitionId
+from freshidx.trigger.lifecycle import Decision, Mark
 
 H0 = dt.datetime(2026, 11, 20, 0, 0, tzinfo=dt.UTC)
 
@@ -142,7 +143,7 @@ def claimed(req: Request) -> dict[str, str]:
 
 
 def test_the_planner_needs_neither_dagster_nor_spark() -> None:
-    code = ("import sys, freshidx.catchup, freshidx.catchup_late; "
+    code = ("import sys, freshidx.catchup.planner, freshidx.catchup.late; "
             "assert not {'dagster', 'pyspark'} & set(sys.modules), sorted(m for m in sys.modules if 'dag' in m)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from freshidx import sla
-from freshidx.partitions import PartitionId
+from freshidx.sla import checks as sla
 from freshidx.store import StoreConfig, open_store
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.devserver import DagsterDev, prepare_home
 from freshidx.tools.generate import GeneratorConfig, write_partition
 from freshidx_tests.polling import poll_until

@@ -7,8 +7,9 @@ from typing import Any
 
 import dagster as dg
 
-from freshidx import catchup, layout
-from freshidx.publish import read_manifest, read_pointer
+from freshidx.catchup import planner as catchup
+from freshidx.publish.commit import read_manifest, read_pointer
+from freshidx.store import layout
 from freshidx_tests.test_catchup import HOURLY_KEY, hour, tick, write_hours
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 
-from freshidx import sla
-from freshidx.defs.assets import store_kind
-from freshidx.defs.sla import tick_summary
-from freshidx.partitions import PartitionId
-from freshidx.publish import Pointer, iso
+from freshidx.defs.shared.assets import store_kind
+from freshidx.defs.sla.checks import tick_summary
+from freshidx.publish.commit import Pointer, iso
 from freshidx.settings import Settings
+from freshidx.sla import checks as sla
 from freshidx.store import StoreConfig, open_store
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.generate import write_partition
 from freshidx_tests.harness import GEN
 

@@ -99,7 +99,7 @@ def test_search_imports_no_spark(local_store_config: StoreConfig, tmp_path: Path
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["answered_by"] == ["full", "delta"]  # the delta (and its kill-list) was loaded too
-    assert "freshidx.serving" in modules and "tantivy" in modules
+    assert "freshidx.serve.searcher" in modules and "tantivy" in modules
     assert not {m for m in modules if m.split(".")[0] in ("pyspark", "py4j")}, sorted(heavy(modules))
 
 
@@ -114,14 +114,17 @@ def test_settings_error_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch, 
 def test_cli_defaults_mirror_the_library() -> None:
     """The CLI modules keep a few defaults as literals (importing their owners would import Spark,
     Dagster or pydantic on ``--help``): they must say what the library does."""
-    from freshidx import layout, retention, serving, settings
+    from freshidx import settings
     from freshidx.cli import bench as cli_bench
     from freshidx.cli import demo as cli_demo
     from freshidx.cli import generate as cli_generate
     from freshidx.cli import retention as cli_retention
     from freshidx.cli import spark_server as cli_spark_server
+    from freshidx.publish import retention
+    from freshidx.serve import searcher as serving
     from freshidx.spark import shards
     from freshidx.spark_server import server_config
+    from freshidx.store import layout
     from freshidx.tools import bench, bench_freshness, generate
 
     assert cli_retention.INDEX_NAMES == layout.INDEX_NAMES

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from freshidx import catchup, cli, ledger
-from freshidx.partitions import PartitionId
+from freshidx import cli
+from freshidx.catchup import planner as catchup
 from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.store.partitions import PartitionId
+from freshidx.trigger import ledger
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 P0148 = PartitionId(dt.datetime(2026, 11, 24, 1, 48, tzinfo=dt.UTC))
@@ -127,7 +129,7 @@ def test_every_partition_example_in_operations_md_works(store: ObjectStore, loca
 
 def test_delta_compaction_entries_are_listed(local_store_config: StoreConfig,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    from freshidx import compact_delta
+    from freshidx.delta import compact as compact_delta
 
     st = open_store(local_store_config)
     # The compaction's own writer: ledger/delta_compaction/<date>/<time>-<run>.json, scope "delta <version>".

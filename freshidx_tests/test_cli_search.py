@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from freshidx import cli
-from freshidx.serving import NOTHING_PUBLISHED_EXIT
+from freshidx.serve.searcher import NOTHING_PUBLISHED_EXIT
 from freshidx.store import StoreConfig, open_store
 from freshidx_tests.test_index_shards import T0, ad, build_direct, publish_commits
 

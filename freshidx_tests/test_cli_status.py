@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from freshidx import cli
-from freshidx.status import locate_spark_server_state, record_spark_server_state
+from freshidx.serve.status import locate_spark_server_state, record_spark_server_state
 from freshidx.store import StoreConfig, open_store
 
 
@@ -151,8 +151,9 @@ def test_state_from_another_host_is_not_judged_by_local_pids(tmp_path: Path,
 
 def test_merged_segment_kind_is_shown_in_full(local_store_config: StoreConfig, capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from freshidx import compact_delta, compaction
-    from freshidx.publish import publish
+    from freshidx.delta import compact as compact_delta
+    from freshidx.delta import compaction
+    from freshidx.publish.commit import publish
     from freshidx.settings import Settings
     from freshidx_tests.test_compaction import three_segments_published
     from freshidx_tests.test_publish import _segmented

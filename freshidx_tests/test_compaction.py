@@ -1,4 +1,4 @@
-"""Background compaction of delta segments (issue 13.3; :mod:`freshidx.compaction`).
+"""Background compaction of delta segments (issue 13.3; :mod:`freshidx.delta.compaction`).
 
 Pure planning and splicing first; then one Spark scenario through the real assets and the serving
 library: micro-batches, a compaction that loses its compare-and-swap to a micro-batch and republishes
@@ -19,16 +19,18 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from freshidx import compact_delta as cd
-from freshidx import compaction, layout, ledger, retention
-from freshidx.compact_delta import PIPELINE, compact_delta
-from freshidx.defs.publishing_io_manager import Publication, PublishingIOManager
-from freshidx.publish import DraftManifest, publish, read_manifest, read_pointer
-from freshidx.segments import Segment, files_to_read, segments_of
-from freshidx.serving import Searcher
+from freshidx.defs.shared.publishing_io_manager import Publication, PublishingIOManager
+from freshidx.delta import compact as cd
+from freshidx.delta import compaction
+from freshidx.delta.compact import PIPELINE, compact_delta
+from freshidx.delta.segments import Segment, files_to_read, segments_of
+from freshidx.publish import retention
+from freshidx.publish.commit import DraftManifest, publish, read_manifest, read_pointer
+from freshidx.serve.searcher import Searcher
 from freshidx.settings import Settings
 from freshidx.spark.shards import ShardCommit, ShardFile
-from freshidx.store import ObjectInfo, ObjectStore, StoreConfig, open_store
+from freshidx.store import ObjectInfo, ObjectStore, StoreConfig, layout, open_store
+from freshidx.trigger import ledger
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.test_incremental_equivalence import (
     FULL,
@@ -114,7 +116,7 @@ def test_a_merged_segment_rests_on_a_full_version_only_if_its_whole_run_does() -
 
 def test_files_to_read_is_unchanged_by_a_compaction_of_the_kept_segments() -> None:
     """The next micro-batch reads exactly the same files over the compacted version."""
-    from freshidx.segments import FullBase
+    from freshidx.delta.segments import FullBase
 
     segs = [seg(10, listed=12), seg(15), seg(20)]
     m = compaction.merged_segment(segs[:2], version="m", shards=[], doc_count=1, covered_count=1, compacted_at="x")

@@ -48,10 +48,10 @@ import dagster as dg
 import pytest
 import requests
 
-from freshidx import catchup, layout
-from freshidx.partitions import PartitionId
-from freshidx.publish import read_pointer
-from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.catchup import planner as catchup
+from freshidx.publish.commit import read_pointer
+from freshidx.store import ObjectStore, StoreConfig, layout, open_store
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.devserver import BACKFILL_TERMINAL_STATUSES
 from freshidx.tools.devserver_graphql import WebserverClient
 from freshidx.tools.generate import GeneratorConfig, write_partition

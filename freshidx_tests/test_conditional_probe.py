@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 from dagster_aws.s3 import S3Resource
 
-from freshidx import layout
-from freshidx.defs.resources import ObjectStoreResource
-from freshidx.publish import publish, read_pointer
-from freshidx.store import ConditionalWritesUnsupported, StoreConfig, open_store
+from freshidx.defs.shared.resources import ObjectStoreResource
+from freshidx.publish.commit import publish, read_pointer
+from freshidx.store import ConditionalWritesUnsupported, StoreConfig, layout, open_store
 from freshidx.store.s3 import PROBE_PREFIX
 from freshidx_tests.conftest import MOTO_ACCESS_KEY, MOTO_SECRET_KEY, make_s3_config
 from freshidx_tests.s3_proxy import Action, S3Proxy, strip_conditions

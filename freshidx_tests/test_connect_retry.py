@@ -28,7 +28,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from freshidx.publish import read_pointer
+from freshidx.publish.commit import read_pointer
 from freshidx.spark_server.lease import acquire_lease
 from freshidx.spark_server.server_state import read_state
 from freshidx.store import StoreConfig, open_store

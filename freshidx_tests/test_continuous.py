@@ -15,11 +15,12 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from freshidx import continuous, layout, ledger
-from freshidx.continuous import BatchStatus, Limits, LoopRuns, StopReason, TickKind
-from freshidx.latest_only import Applied, Request, RunView
-from freshidx.publish import read_pointer
+from freshidx.publish.commit import read_pointer
 from freshidx.settings import Settings, SettingsError, parse_duration
+from freshidx.store import layout
+from freshidx.trigger import continuous, ledger
+from freshidx.trigger.continuous import BatchStatus, Limits, LoopRuns, StopReason, TickKind
+from freshidx.trigger.latest_only import Applied, Request, RunView
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.polling import poll_until
 
@@ -209,7 +210,7 @@ def _serving(h: Harness) -> str | None:
 
 
 def test_status_shows_mode_and_live_run(local_store_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from freshidx import status
+    from freshidx.serve import status
     from freshidx.store import open_store
 
     st = open_store(local_store_config)
@@ -229,7 +230,7 @@ def test_status_shows_mode_and_live_run(local_store_config: Any, monkeypatch: py
 
 
 def test_status_mode_follows_the_serving_delta_when_no_run_is_live() -> None:
-    from freshidx import status
+    from freshidx.serve import status
 
     ended = {"state": "ended", "run_id": "x"}
     assert status.trigger_mode({"trigger": "sensor"}, ended) == ("sensor", "the serving delta's run")
@@ -243,7 +244,7 @@ def test_sigterm_ends_the_trigger_wait_at_once() -> None:
     import signal
     import time
 
-    from freshidx.defs.continuous import _Stopper
+    from freshidx.defs.delta.continuous import _Stopper
 
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach only the main thread")  # the handler would not be installed
@@ -261,7 +262,7 @@ def test_sigterm_ends_the_trigger_wait_at_once() -> None:
 
 def test_failed_micro_batches_count_as_attempts_and_park(make_harness: Any, spark: Any,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import freshidx.defs.continuous as defs_continuous
+    import freshidx.defs.delta.continuous as defs_continuous
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("executor lost\nstack…")

@@ -17,14 +17,14 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 
-from freshidx import ledger
-from freshidx.continuous import JOB_NAME, TAG_WHY
-from freshidx.defs.run_health import run_facts
-from freshidx.defs.runs import IN_FLIGHT
-from freshidx.publish import read_pointer
+from freshidx.defs.runs.health import run_facts
+from freshidx.defs.runs.status import IN_FLIGHT
+from freshidx.publish.commit import read_pointer
 from freshidx.store import StoreConfig, open_store
 from freshidx.tools.devserver import DagsterDev, prepare_home
 from freshidx.tools.generate import write_partition
+from freshidx.trigger import ledger
+from freshidx.trigger.continuous import JOB_NAME, TAG_WHY
 from freshidx_tests.polling import poll_until
 from freshidx_tests.test_daemon_e2e import (
     GEN,

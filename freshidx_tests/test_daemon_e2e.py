@@ -12,12 +12,12 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from freshidx import ledger
-from freshidx.partitions import PartitionId
-from freshidx.publish import read_pointer
+from freshidx.publish.commit import read_pointer
 from freshidx.store import StoreConfig, open_store
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.devserver import DagsterDev, prepare_home
 from freshidx.tools.generate import GeneratorConfig, write_partition
+from freshidx.trigger import ledger
 from freshidx_tests.conftest import s3_env
 from freshidx_tests.polling import poll_until
 

@@ -6,7 +6,7 @@ must hold across the full cutoff: the delta compares its window with the full ve
 which knows every ad's status and version, not only the active documents.
 
 The randomized test checks full + delta against a brute-force oracle, through the real Dagster
-assets and :class:`~freshidx.serving.Searcher`.
+assets and :class:`~freshidx.serve.searcher.Searcher`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from freshidx import layout
-from freshidx.publish import read_pointer
-from freshidx.serving import Searcher
-from freshidx.store import StoreConfig
+from freshidx.publish.commit import read_pointer
+from freshidx.serve.searcher import Searcher
+from freshidx.store import StoreConfig, layout
 from freshidx_tests.conftest import make_s3_config
 from freshidx_tests.harness import Harness, at
 

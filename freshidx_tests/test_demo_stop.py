@@ -19,10 +19,12 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from freshidx import catchup, procs, run_health
-from freshidx.defs.run_health import NOT_FINISHED, RUNNING
+from freshidx import procs
+from freshidx.catchup import planner as catchup
+from freshidx.defs.runs.health import NOT_FINISHED, RUNNING
 from freshidx.store import StoreConfig, open_store
 from freshidx.tools.devserver import free_port
+from freshidx.trigger import run_health
 from freshidx_tests.polling import poll_until
 
 FRESHIDX = Path(sys.executable).with_name("freshidx")

@@ -10,10 +10,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from freshidx import layout
-from freshidx.partitions import PartitionId
-from freshidx.publish import Pointer
-from freshidx.store import StoreConfig, open_store
+from freshidx.publish.commit import Pointer
+from freshidx.store import StoreConfig, layout, open_store
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.demo import Printer, Watcher
 
 

@@ -18,14 +18,14 @@ from typing import Any
 import dagster as dg
 import pyarrow.parquet as pq
 
-from freshidx import status
-from freshidx.full import build_full
-from freshidx.full_plan import FullBuildKind
-from freshidx.partitions import PartitionId
-from freshidx.publish import DraftManifest, parse_iso, read_manifest, read_pointer
-from freshidx.serving import Searcher
+from freshidx.full.build import build_full
+from freshidx.full.plan import FullBuildKind
+from freshidx.publish.commit import DraftManifest, parse_iso, read_manifest, read_pointer
+from freshidx.serve import status
+from freshidx.serve.searcher import Searcher
 from freshidx.spark.shards import COVERED_FILE, DOCS_FILE, ShardCommit
 from freshidx.store import ObjectStore, StoreConfig
+from freshidx.store.partitions import PartitionId
 from freshidx_tests.harness import Harness
 from freshidx_tests.test_incremental_equivalence import (
     WORDS,

@@ -16,11 +16,11 @@ from typing import Any
 
 import dagster as dg
 
-from freshidx import layout, ledger
-from freshidx.publish import DraftManifest, iso, publish, read_manifest, read_pointer
-from freshidx.serving import Searcher
-from freshidx.store import ObjectStore
+from freshidx.publish.commit import DraftManifest, iso, publish, read_manifest, read_pointer
+from freshidx.serve.searcher import Searcher
+from freshidx.store import ObjectStore, layout
 from freshidx.tools.generate import partition_base_version
+from freshidx.trigger import ledger
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.test_publish import draft
 from freshidx_tests.test_search_e2e import GEN

@@ -16,8 +16,6 @@ from typing import Any
 
 import pytest
 
-from freshidx import layout
-from freshidx.partitions import PartitionId
 from freshidx.records import (
     MAX_BID,
     MAX_TITLE_CHARS,
@@ -31,7 +29,8 @@ from freshidx.records import (
     REASON_TOO_LONG,
     STATUSES,
 )
-from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.store import ObjectStore, StoreConfig, layout, open_store
+from freshidx.store.partitions import PartitionId
 from freshidx.tools import generate as gen
 from freshidx.tools.generate import GeneratorConfig, PartitionWritten, generate, partition_records, write_partition
 from freshidx_tests.conftest import s3_env

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from freshidx import layout
-from freshidx.hourly_build import (
+from freshidx.catchup.bucket_writer import write_empty_bucket_parts
+from freshidx.catchup.hourly_build import (
     BucketBuild,
     HourInput,
     build_bucket,
@@ -30,14 +30,13 @@ from freshidx.hourly_build import (
     dedupe_versions,
     hour_file_list,
 )
-from freshidx.partitions import PartitionId
-from freshidx.publish import PublishResult, iso, publish, read_manifest, read_pointer
+from freshidx.publish.commit import PublishResult, iso, publish, read_manifest, read_pointer
 from freshidx.records import MAX_BID, MAX_TITLE_CHARS, RAW_FIELDS, STATUSES
-from freshidx.spark.bucket_writer import write_empty_bucket_parts
 from freshidx.spark.shards import DOCS_ARROW_SCHEMA
-from freshidx.store import ObjectInfo, ObjectStore, StoreConfig, open_store
+from freshidx.spark.transform import ID_FIELDS, TYPED_FIELDS
+from freshidx.store import ObjectInfo, ObjectStore, StoreConfig, layout, open_store
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.generate import GeneratorConfig, PartitionWritten, partition_records, write_partition
-from freshidx.transform import ID_FIELDS, TYPED_FIELDS
 from freshidx_tests.conftest import make_s3_config
 
 ASSET = "ads_hourly"
@@ -71,7 +70,7 @@ _TS_RE = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]
 
 
 def _reason(line: str) -> str | None:
-    """A plain-Python reading of the validation rules (freshidx.transform docstring)."""
+    """A plain-Python reading of the validation rules (freshidx.spark.transform docstring)."""
     try:
         obj = json.loads(line)
     except ValueError:

@@ -18,10 +18,10 @@ from typing import Any
 
 import dagster as dg
 
-from freshidx import layout, segments
-from freshidx.publish import read_manifest, read_pointer
-from freshidx.serving import Searcher
-from freshidx.store import StoreConfig, open_store
+from freshidx.delta import segments
+from freshidx.publish.commit import read_manifest, read_pointer
+from freshidx.serve.searcher import Searcher
+from freshidx.store import StoreConfig, layout, open_store
 from freshidx_tests.conftest import make_s3_config
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.test_index_shards import docs_with_features

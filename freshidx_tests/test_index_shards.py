@@ -20,8 +20,8 @@ import pytest
 import tantivy
 from pyspark.sql import DataFrame, SparkSession
 
-from freshidx import layout
-from freshidx.index_format import (
+from freshidx.publish.commit import DraftManifest, Pointer, iso, publish
+from freshidx.spark.index_format import (
     FORMAT,
     INDEX_DIR,
     IndexBuilder,
@@ -30,12 +30,11 @@ from freshidx.index_format import (
     open_index,
     schema,
 )
-from freshidx.product_features import ProductFeatures
-from freshidx.publish import DraftManifest, Pointer, iso, publish
 from freshidx.spark.index_shards import read_version_docs, write_index_shards, write_one_index_shard
+from freshidx.spark.product_features import ProductFeatures
 from freshidx.spark.shards import COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, ShardCommit
-from freshidx.store import ObjectStore, StoreConfig, open_store
-from freshidx.transform import expand_to_products, index_rows
+from freshidx.spark.transform import expand_to_products, index_rows
+from freshidx.store import ObjectStore, StoreConfig, layout, open_store
 
 DDL = (
     "ad_id string, campaign_id string, product_id string, title string, keywords array<string>, "
@@ -64,7 +63,7 @@ def rows_df(spark: SparkSession, ads: list[dict[str, Any]]) -> DataFrame:
 
 
 def with_features(ads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Python twin of :class:`freshidx.product_features.ProductFeatures` (attached to every row)."""
+    """Python twin of :class:`freshidx.spark.product_features.ProductFeatures` (attached to every row)."""
     active_ads: dict[str, int] = defaultdict(int)
     bids: dict[str, list[float]] = defaultdict(list)
     for a in ads:

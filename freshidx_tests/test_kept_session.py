@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from freshidx.defs.resources import SparkResource
+from freshidx.defs.shared.resources import SparkResource
 from freshidx.spark_server.kept_session import new_session_id, read_session_id, session_file, with_session_id
 
 

@@ -1,4 +1,4 @@
-"""The latest-only rule (:mod:`freshidx.latest_only`) without Dagster or Spark: a local store, a fake
+"""The latest-only rule (:mod:`freshidx.trigger.latest_only`) without Dagster or Spark: a local store, a fake
 run list, milliseconds per test. The same scenarios run through Dagster in test_sensor_e2e.py and
 test_overlap.py (a real instance and sensor evaluation)."""
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from freshidx import layout, ledger
-from freshidx.latest_only import Applied, RunView, TickPlan, apply, plan_tick
-from freshidx.partitions import PartitionId
 from freshidx.settings import Settings
-from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.store import ObjectStore, StoreConfig, layout, open_store
+from freshidx.store.partitions import PartitionId
+from freshidx.trigger import ledger
+from freshidx.trigger.latest_only import Applied, RunView, TickPlan, apply, plan_tick
 
 T0 = dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.UTC)
 NOW = T0 + dt.timedelta(hours=1)
@@ -94,7 +94,7 @@ def decision(s: Sensor, minutes: int) -> dict[str, Any] | None:
 
 
 def test_the_planner_needs_neither_dagster_nor_spark() -> None:
-    code = ("import sys, freshidx.latest_only; "
+    code = ("import sys, freshidx.trigger.latest_only; "
             "assert not {'dagster', 'pyspark'} & set(sys.modules), sorted(m for m in sys.modules if 'dag' in m)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from freshidx.partitions import PartitionId
-from freshidx.publish import read_pointer, utcnow
+from freshidx.publish.commit import read_pointer, utcnow
 from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.devserver import DagsterDev, prepare_home
 from freshidx.tools.generate import GeneratorConfig, write_partition
 from freshidx_tests.test_launchpad_validation import serve

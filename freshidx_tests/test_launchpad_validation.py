@@ -15,11 +15,11 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from freshidx import layout, ledger
-from freshidx.defs.assets import PARTITION_FORMS_TEXT
-from freshidx.partitions import PartitionId
-from freshidx.publish import DraftManifest, Pointer, iso, new_version, publish, read_pointer, utcnow
-from freshidx.store import ObjectStore
+from freshidx.defs.shared.assets import PARTITION_FORMS_TEXT
+from freshidx.publish.commit import DraftManifest, Pointer, iso, new_version, publish, read_pointer, utcnow
+from freshidx.store import ObjectStore, layout
+from freshidx.store.partitions import PartitionId
+from freshidx.trigger import ledger
 from freshidx_tests.harness import Harness, at
 
 

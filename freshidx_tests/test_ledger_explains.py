@@ -24,12 +24,13 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from freshidx import catchup, layout, ledger
+from freshidx.catchup import planner as catchup
 from freshidx.cli import main as cli
 from freshidx.definitions import build_definitions
-from freshidx.partitions import PartitionError, PartitionId
-from freshidx.publish import read_pointer
-from freshidx.store import ObjectStore, StoreConfig
+from freshidx.publish.commit import read_pointer
+from freshidx.store import ObjectStore, StoreConfig, layout
+from freshidx.store.partitions import PartitionError, PartitionId
+from freshidx.trigger import ledger
 from freshidx_tests.conftest import make_s3_config
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.test_catchup import drain, hour, write_hours

@@ -19,9 +19,9 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from freshidx import catchup
-from freshidx.partitions import PartitionId
+from freshidx.catchup import planner as catchup
 from freshidx.store import StoreConfig, open_store
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.devserver import RUN_TERMINAL_STATUSES, DagsterDev, prepare_home
 from freshidx.tools.generate import GeneratorConfig, write_partition
 from freshidx_tests.polling import poll_until

@@ -8,10 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from freshidx import layout
-from freshidx.listing import files_in_window, newest_partition, partitions_after
-from freshidx.partitions import PartitionId
-from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.store import ObjectStore, StoreConfig, layout, open_store
+from freshidx.store.partitions import PartitionId
+from freshidx.trigger.listing import files_in_window, newest_partition, partitions_after
 
 T0 = dt.datetime(2026, 10, 1, tzinfo=dt.UTC)
 SRC = "ad_updates"

@@ -19,10 +19,10 @@ from typing import Any
 
 import dagster as dg
 
-from freshidx import layout, retention
-from freshidx.publish import read_manifest, read_pointer
-from freshidx.serving import Searcher
-from freshidx.store import StoreConfig
+from freshidx.publish import retention
+from freshidx.publish.commit import read_manifest, read_pointer
+from freshidx.serve.searcher import Searcher
+from freshidx.store import StoreConfig, layout
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.test_incremental_equivalence import (
     WINDOW,

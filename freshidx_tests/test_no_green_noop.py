@@ -14,8 +14,9 @@ from typing import Any
 
 import dagster as dg
 
-from freshidx import layout, ledger
-from freshidx.publish import read_pointer
+from freshidx.publish.commit import read_pointer
+from freshidx.store import layout
+from freshidx.trigger import ledger
 from freshidx_tests.harness import Harness, at
 
 FULL = [dg.AssetKey("full_index")]

@@ -12,8 +12,10 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from freshidx import catchup, layout, ledger
+from freshidx.catchup import planner as catchup
 from freshidx.settings import Settings, SettingsError
+from freshidx.store import layout
+from freshidx.trigger import ledger
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.test_catchup import hour, write_hours
 

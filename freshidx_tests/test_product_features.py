@@ -1,4 +1,4 @@
-"""Product-level features with Arrow (freshidx.product_features): a pure function, checked against a
+"""Product-level features with Arrow (freshidx.spark.product_features): a pure function, checked against a
 plain-Python twin on random shards fed in batches of several sizes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from freshidx.product_features import FEATURE_COLUMNS, ProductFeatures
+from freshidx.spark.product_features import FEATURE_COLUMNS, ProductFeatures
 from freshidx.spark.shards import DOCS_ARROW_SCHEMA
 from freshidx_tests.test_index_shards import COLUMNS, ad, with_features
 

@@ -12,10 +12,9 @@ import threading
 
 import pytest
 
-from freshidx import layout
-from freshidx.partitions import PartitionId
-from freshidx.publish import DraftManifest, Pointer, PublishResult, iso, new_version, publish, read_pointer
-from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.publish.commit import DraftManifest, Pointer, PublishResult, iso, new_version, publish, read_pointer
+from freshidx.store import ObjectStore, StoreConfig, layout, open_store
+from freshidx.store.partitions import PartitionId
 
 T0 = dt.datetime(2026, 11, 21, 14, 0, tzinfo=dt.UTC)
 
@@ -88,7 +87,7 @@ def test_validation_gate_keeps_previous_version_serving(store: ObjectStore) -> N
 CRASH_SCRIPT = """
 import json, sys
 from freshidx.store import StoreConfig, open_store
-from freshidx.publish import DraftManifest, publish
+from freshidx.publish.commit import DraftManifest, publish
 cfg = StoreConfig(**json.loads(sys.argv[1]))
 publish(open_store(cfg), DraftManifest(**json.loads(sys.argv[2])))
 print("survived")

@@ -18,12 +18,11 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from freshidx import layout
 from freshidx.cli import main as cli
 from freshidx.cli.quarantine import entries
-from freshidx.publish import read_pointer
-from freshidx.serving import Searcher
-from freshidx.store import StoreConfig
+from freshidx.publish.commit import read_pointer
+from freshidx.serve.searcher import Searcher
+from freshidx.store import StoreConfig, layout
 from freshidx_tests.harness import Harness, at
 
 LATIN1_TITLE = "caf\xe9 zeppelin"  # written by a broken upstream as Latin-1, not UTF-8

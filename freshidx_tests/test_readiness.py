@@ -13,9 +13,7 @@ from typing import Any
 
 import pytest
 
-from freshidx import layout
-from freshidx.partitions import PartitionId
-from freshidx.readiness import (
+from freshidx.catchup.readiness import (
     MANIFEST,
     MARKER,
     POLICIES,
@@ -27,7 +25,8 @@ from freshidx.readiness import (
     write_marker,
 )
 from freshidx.settings import READINESS_POLICIES
-from freshidx.store import ObjectStore
+from freshidx.store import ObjectStore, layout
+from freshidx.store.partitions import PartitionId
 
 SRC = "ad_updates"
 HOUR = dt.datetime(2026, 10, 1, 5, tzinfo=dt.UTC)

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from freshidx import cli, layout
-from freshidx.index_format import INDEX_DIR
-from freshidx.publish import iso, publish, read_pointer
-from freshidx.retention import (
+from freshidx import cli
+from freshidx.publish.commit import iso, publish, read_pointer
+from freshidx.publish.retention import (
     RetentionError,
     gc,
     history_entries,
     rollback,
 )
-from freshidx.serving import Searcher
-from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.serve.searcher import Searcher
+from freshidx.spark.index_format import INDEX_DIR
+from freshidx.store import ObjectStore, StoreConfig, layout, open_store
 from freshidx_tests.test_index_shards import T0, ad, build_direct, draft, publish_commits
 
 HOUR = dt.timedelta(hours=1)

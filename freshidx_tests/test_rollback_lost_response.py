@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from freshidx import layout
-from freshidx.publish import read_pointer
-from freshidx.retention import RetentionError, history_entries, rollback
-from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.publish.commit import read_pointer
+from freshidx.publish.retention import RetentionError, history_entries, rollback
+from freshidx.store import ObjectStore, StoreConfig, layout, open_store
 from freshidx.store.local import LocalStore
 from freshidx_tests.conftest import make_s3_config
 from freshidx_tests.s3_proxy import S3Proxy, drop_first

@@ -1,8 +1,8 @@
 """Run health and shutdown accounting, on a real Dagster instance, without Spark.
 
-* the pure decision (:func:`freshidx.run_health.judge`) and the ``/proc`` probes (dead, zombie-free,
+* the pure decision (:func:`freshidx.trigger.run_health.judge`) and the ``/proc`` probes (dead, zombie-free,
   reused pid);
-* :func:`freshidx.defs.run_health.reap_dead_runs`: a STARTED run whose recorded worker pid is gone
+* :func:`freshidx.defs.runs.health.reap_dead_runs`: a STARTED run whose recorded worker pid is gone
   is reported failed with a message saying why (and its delta attempt gets a ``.lost`` ledger
   entry); a run whose worker is alive, or that has no recorded pid, is left alone;
 * :func:`interrupt_runs`: unfinished runs are tagged and ended "interrupted by shutdown";
@@ -21,10 +21,12 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from freshidx import catchup, layout, ledger, run_health
-from freshidx.defs.run_health import interrupt_runs, reap_dead_runs
-from freshidx.partitions import PartitionId
+from freshidx.catchup import planner as catchup
+from freshidx.defs.runs.health import interrupt_runs, reap_dead_runs
+from freshidx.store import layout
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.generate import write_partition
+from freshidx.trigger import ledger, run_health
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.test_catchup import GEN as HOURLY_GEN
 from freshidx_tests.test_catchup import hour

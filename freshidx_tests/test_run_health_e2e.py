@@ -20,11 +20,11 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 
-from freshidx import ledger
-from freshidx.defs.run_health import failure_reason, run_facts
+from freshidx.defs.runs.health import failure_reason, run_facts
 from freshidx.store import StoreConfig, open_store
 from freshidx.tools.devserver import DagsterDev, prepare_home
 from freshidx.tools.generate import write_partition
+from freshidx.trigger import ledger
 from freshidx_tests.polling import poll_until
 from freshidx_tests.test_daemon_e2e import (
     GEN,

@@ -8,10 +8,9 @@ from typing import Any
 
 import dagster as dg
 
-from freshidx import layout
-from freshidx.publish import read_pointer
-from freshidx.serving import Hit, Searcher
-from freshidx.store import StoreConfig
+from freshidx.publish.commit import read_pointer
+from freshidx.serve.searcher import Hit, Searcher
+from freshidx.store import StoreConfig, layout
 from freshidx.tools.generate import GeneratorConfig, partition_base_version
 from freshidx_tests.conftest import make_s3_config
 from freshidx_tests.harness import Harness, at

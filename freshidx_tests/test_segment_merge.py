@@ -1,4 +1,4 @@
-"""The micro-batch merge in Arrow (freshidx.segment_merge) answers exactly as the Spark rule it stands in for:
+"""The micro-batch merge in Arrow (freshidx.delta.merge) answers exactly as the Spark rule it stands in for:
 ``latest_per_ad`` as Spark's ``max(struct(...))`` (ties on version, time and status settled by the other
 columns, nulls first, arrays element by element) and ``segment_rows`` as ``transform.expand_to_products``
 over a state of one row per ad."""
@@ -11,8 +11,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from freshidx import segment_merge, transform
-from freshidx.index_format import DOCS_ARROW_SCHEMA
+from freshidx.delta import merge as segment_merge
+from freshidx.spark import transform
+from freshidx.spark.index_format import DOCS_ARROW_SCHEMA
 from freshidx.spark.index_shards import DOCS_DDL
 
 T0 = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)

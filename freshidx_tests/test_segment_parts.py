@@ -1,4 +1,4 @@
-"""Which segment task owns which products (freshidx.spark.segment_parts): a stable part per id, and the
+"""Which segment task owns which products (freshidx.delta.executor.segment_parts): a stable part per id, and the
 labels that Spark's hash partitioning sends to partition p (so each task gets its own copy of the batch)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from freshidx.spark.key_index import as_keys
-from freshidx.spark.segment_parts import (
+from freshidx.delta.executor.key_index import as_keys
+from freshidx.delta.executor.segment_parts import (
     _murmur3_int,
     label_of_part,
     part_of,

@@ -21,12 +21,13 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from freshidx import layout, ledger, status
-from freshidx.partitions import PartitionId
-from freshidx.publish import read_manifest, read_pointer
+from freshidx.publish.commit import read_manifest, read_pointer
 from freshidx.records import STATUSES
-from freshidx.store import StoreConfig
+from freshidx.serve import status
+from freshidx.store import StoreConfig, layout
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.generate import partition_records
+from freshidx.trigger import ledger
 from freshidx_tests.conftest import s3_env
 from freshidx_tests.harness import GEN, Harness, at
 

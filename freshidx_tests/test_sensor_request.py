@@ -12,12 +12,11 @@ import warnings
 
 import dagster as dg
 
-from freshidx import layout
-from freshidx.defs.assets import TAG_NOTICED
-from freshidx.partitions import PartitionId
-from freshidx.publish import Pointer, iso, parse_iso, utcnow
+from freshidx.defs.shared.assets import TAG_NOTICED
+from freshidx.publish.commit import Pointer, iso, parse_iso, utcnow
 from freshidx.settings import Settings
-from freshidx.store import ObjectStore, StoreConfig
+from freshidx.store import ObjectStore, StoreConfig, layout
+from freshidx.store.partitions import PartitionId
 from freshidx_tests.harness import Harness
 from freshidx_tests.test_latest_only_planner import at
 

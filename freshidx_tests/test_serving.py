@@ -1,4 +1,4 @@
-"""Serving (freshidx.serving.Searcher): pointers → manifest-listed downloads → fan-out, kill-list, top-k."""
+"""Serving (freshidx.serve.searcher.Searcher): pointers → manifest-listed downloads → fan-out, kill-list, top-k."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from freshidx import cli, layout
-from freshidx.publish import read_manifest, read_pointer
-from freshidx.retention import rollback
-from freshidx.serving import Hit, Searcher, ServingError
+from freshidx import cli
+from freshidx.publish.commit import read_manifest, read_pointer
+from freshidx.publish.retention import rollback
+from freshidx.serve.searcher import Hit, Searcher, ServingError
 from freshidx.spark.index_shards import read_version_docs, write_index_shards
-from freshidx.store import StoreConfig, open_store
-from freshidx.transform import index_rows
+from freshidx.spark.transform import index_rows
+from freshidx.store import StoreConfig, layout, open_store
 from freshidx_tests.parquet_shards import write_one_shard
 from freshidx_tests.test_index_shards import T0, ad, build_direct, publish_commits, rows_df
 

@@ -13,7 +13,7 @@ import pytest
 from dagster_aws.s3 import S3Resource
 
 from freshidx.definitions import build_definitions
-from freshidx.defs.resources import FreshidxSettings, ObjectStoreResource
+from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.settings import PipelineSettings, Settings, SettingsError
 from freshidx.store import StoreConfig
 from freshidx.store.local import LocalStore

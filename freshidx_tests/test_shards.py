@@ -13,9 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from freshidx import layout
 from freshidx import records as R
-from freshidx.partitions import PartitionId
 from freshidx.spark.shards import (
     COVERED_ARROW_SCHEMA,
     COVERED_FILE,
@@ -27,8 +25,9 @@ from freshidx.spark.shards import (
     quarantine_key,
     write_quarantine,
 )
-from freshidx.store import ObjectStore, StoreConfig, open_store
-from freshidx.transform import INVALID_COLUMNS
+from freshidx.spark.transform import INVALID_COLUMNS
+from freshidx.store import ObjectStore, StoreConfig, layout, open_store
+from freshidx.store.partitions import PartitionId
 from freshidx_tests.parquet_shards import write_empty_shards, write_shards
 
 LATEST_DDL = (
@@ -138,7 +137,7 @@ def test_input_already_partitioned_by_product(
 
 
 def test_all_empty_input_after_aggregation(spark: SparkSession, local_store_config: StoreConfig) -> None:
-    from freshidx.transform import latest_per_ad
+    from freshidx.spark.transform import latest_per_ad
 
     store = open_store(local_store_config)
     empty = latest_per_ad(latest_df(spark, [ad(1, 1)]).filter("version > 100"))

@@ -14,13 +14,14 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from freshidx import ledger, sla
-from freshidx.full import files_up_to, inputs_digest
-from freshidx.partitions import PartitionId
-from freshidx.publish import read_manifest, read_pointer
+from freshidx.full.build import files_up_to, inputs_digest
+from freshidx.publish.commit import read_manifest, read_pointer
 from freshidx.settings import Settings
+from freshidx.sla import checks as sla
 from freshidx.store import StoreConfig, open_store
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.generate import write_partition
+from freshidx.trigger import ledger
 from freshidx_tests.harness import GEN, Harness, at
 
 

@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from freshidx.definitions import build_resources
-from freshidx.defs.resources import SparkResource
+from freshidx.defs.shared.resources import SparkResource
 from freshidx.settings import Settings, SettingsError
 from freshidx.spark.session import LOCAL_DEFAULTS, LOCAL_TUNING, REQUIRED_CONF, conf_strings, driver_conf
 from freshidx_tests.cluster_fixture import StandaloneCluster
@@ -86,7 +86,7 @@ def test_spark_config_is_flattened_as_dagster_pyspark_accepts_it() -> None:
 # A run process of a deployment without a supervised server: one session, its metadata, its module table.
 _PROBE = """
 import json, sys
-from freshidx.defs.resources import SparkResource
+from freshidx.defs.shared.resources import SparkResource
 resource = SparkResource(**json.loads(sys.argv[1]))
 session = resource.get_session(keep_as="delta")
 out = {"meta": {k: str(v.value) for k, v in resource.spark_metadata().items()},

@@ -37,7 +37,8 @@ from typing import Any
 import pytest
 from pyspark.errors import PySparkException
 
-from freshidx import procs, status
+from freshidx import procs
+from freshidx.serve import status
 from freshidx.spark_server.jvm import jcmd, sample_memory
 from freshidx.spark_server.lease import ServerUnavailable, acquire_lease, active_leases
 from freshidx.spark_server.local_cds import CDS_DIR_ENV
@@ -68,7 +69,7 @@ def _client(url: str) -> Any:
 
 
 def _query_and_python_job(url: str) -> dict[str, Any]:
-    """SELECT + a mapInArrow whose task imports freshidx.partitions on the server's worker."""
+    """SELECT + a mapInArrow whose task imports freshidx.store.partitions on the server's worker."""
     spark = _client(url)
     try:
         assert spark.sql("SELECT 41 + 1 AS x").collect()[0]["x"] == 42
@@ -78,7 +79,7 @@ def _query_and_python_job(url: str) -> dict[str, Any]:
 
             import pyarrow as pa
 
-            import freshidx.partitions as parts
+            import freshidx.store.partitions as parts
 
             for b in batches:
                 n = b.num_rows
@@ -272,9 +273,9 @@ def test_start_query_and_python_worker_imports_freshidx(supervised: Supervised) 
     t0 = time.monotonic()
     res = _query_and_python_job(st["url"])
     print(f"\nclient session + query + python job: {time.monotonic() - t0:.2f}s")
-    import freshidx.partitions
+    import freshidx.store.partitions
 
-    assert res["module"] == freshidx.partitions.__file__  # the installed package, not a pickled copy
+    assert res["module"] == freshidx.store.partitions.__file__  # the installed package, not a pickled copy
     assert res["python"] == sys.executable
     assert res["parsed"] == "20261121T1405"
 
@@ -477,7 +478,7 @@ def test_leased_job_without_progress_is_restarted_as_hung_after_draining(supervi
 
 @pytest.mark.daemon
 def test_kill_9_is_restarted(supervised: Supervised) -> None:
-    from freshidx.defs.resources import SparkResource
+    from freshidx.defs.shared.resources import SparkResource
 
     before = _state(supervised.state_dir)
     old_pid = before["pid"]

@@ -1,6 +1,6 @@
-"""The micro-batch's state lookup (freshidx.spark.state_lookup.select_rows), pure Arrow: which rows of
+"""The micro-batch's state lookup (freshidx.delta.executor.state_lookup.select_rows), pure Arrow: which rows of
 the published state a batch needs, read from row groups that hold them only, and decoded once per worker
-(freshidx.spark.decoded_cache)."""
+(freshidx.delta.executor.decoded_cache)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from freshidx.spark.decoded_cache import DecodedCache
-from freshidx.spark.key_index import LAYOUT, MAX_KEY_BYTES, KeyIndex, query_keys, rows_and_hits
+from freshidx.delta.executor.decoded_cache import DecodedCache
+from freshidx.delta.executor.key_index import LAYOUT, MAX_KEY_BYTES, KeyIndex, query_keys, rows_and_hits
+from freshidx.delta.executor.state_lookup import Parts, StateFile, select_rows
 from freshidx.spark.shards import COVERED_ARROW_SCHEMA, COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, conform
-from freshidx.spark.state_lookup import Parts, StateFile, select_rows
 
 
 def _file(f: pq.ParquetFile, name: str, kind: str, opened: list[str] | None = None) -> StateFile:
@@ -113,7 +113,7 @@ def test_the_worker_cache_outlives_tasks_shipped_by_value() -> None:
     from pyspark import cloudpickle
 
     import freshidx
-    from freshidx.spark import decoded_cache, state_lookup
+    from freshidx.delta.executor import decoded_cache, state_lookup
 
     cloudpickle.register_pickle_by_value(freshidx)
     try:
@@ -232,7 +232,7 @@ def test_newest_layer_answers_as_every_row(tmp_path: Path, seed: int) -> None:
     import datetime as dt
     import random
 
-    from freshidx import segment_merge
+    from freshidx.delta import merge as segment_merge
 
     rng = random.Random(seed)
     t0 = dt.datetime(2026, 11, 27, tzinfo=dt.UTC)

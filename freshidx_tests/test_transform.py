@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from freshidx import records as R
-from freshidx import transform as T
+from freshidx.spark import transform as T
 from freshidx.spark.raw_source import RAW_LINES_SCHEMA
 
 P1 = "year=2026/month=11/day=21/hour=14/minute=05"

@@ -22,11 +22,11 @@ import dagster as dg
 import pytest
 from pyspark.sql import SparkSession
 
-from freshidx import layout, transform
 from freshidx.cli.quarantine import entries
-from freshidx.publish import read_manifest, read_pointer
-from freshidx.serving import Searcher
-from freshidx.store import StoreConfig
+from freshidx.publish.commit import read_manifest, read_pointer
+from freshidx.serve.searcher import Searcher
+from freshidx.spark import transform
+from freshidx.store import StoreConfig, layout
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.test_catchup import bucket_rows
 
@@ -200,7 +200,7 @@ def test_conflicts_and_quarantine_once_across_delta_full_and_hourly(
 def test_hourly_build_quarantine_once_is_opt_in(spark: SparkSession, local_store_config: StoreConfig,
                                                 once: bool) -> None:
     """``build_buckets`` writes every invalid record unless asked to skip files already quarantined."""
-    from freshidx.hourly_build import HourInput, build_buckets
+    from freshidx.catchup.hourly_build import HourInput, build_buckets
     from freshidx.store import open_store
 
     store = open_store(local_store_config)

@@ -58,7 +58,7 @@ def delta_version(store: Path) -> str | None:
 def leftovers(home: Path) -> dict[str, Any]:
     import dagster as dg
 
-    from freshidx.catchup_ledger import CatchupState
+    from freshidx.catchup.state import CatchupState
     from freshidx.store import StoreConfig, open_store
 
     os.environ["DAGSTER_HOME"] = str(home / "dagster_home")

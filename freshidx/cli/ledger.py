@@ -22,8 +22,8 @@ def _open(store: str | None, *, reads_only: bool) -> ObjectStore:
 
 
 def cmd_retry(*, store: str | None, pipeline: str, partition: str | None, hour: str | None, reason: str) -> int:
-    from freshidx import ledger
-    from freshidx.partitions import PartitionError
+    from freshidx.store.partitions import PartitionError
+    from freshidx.trigger import ledger
 
     if pipeline == "ads_hourly":
         return _retry_hour(store, hour, reason)
@@ -48,8 +48,8 @@ def cmd_retry(*, store: str | None, pipeline: str, partition: str | None, hour: 
 
 
 def _retry_hour(store: str | None, hour_id: str | None, reason: str) -> int:
-    from freshidx import catchup
-    from freshidx.lifecycle import Decision, Mark, attempt_state
+    from freshidx.catchup import planner as catchup
+    from freshidx.trigger.lifecycle import Decision, Mark, attempt_state
 
     try:
         hour = catchup.parse_hour_id(hour_id or "")
@@ -70,8 +70,8 @@ def _retry_hour(store: str | None, hour_id: str | None, reason: str) -> int:
 
 def entries(store: ObjectStore, pipelines: list[str], since: dt.date | None,
             until: dt.date | None) -> list[dict[str, Any]]:
-    from freshidx import ledger
-    from freshidx.lifecycle import started_claim
+    from freshidx.trigger import ledger
+    from freshidx.trigger.lifecycle import started_claim
 
     out: list[dict[str, Any]] = []
     for pipeline in pipelines:
@@ -89,8 +89,8 @@ def entries(store: ObjectStore, pipelines: list[str], since: dt.date | None,
 
 def cmd_ledger(*, store: str | None, pipeline: str, since: dt.date | None, until: dt.date | None,
                partition: str | None, as_json: bool) -> int:
-    from freshidx import ledger
-    from freshidx.partitions import PartitionError
+    from freshidx.store.partitions import PartitionError
+    from freshidx.trigger import ledger
 
     selector: ledger.PartitionSelector | None = None
     if partition:

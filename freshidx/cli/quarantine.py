@@ -33,14 +33,14 @@ import click
 from freshidx.cli.base import LazyCommand, LazyGroup, json_option, open_command_store, store_option
 
 if TYPE_CHECKING:
-    from freshidx.partitions import PartitionId
     from freshidx.store import ObjectStore
+    from freshidx.store.partitions import PartitionId
 
 
 def entries(store: ObjectStore, source: str, partition: PartitionId | None = None,
             run: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(partition path, entry)`` for every quarantined line, in key order."""
-    from freshidx import layout
+    from freshidx.store import layout
 
     root = f"quarantine/{source}/"
     prefix = layout.quarantine_prefix(source, partition, run) if partition and run else (
@@ -64,8 +64,8 @@ def original_bytes(entry: dict[str, Any]) -> bytes | None:
 
 
 def _partition(value: str | None) -> PartitionId | None:
-    from freshidx.ledger import parse_partition
-    from freshidx.partitions import PartitionError
+    from freshidx.store.partitions import PartitionError
+    from freshidx.trigger.ledger import parse_partition
 
     if value is None:
         return None
@@ -116,8 +116,8 @@ def cmd_export(*, store: str | None, as_json: bool, partition: str, run: str | N
 
 
 def cmd_replay(*, store: str | None, as_json: bool, file: str) -> int:
-    from freshidx import layout
-    from freshidx.partitions import PartitionId
+    from freshidx.store import layout
+    from freshidx.store.partitions import PartitionId
 
     settings, st = open_command_store(store, reads_only=False)  # new raw input, as `freshidx generate`
     data = Path(file).read_bytes()

@@ -1,4 +1,4 @@
-"""``freshidx rollback`` and ``freshidx gc`` (the operations: :mod:`freshidx.retention`)."""
+"""``freshidx rollback`` and ``freshidx gc`` (the operations: :mod:`freshidx.publish.retention`)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import click
 
 from freshidx.cli.base import LazyCommand, json_option, open_command_store, store_option
 
-INDEX_NAMES = ("delta", "full")  # freshidx.layout.INDEX_NAMES
-DEFAULT_GRACE_MINUTES = 60  # freshidx.retention.DEFAULT_GRACE_MINUTES
-DEFAULT_MAX_VERSIONS = 100  # freshidx.retention.DEFAULT_MAX_VERSIONS
+INDEX_NAMES = ("delta", "full")  # freshidx.store.layout.INDEX_NAMES
+DEFAULT_GRACE_MINUTES = 60  # freshidx.publish.retention.DEFAULT_GRACE_MINUTES
+DEFAULT_MAX_VERSIONS = 100  # freshidx.publish.retention.DEFAULT_MAX_VERSIONS
 
 
 def cmd_rollback(*, index: str, to_version: str | None, store: str | None, as_json: bool) -> int:
-    from freshidx.retention import RetentionError, rollback
+    from freshidx.publish.retention import RetentionError, rollback
 
     _, st = open_command_store(store, reads_only=False)
     try:
@@ -36,7 +36,7 @@ def cmd_rollback(*, index: str, to_version: str | None, store: str | None, as_js
 
 def cmd_gc(*, index: str, keep: int | None, grace_minutes: float, dry_run: bool, max_versions: int,
            store: str | None, as_json: bool) -> int:
-    from freshidx.retention import gc
+    from freshidx.publish.retention import gc
 
     settings, st = open_command_store(store, reads_only=dry_run)
     report = gc(st, index, keep if keep is not None else settings.keep_versions,

@@ -1,4 +1,4 @@
-"""``freshidx search QUERY [--k N] [--json] [--store URI] [--cache DIR]`` (serving: :mod:`freshidx.serving`).
+"""``freshidx search QUERY [--k N] [--json] [--store URI] [--cache DIR]`` (serving: :mod:`freshidx.serve.searcher`).
 
 Imports no Spark: the search path is the store, the manifests and tantivy.
 """
@@ -34,7 +34,7 @@ def default_cache_dir(store_uri: str) -> str:
 
 
 def cmd_search(*, query: str, k: int, as_json: bool, store: str | None, cache: str | None) -> int:
-    from freshidx.serving import NOTHING_PUBLISHED_EXIT, Searcher, ServingError
+    from freshidx.serve.searcher import NOTHING_PUBLISHED_EXIT, Searcher, ServingError
 
     _, st = open_command_store(store, reads_only=True)
     try:

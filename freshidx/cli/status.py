@@ -1,4 +1,4 @@
-"""``freshidx status``: what is serving, how fresh, what was skipped (data: :mod:`freshidx.status`)."""
+"""``freshidx status``: what is serving, how fresh, what was skipped (data: :mod:`freshidx.serve.status`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from freshidx.cli.base import LazyCommand, json_option, open_command_store, stor
 
 
 def cmd_status(*, store: str | None, as_json: bool, spark_server_state: str | None) -> int:
-    from freshidx.status import collect, locate_spark_server_state, render
+    from freshidx.serve.status import collect, locate_spark_server_state, render
 
     settings, st = open_command_store(store, reads_only=True)
     # The state must belong to this store: a CWD-relative default described some other demo's server.

@@ -6,9 +6,9 @@ never split, the Spark partition id of a task is its shard number, the attempt n
 every key, and the driver collects only the small commit messages. Each task
 
 1. builds a tantivy index of the shard's *active* ads in a local temp dir
-   (:class:`freshidx.index_format.IndexBuilder`: 128 MB heap, one thread, commit, wait for merges),
+   (:class:`freshidx.spark.index_format.IndexBuilder`: 128 MB heap, one thread, commit, wait for merges),
    with the product-level features computed from the shard's own rows
-   (:mod:`freshidx.product_features`: a product never spans shards, so no Spark window is needed).
+   (:mod:`freshidx.spark.product_features`: a product never spans shards, so no Spark window is needed).
    The features are known only after the last row, so the active rows are spilled to a local
    Arrow IPC file on the way and indexed from it (memory-mapped: a task's memory does not grow with
    its shard);
@@ -43,10 +43,9 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from freshidx import layout
-from freshidx.index_format import INDEX_DIR, IndexBuilder
-from freshidx.product_features import ProductFeatures
 from freshidx.records import ACTIVE
+from freshidx.spark.index_format import INDEX_DIR, IndexBuilder
+from freshidx.spark.product_features import ProductFeatures
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.shards import (
     COVERED_ARROW_SCHEMA,
@@ -62,7 +61,7 @@ from freshidx.spark.shards import (
     upload_file,
     write_sharded,
 )
-from freshidx.store import StoreConfig
+from freshidx.store import StoreConfig, layout
 
 log = logging.getLogger(__name__)
 
@@ -159,13 +158,13 @@ def write_index_shards(
     ``latest`` has the typed record columns (``transform.index_rows``) of every ad of each product
     it mentions: the whole latest state for a full build; a delta build expands to whole products
     first (``transform.expand_to_products``). The product features are computed in each task from
-    its shard's rows (:mod:`freshidx.product_features`).
+    its shard's rows (:mod:`freshidx.spark.product_features`).
 
     Rows are hash-partitioned by ``xxhash64(product_id)`` (one product's ads land in exactly one
     shard; why the hash and not the bare column: see ``shards.write_sharded``). With ``sort`` each shard
     is sorted by ``(product_id, ad_id)`` so a build is reproducible document for document; off by
     default because it costs a JVM sort per shard and search results do not depend on it (BM25
-    scores do not depend on document order, and :class:`freshidx.serving.Searcher` breaks ties by
+    scores do not depend on document order, and :class:`freshidx.serve.searcher.Searcher` breaks ties by
     ``ad_id``).
     A shard with no rows still gets an (empty) index and a commit. Returns commits sorted by shard.
     """

@@ -12,7 +12,7 @@ window covered were never quarantined, and others were quarantined by several bu
   :func:`freshidx.spark.shards.write_quarantine`, whose tasks check the marker again before writing
   (two builds racing on a new file may both write it; never none). A file added later to a partition
   has no marker and is quarantined by the next build that reads it.
-* **version conflicts** (:func:`freshidx.transform.version_conflicts`) depend on which files a build
+* **version conflicts** (:func:`freshidx.spark.transform.version_conflicts`) depend on which files a build
   read together, not on one file, so each copy gets its own deterministic key
   ``quarantine/<source>/<partition>/conflicts/<sha256(file, line)[:32]>.jsonl``, written only if absent:
   the first build that reads both copies reports them, later ones find them there.
@@ -34,11 +34,11 @@ import pyarrow.fs as pafs
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from freshidx import transform
+from freshidx.spark import transform
 from freshidx.spark.raw_source import store_from_json, store_to_json
+from freshidx.spark.transform import CONFLICT_COLUMNS
 from freshidx.store import ObjectStore, StoreConfig
 from freshidx.store.base import check_key
-from freshidx.transform import CONFLICT_COLUMNS
 
 DONE_DIR = "_done/"
 CONFLICTS_DIR = "conflicts/"
@@ -168,10 +168,10 @@ def _conflict_task(store_json: str, source: str, write: bool, group_col: str | N
 
 def report_conflicts(parsed: DataFrame, store_config: StoreConfig, source: str, *, write: bool = True,
                      group_col: str | None = None) -> ConflictReport:
-    """Count the copies of :func:`freshidx.transform.version_conflicts` in ``parsed`` (per ``group_col``)
+    """Count the copies of :func:`freshidx.spark.transform.version_conflicts` in ``parsed`` (per ``group_col``)
     and, with ``write``, put each copy not reported yet under its :func:`conflict_copy_key`.
 
-    Conflicts are rare: one cheap aggregation (:func:`freshidx.transform.may_have_version_conflicts`)
+    Conflicts are rare: one cheap aggregation (:func:`freshidx.spark.transform.may_have_version_conflicts`)
     settles the usual case. Otherwise one more Spark job: the copies of one ``(ad_id, version)`` (per
     group) go to one task, so the per-task key counts add up exactly, and the driver gets one small
     commit row per task that saw a conflict."""

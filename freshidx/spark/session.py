@@ -41,7 +41,7 @@ NO_CALL_SITES = {"spark.python.sql.dataFrameDebugging.enabled": "false"}
 
 #: What freshidx needs to be correct, in every mode (local, a cluster's driver, a Connect session):
 #: timestamps are UTC, ``mapInArrow``/``toPandas`` go through Arrow, and
-#: :func:`freshidx.transform.parse_records` relies on partial JSON results (the default since Spark 3.4).
+#: :func:`freshidx.spark.transform.parse_records` relies on partial JSON results (the default since Spark 3.4).
 #: All runtime confs, so a Connect client may set them too.
 REQUIRED_CONF: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",

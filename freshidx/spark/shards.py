@@ -6,7 +6,7 @@ messages, never from listing a prefix, so uploads of failed or retried task atte
 attempt number in their keys) are never published.
 
 :func:`write_sharded` runs one writer per shard (the tantivy shards of
-:mod:`freshidx.spark.index_shards`); :mod:`freshidx.spark.bucket_writer` reuses the file helpers.
+:mod:`freshidx.spark.index_shards`); :mod:`freshidx.catchup.bucket_writer` reuses the file helpers.
 """
 
 from __future__ import annotations
@@ -28,18 +28,17 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from freshidx import layout
+from freshidx.spark import quarantine_once as once_mod
 
 # Re-exported: what a shard writes is part of this module's interface (defined Spark-free for serving).
-from freshidx.index_format import COVERED_FILE as COVERED_FILE
-from freshidx.index_format import DOCS_ARROW_SCHEMA as DOCS_ARROW_SCHEMA
-from freshidx.index_format import DOCS_FILE as DOCS_FILE
-from freshidx.partitions import PartitionId
-from freshidx.spark import quarantine_once as once_mod
+from freshidx.spark.index_format import COVERED_FILE as COVERED_FILE
+from freshidx.spark.index_format import DOCS_ARROW_SCHEMA as DOCS_ARROW_SCHEMA
+from freshidx.spark.index_format import DOCS_FILE as DOCS_FILE
 from freshidx.spark.raw_source import store_from_json, store_to_json
-from freshidx.store import StoreConfig
+from freshidx.spark.transform import COVERED_COLUMNS, INVALID_COLUMNS, QUARANTINE_EXTRA_COLUMNS, TYPED_FIELDS
+from freshidx.store import StoreConfig, layout
 from freshidx.store.base import check_key
-from freshidx.transform import COVERED_COLUMNS, INVALID_COLUMNS, QUARANTINE_EXTRA_COLUMNS, TYPED_FIELDS
+from freshidx.store.partitions import PartitionId
 
 log = logging.getLogger(__name__)
 
@@ -406,7 +405,7 @@ def write_quarantine(
     One object per (partition, task): ``quarantine/<source>/<partition>/<run_id>/part-TTTTT-aA.jsonl``
     holding ``{"file", "line", "raw", "reason"}`` per line, in file/line order, plus ``raw_base64``
     (the exact bytes of a line that was not UTF-8; ``raw`` is then only for reading) and ``detail``
-    where ``invalid`` has them (:data:`~freshidx.transform.QUARANTINE_EXTRA_COLUMNS`). A row for a
+    where ``invalid`` has them (:data:`~freshidx.spark.transform.QUARANTINE_EXTRA_COLUMNS`). A row for a
     whole unreadable object (``line`` 0) also copies the object to ``…/<run_id>/objects/<name>``.
     Written by Spark tasks; returns their commits sorted by partition and key (empty list when
     nothing was written). ``once``: skip raw files whose done marker exists and write the marker of

@@ -3,7 +3,7 @@
 The pipeline's builds need a Spark session only (:mod:`freshidx.spark`). A deployment that runs
 ``freshidx spark-server`` also gets leases (a planned restart drains the runs first), sessions the
 server keeps between runs, and the local class archive. The pipeline reaches this package through the
-functions below only, and only where it is configured for it: :class:`~freshidx.defs.resources.SparkResource`
+functions below only, and only where it is configured for it: :class:`~freshidx.defs.shared.resources.SparkResource`
 when ``server_state_dir`` is set, and :func:`freshidx.spark.session.build_local_session` in local mode (the
 class archive). A cluster, or a Connect server of its own, imports nothing from here. Importing this
 package is cheap: each function imports what it uses.

@@ -23,11 +23,12 @@ def warmup_batches(batches: Iterator[Any]) -> Iterator[Any]:
     """mapInArrow body of the warm-up: proves the server's Python workers can import freshidx."""
     import pyarrow as pa
 
-    import freshidx.partitions
+    import freshidx.store.partitions
 
     for batch in batches:
         yield pa.RecordBatch.from_pydict(
-            {"module": [freshidx.partitions.__file__] * batch.num_rows, "python": [sys.executable] * batch.num_rows}
+            {"module": [freshidx.store.partitions.__file__] * batch.num_rows,
+             "python": [sys.executable] * batch.num_rows}
         )
 
 

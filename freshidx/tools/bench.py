@@ -11,8 +11,8 @@
       S shards on the local session (index + ``docs.parquet`` + ``covered.parquet``, uploaded, sha256);
     * ``single``: the same rows (pulled to the driver as Arrow before the clock starts) indexed by one
       plain Python process with the same schema and builder settings
-      (:class:`freshidx.index_format.IndexBuilder`). Both sides compute the product features inside
-      their clock (:mod:`freshidx.product_features`), as a real build does in its shard tasks.
+      (:class:`freshidx.spark.index_format.IndexBuilder`). Both sides compute the product features inside
+      their clock (:mod:`freshidx.spark.product_features`), as a real build does in its shard tasks.
 
     Each side starts on a quiet process tree (:func:`quiesce`: the JVM's compiler and collector
     threads go on working for a second or more after a Spark job; measured in the single side's
@@ -133,9 +133,9 @@ def _single_build(table: Any, workdir: str, name: str) -> int:
     """One process, the same work as a shard task minus Spark: product features, then the index."""
     import pyarrow.compute as pc
 
-    from freshidx.index_format import IndexBuilder
-    from freshidx.product_features import ProductFeatures
     from freshidx.records import ACTIVE
+    from freshidx.spark.index_format import IndexBuilder
+    from freshidx.spark.product_features import ProductFeatures
 
     builder = IndexBuilder(os.path.join(workdir, name))
     active = table.filter(pc.equal(table.column("status"), ACTIVE))
@@ -161,7 +161,7 @@ def bench_build(
         raise ValueError("warmup must be >= 0")
     from pyspark import StorageLevel
 
-    from freshidx.transform import index_rows
+    from freshidx.spark.transform import index_rows
 
     own = False
     if spark is None:
@@ -234,7 +234,7 @@ def bench_build_cluster(master: str, workers: Sequence[int], docs: int, shards: 
 
     Each count gets its own application (the cap is fixed when the context starts). The benchmark store
     is a local temp directory: run the workers on this host (or share that path with them)."""
-    from freshidx.defs.resources import ship_package_zip
+    from freshidx.defs.shared.resources import ship_package_zip
     from freshidx.spark.session import build_local_session, cluster_conf
 
     out = []

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from freshidx.partitions import PartitionId
 from freshidx.records import STATUSES
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.generate import history_partitions, write_partition
 from freshidx.tools.generator import GeneratorConfig, partition_records
 
@@ -166,7 +166,7 @@ class Visibility:
         self.error: str | None = None
         self.searcher: Any = None
         try:
-            from freshidx.serving import Searcher
+            from freshidx.serve.searcher import Searcher
 
             self.searcher = Searcher(store, cache_dir)
         except Exception as exc:
@@ -190,7 +190,7 @@ class Visibility:
                 self.error = f"{type(exc).__name__}: {exc}"[:500]  # transient: keep polling
                 return False
             return any(h.ad_id == probe.ad_id and h.index == "delta" and h.version == version for h in hits)
-        from freshidx.publish import read_manifest
+        from freshidx.publish.commit import read_manifest
 
         try:
             return bool(read_manifest(self.store, "delta", version).get("shards"))

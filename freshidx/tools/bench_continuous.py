@@ -27,7 +27,7 @@ import re
 import time
 from typing import Any
 
-from freshidx.partitions import PartitionId
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.bench_common import POLL_S, Deadline, Probe, Visibility, log
 from freshidx.tools.bench_measure import wait_searchable
 from freshidx.tools.bench_report import CONTINUOUS_EVENTS, CONTINUOUS_STAGES, fmt, sample_stages
@@ -44,7 +44,7 @@ def _micro_batch_events(instance: Any, partition: PartitionId) -> tuple[dict[str
     None until the micro-batch logged its end)."""
     import dagster as dg
 
-    from freshidx.continuous import JOB_NAME
+    from freshidx.trigger.continuous import JOB_NAME
 
     path = re.escape(partition.path)
     started = re.compile(rf"^micro-batch for {path} \(attempt \d+, ")

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from freshidx.partitions import PartitionId
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.bench_common import generator_config_for, log, seed_history
 
 SIZES = (100_000, 400_000, 1_000_000)
@@ -49,7 +49,7 @@ def _session(remote: str | None) -> tuple[Any, bool]:
 
 
 def _publish(store: Any, draft: Any) -> None:
-    from freshidx.publish import publish
+    from freshidx.publish.commit import publish
 
     result = publish(store, draft, max_drop_fraction=None)
     if result.outcome != "published":
@@ -58,8 +58,8 @@ def _publish(store: Any, draft: Any) -> None:
 
 def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int,
             segment_shards: int | None = None) -> dict[str, Any]:
-    from freshidx.delta import DeltaPlan, build_delta
-    from freshidx.full import build_full
+    from freshidx.delta.build import DeltaPlan, build_delta
+    from freshidx.full.build import build_full
     from freshidx.settings import Settings
     from freshidx.store import StoreConfig, open_store
     from freshidx.tools.generate import write_partition

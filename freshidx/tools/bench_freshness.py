@@ -24,7 +24,7 @@
     listed        ``list_seconds`` log line: Spark session (+ lease) created, window listed
     built         ``build_seconds`` log line: Spark read/validate/dedup/index shards done
     published     the delta pointer's ``published_at`` (compare-and-swap of ``CURRENT``)
-    searchable    a long-lived :class:`freshidx.serving.Searcher` (what ``freshidx search``
+    searchable    a long-lived :class:`freshidx.serve.searcher.Searcher` (what ``freshidx search``
                   uses), after ``refresh()``, returns for ``+title:<word> +ad_id:"<ad>"`` a delta
                   hit of exactly that version, for an ad whose newest record is in the partition
                   (if the Searcher cannot serve the published versions, ``ServingError``: the
@@ -48,8 +48,8 @@
 [--max-minutes M] [--json]``
     N micro-batches against one supervised Spark Connect server, no Dagster: each batch writes a
     new partition to a temporary local store, takes a lease, opens a Connect session, runs the real
-    delta build path (:func:`freshidx.delta.build_delta`) and publishes it
-    (:func:`freshidx.publish.publish`). Prints the server's heap (``jcmd``, sampled by the
+    delta build path (:func:`freshidx.delta.build.build_delta`) and publishes it
+    (:func:`freshidx.publish.commit.publish`). Prints the server's heap (``jcmd``, sampled by the
     supervisor) and RSS (JVM and the JVM's whole session incl. Python workers) and its process
     count over time, batch latency, and every restart the supervisor performed (planned by age, heap,
     or every K batches). ``--shared-session`` reuses one Connect session for all batches (a Dagster

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from freshidx.partitions import PartitionId
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.bench_common import (
     DELTA_MODES,
     MODES,
@@ -104,7 +104,7 @@ def _in_flight_runs(instance: Any) -> list[Any]:
     """Runs in flight, the long-lived continuous run (continuous mode) aside."""
     import dagster as dg
 
-    from freshidx.continuous import JOB_NAME
+    from freshidx.trigger.continuous import JOB_NAME
 
     statuses = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
                 dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
@@ -137,7 +137,7 @@ def _run_events(instance: Any, run_id: str) -> dict[str, float | None]:
 
 def _noticed_time(run: Any) -> float | None:
     """When the delta sensor saw the partition (its run tag), epoch seconds."""
-    from freshidx.defs.assets import TAG_NOTICED
+    from freshidx.defs.shared.assets import TAG_NOTICED
 
     text = run.tags.get(TAG_NOTICED)
     return _iso_epoch(text) if text else None
@@ -146,7 +146,7 @@ def _noticed_time(run: Any) -> float | None:
 def _build_stats(store: Any, version: str | None) -> dict[str, Any] | None:
     """The published version's own account of its build (manifest stats: Spark step seconds, segment
     task steps, segments) and the task attempts of its new segment (a retried task shows attempt 1)."""
-    from freshidx.publish import read_manifest
+    from freshidx.publish.commit import read_manifest
 
     if version is None:
         return None
@@ -160,7 +160,7 @@ def _build_stats(store: Any, version: str | None) -> dict[str, Any] | None:
 
 
 def _iso_epoch(text: str) -> float:
-    from freshidx.publish import parse_iso
+    from freshidx.publish.commit import parse_iso
 
     return parse_iso(text).timestamp()
 
@@ -172,7 +172,7 @@ def wait_searchable(
     """Poll until the delta pointer covers ``partition`` (``published``) and ``vis`` serves it
     (``searchable``); ``check()`` (about once a second) returns an error that ends the wait, or None.
     Errors go to ``sample["error"]``."""
-    from freshidx.publish import read_pointer
+    from freshidx.publish.commit import read_pointer
 
     deadline = Deadline(timeout_s)
     version: str | None = None
@@ -279,7 +279,7 @@ def warm_up(dev: Any, instance: Any, store: Any, timeout_s: float, full_warmup: 
     flight; returns the (delta, full) pointers."""
     import dagster as dg
 
-    from freshidx.publish import read_pointer
+    from freshidx.publish.commit import read_pointer
 
     warm = Deadline(max(900.0, timeout_s * 3))
     while True:
@@ -416,7 +416,7 @@ def server_snapshot(srv: ConnectServer) -> dict[str, Any]:
 
 
 def _newest(store: Any) -> PartitionId:
-    from freshidx.listing import newest_partition
+    from freshidx.trigger.listing import newest_partition
 
     found, _ = newest_partition(store, SOURCE)
     if found is None:

@@ -2,7 +2,7 @@
 
 Builds (or reuses, from ``--workdir``) a local store with a published full version of N ads and a
 published delta re-emitting the products of 1% changed ads (the real delta path), opens the real
-:class:`freshidx.serving.Searcher` on it and runs Q 1-3 word queries after a warm-up pass.
+:class:`freshidx.serve.searcher.Searcher` on it and runs Q 1-3 word queries after a warm-up pass.
 Prints p50/p95 latency (``--json``: ``p50_ms``, ``p95_ms``). Numbers only: nothing here asserts on
 timings.
 """
@@ -45,10 +45,10 @@ def prepare_query_store(spark: Any, workdir: str, docs: int, shards: int, *, see
     """
     from pyspark.sql import functions as F
 
-    from freshidx.publish import DraftManifest, iso, new_version, publish, read_manifest, read_pointer
+    from freshidx.publish.commit import DraftManifest, iso, new_version, publish, read_manifest, read_pointer
     from freshidx.spark.index_shards import read_version_docs, write_index_shards
+    from freshidx.spark.transform import index_rows
     from freshidx.store import StoreConfig, open_store
-    from freshidx.transform import index_rows
 
     marker_path = os.path.join(workdir, "bench.json")
     uri = "file://" + os.path.join(workdir, "store")
@@ -113,7 +113,7 @@ def bench_query(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Run the query benchmark; returns the numbers (see the module docstring)."""
-    from freshidx.serving import Searcher
+    from freshidx.serve.searcher import Searcher
     from freshidx.store import open_store
 
     workdir = workdir or os.path.join(tempfile.gettempdir(), f"freshidx-bench-query-{docs}-{shards}-{seed}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from freshidx.partitions import PartitionId
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.bench_common import (
     POLL_S,
     SOURCE,
@@ -59,8 +59,8 @@ class _Batches:
 
     def run(self, i: int, partition: PartitionId) -> None:
         """Build and publish ``partition`` (sets :attr:`lease_wait`, :attr:`pid`). Raises on failure."""
-        from freshidx.delta import DeltaPlan, build_delta
-        from freshidx.publish import publish
+        from freshidx.delta.build import DeltaPlan, build_delta
+        from freshidx.publish.commit import publish
         from freshidx.spark.session import build_connect_session
         from freshidx.spark_server.lease import acquire_lease
 

@@ -37,8 +37,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from freshidx.defs.runs import IN_FLIGHT
-from freshidx.partitions import PartitionId
+from freshidx.defs.runs.status import IN_FLIGHT
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.bench_common import (
     WINDOW_MINUTES,
     ConnectServer,
@@ -64,7 +64,7 @@ _PUBLISHED = re.compile(r"^published delta (\S+) for (\S+) \(")
 _ENDS = re.compile(r"^continuous delta ends: (.*)")
 _ENDED_BY_TAG = {"max_runtime": "planned restart (runtime)", "max_memory": "planned restart (memory)",
                  "stop_requested": "stop requested"}
-#: Run statuses of a run that has not ended: the sensors' own vocabulary (freshidx.defs.runs.IN_FLIGHT).
+#: Run statuses of a run that has not ended: the sensors' own vocabulary (freshidx.defs.runs.status.IN_FLIGHT).
 _UNFINISHED = frozenset(status.value for status in IN_FLIGHT)
 
 
@@ -202,21 +202,21 @@ class _Observer:
     def _records(self) -> list[Any]:
         import dagster as dg
 
-        from freshidx.continuous import JOB_NAME
+        from freshidx.trigger.continuous import JOB_NAME
 
         return list(self.instance.get_run_records(dg.RunsFilter(job_name=JOB_NAME), limit=1000))
 
     def _pid(self, run: Any) -> int | None:
-        from freshidx.defs.run_health import run_facts
+        from freshidx.defs.runs.health import run_facts
 
         if self.pids.get(run.run_id) is None:
             self.pids[run.run_id] = run_facts(self.instance, run).pid
         return self.pids[run.run_id]
 
     def sample(self, t: float, written: list[dict[str, Any]]) -> dict[str, Any]:
-        from freshidx import layout
         from freshidx.procs import rss_bytes, tree_rss_bytes
-        from freshidx.publish import read_pointer
+        from freshidx.publish.commit import read_pointer
+        from freshidx.store import layout
 
         at = time.time()
         records = self._records()
@@ -242,14 +242,14 @@ class _Observer:
         }
 
     def unexplained(self, written: list[dict[str, Any]]) -> tuple[list[str], Any]:
-        from freshidx import ledger
+        from freshidx.trigger import ledger
 
         days = [PartitionId.parse(w["partition"]).at.date() for w in written]
         ex = ledger.explained(self.store, "delta", min(days), max(days))
         return [w["partition"] for w in written if not ex.covers(PartitionId.parse(w["partition"]))], ex
 
     def runs(self) -> list[dict[str, Any]]:
-        from freshidx.continuous import TAG_WHY
+        from freshidx.trigger.continuous import TAG_WHY
 
         out = []
         for rec in self._records():
@@ -262,9 +262,9 @@ class _Observer:
         return out
 
     def partitions(self, written: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        from freshidx import ledger
-        from freshidx.publish import parse_iso
-        from freshidx.retention import history_entries
+        from freshidx.publish.commit import parse_iso
+        from freshidx.publish.retention import history_entries
+        from freshidx.trigger import ledger
 
         _, ex = self.unexplained(written)
         decisions = {w["partition"]: ledger.decision(self.store, "delta", PartitionId.parse(w["partition"]))
@@ -286,12 +286,12 @@ def bench_soak_continuous(
     """Run the continuous-mode soak (module docstring); returns the JSON-able result."""
     import dagster as dg
 
-    from freshidx.listing import newest_partition
     from freshidx.settings import parse_duration
     from freshidx.store import StoreConfig, open_store
     from freshidx.tools.bench_measure import dev_env, server_snapshot, start_dev, warm_up
     from freshidx.tools.devserver import DagsterDev, packaged_dagster_yaml, prepare_home
     from freshidx.tools.generate import write_partition
+    from freshidx.trigger.listing import newest_partition
 
     parse_duration(max_runtime)  # a bad value fails here, not at dagster dev's load
     if minutes <= 0 or interval_s <= 0 or sample_every_s <= 0:

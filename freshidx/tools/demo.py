@@ -66,7 +66,7 @@ class DemoArgs:
 def data_start(store: ObjectStore, source: str, history_minutes: int, now: dt.datetime) -> str:
     """The first hour of the demo's data, as FRESHIDX_PARTITIONS_START: the oldest raw hour already in the
     store, or the hour the generator's history begins in (a few LIST calls)."""
-    from freshidx.catchup_ledger import oldest_hour
+    from freshidx.catchup.state import oldest_hour
 
     history = (now - dt.timedelta(minutes=history_minutes)).replace(minute=0, second=0, microsecond=0)
     oldest = oldest_hour(store, source)
@@ -177,7 +177,7 @@ def _stop_on_signals() -> Callable[[], bool]:
 
 def _interrupt_stale_runs(instance: dg.DagsterInstance, out: Printer) -> None:
     """Runs a previous demo left unfinished end as interrupted (never counted as failed attempts)."""
-    from freshidx.defs.run_health import interrupt_runs
+    from freshidx.defs.runs.health import interrupt_runs
 
     left = interrupt_runs(instance, reason="interrupted by shutdown (left unfinished by a previous demo)",
                           kill_workers=True)
@@ -205,7 +205,7 @@ def _start_spark_server(args: DemoArgs, home: Path, env: dict[str, str], state_d
         stdout=open(home / "spark-server.out", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
         env={**os.environ, **env}, start_new_session=True,
     )
-    from freshidx.status import record_spark_server_state
+    from freshidx.serve.status import record_spark_server_state
 
     # `freshidx status --store` finds this demo's server state from any directory / --home.
     record_spark_server_state(store, state_dir)
@@ -255,8 +255,8 @@ class Watcher:
                 print(f"  (watch: {type(exc).__name__}: {exc})", file=sys.stderr)
 
     def _publications(self) -> None:
-        from freshidx.listing import newest_partition
-        from freshidx.publish import parse_iso, read_pointer, utcnow
+        from freshidx.publish.commit import parse_iso, read_pointer, utcnow
+        from freshidx.trigger.listing import newest_partition
 
         for index in ("delta", "full"):
             pointer, _ = read_pointer(self.store, index)
@@ -285,8 +285,8 @@ class Watcher:
         """Seconds from the partition's last file landing to the publication: the freshness the pipeline
         adds. The lag from the partition's time also counts the upstream writer (the demo's generator writes
         minute M at M:55, so that lag never reads under ~60 s)."""
-        from freshidx import layout
-        from freshidx.partitions import PartitionId
+        from freshidx.store import layout
+        from freshidx.store.partitions import PartitionId
 
         if partition is None:
             return None
@@ -295,8 +295,8 @@ class Watcher:
         return (published - max(times)).total_seconds() if times else None
 
     def _catchup(self) -> None:
-        from freshidx.catchup import ASSET
-        from freshidx.catchup_ledger import CatchupState
+        from freshidx.catchup.planner import ASSET
+        from freshidx.catchup.state import CatchupState
 
         state, etag = CatchupState.load(self.store, ASSET)
         now = (state.frontier, tuple(state.parked))
@@ -320,7 +320,7 @@ class Watcher:
             what = (run.tags.get("freshidx/pipeline") or ",".join(k.to_user_string() for k in run.asset_selection or ())
                     or run.job_name)
             where = run.tags.get("freshidx/source_partition") or run.tags.get("dagster/partition") or ""
-            from freshidx.defs.run_health import failure_reason
+            from freshidx.defs.runs.health import failure_reason
 
             reason = failure_reason(self.instance, run.run_id)
             self.out.event("run_failed", f"run {run.run_id[:8]} ({what} {where}) FAILED: {reason}".replace("  ", " "),
@@ -333,7 +333,7 @@ class Watcher:
 def shutdown(dev: DagsterDev, generator: subprocess.Popen[bytes] | None, server: subprocess.Popen[bytes] | None,
              state_dir: Path, instance: dg.DagsterInstance, demo_id: str) -> dict[str, int]:
     """Stop everything the demo started; never raises. Returns counts for the closing line."""
-    from freshidx.defs.run_health import interrupt_runs
+    from freshidx.defs.runs.health import interrupt_runs
     from freshidx.procs import kill_all, processes_with_env
 
     summary = {"runs_terminated": 0, "runs_marked_interrupted": 0, "processes_killed": 0}
@@ -363,7 +363,7 @@ def _terminate_runs(dev: DagsterDev, instance: dg.DagsterInstance) -> int:
     workers end their Spark work and record CANCELED; waits at most :data:`TERMINATE_GRACE_S`."""
     import dagster as dg
 
-    from freshidx.defs.run_health import NOT_FINISHED, tag_interrupted
+    from freshidx.defs.runs.health import NOT_FINISHED, tag_interrupted
 
     if not dev.is_running:
         return 0

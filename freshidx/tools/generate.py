@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from freshidx.partitions import PartitionId
 from freshidx.store.base import ObjectStore
+from freshidx.store.partitions import PartitionId
 from freshidx.tools.generator import (
     SOURCE_RE,
     VOCABULARY,

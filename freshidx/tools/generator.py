@@ -38,8 +38,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from freshidx import layout
-from freshidx.partitions import PartitionId
 from freshidx.records import (
     RAW_FIELDS,
     REASON_BAD_BID,
@@ -49,6 +47,8 @@ from freshidx.records import (
     REASON_MISSING_FIELD,
     STATUSES,
 )
+from freshidx.store import layout
+from freshidx.store.partitions import PartitionId
 
 # ---------------------------------------------------------------------------------------------
 # Vocabulary (fixed, so titles and keywords look like real ads and searches have something to hit)

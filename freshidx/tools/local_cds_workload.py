@@ -33,10 +33,10 @@ def main(argv: list[str]) -> int:
 
 
 def _jvm_side_of_a_build(spark: Any, root: Path) -> None:
-    from freshidx import transform
-    from freshidx.partitions import PartitionId
+    from freshidx.spark import transform
     from freshidx.spark.raw_source import read_raw_lines
     from freshidx.store import StoreConfig, open_store
+    from freshidx.store.partitions import PartitionId
     from freshidx.tools.generate import write_partition
     from freshidx.tools.generator import GeneratorConfig
 

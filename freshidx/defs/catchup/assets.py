@@ -1,0 +1,248 @@
+"""``ads_hourly`` (closed, validated, deduplicated hourly buckets) and its catch-up sensor.
+
+The asset is hourly-partitioned, so UI backfills of a range work as Dagster users expect (at most
+``hourly_max_hours_per_run`` hours per run, lower priority than live runs via dagster.yaml). The
+sensor observes (the store, :class:`DagsterRunIndex`), plans (:func:`freshidx.catchup.planner.plan_tick`, reads
+only) and applies the plan (:func:`freshidx.catchup.planner.apply`); this module only adapts both to Dagster.
+"""
+# No `from __future__ import annotations` here: Dagster inspects these annotations at definition time.
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+from typing import Any
+
+import dagster as dg
+from dagster import DagsterRunStatus, RunsFilter
+
+from freshidx.catchup import planner as catchup
+from freshidx.catchup.readiness import check_ready, list_hour
+from freshidx.defs.catchup.io_manager import HourBucket
+from freshidx.defs.runs.lanes import POOL_HEAVY, PRIORITY_CATCHUP, priority_tag
+from freshidx.defs.runs.status import IN_FLIGHT
+from freshidx.defs.shared.assets import OWNERS, TAG_PIPELINE, TAG_TRIGGER, code_version, hourly_partitions
+from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
+from freshidx.publish.commit import crash_point, utcnow
+from freshidx.settings import Settings
+from freshidx.trigger import run_health
+from freshidx.trigger.lifecycle import Decision, Mark, TriggerId
+from freshidx.trigger.listing import newest_partition
+
+ADS_HOURLY_KEY = dg.AssetKey(catchup.ASSET)
+ADS_HOURLY_JOB = "ads_hourly_job"
+
+
+def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
+    @dg.asset(
+        name=catchup.ASSET,
+        description=(
+            "Every closed hour of raw_ad_updates, validated (invalid records quarantined with a reason and "
+            "counted), deduplicated to one row per ad and version, written as an immutable Parquet bucket "
+            "and published per hour by the stage → manifest → compare-and-swap protocol. Each hour is "
+            "processed exactly once by the catch-up sensor; late data produces a correction version; UI "
+            "backfills rebuild hours without ever moving a pointer to fewer inputs."
+        ),
+        partitions_def=hourly_partitions(settings),
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=settings.hourly_max_hours_per_run),
+        io_manager_key="bucket_io_manager",
+        # A Spark Connect restart under the build (drained, or a dead JVM) fails it with an ordinary
+        # exception; retrying here keeps it from costing one of the catch-up's per-hour attempts.
+        retry_policy=dg.RetryPolicy(max_retries=2, delay=30),
+        group_name="buckets",
+        kinds={"spark", "parquet"},
+        owners=OWNERS,
+        deps=["raw_ad_updates"],
+        tags={"freshidx/lane": "catchup"},
+        pool=POOL_HEAVY,  # one heavy build at a time beside the delta (freshidx.defs.runs.lanes)
+    )
+    def ads_hourly(
+        context: dg.AssetExecutionContext,
+        store: ObjectStoreResource,
+        spark: SparkResource,
+        freshidx: FreshidxSettings,
+    ) -> list:
+        from freshidx.catchup.hourly_build import HourInput, build_buckets
+
+        cfg = freshidx.settings(store.uri, store.endpoint_url)
+        st = store.open()
+        tags = context.run.tags
+        claims: dict[str, str] = json.loads(tags.get(catchup.TAG_CLAIMS) or "{}")
+        kind = tags.get(catchup.TAG_KIND) or ("backfill" if "dagster/backfill" in tags else "manual")
+        policy = cfg.readiness_for(cfg.source)
+        newest, _ = newest_partition(st, cfg.source)
+        run_info = {"run_id": context.run_id, "trigger": kind, "run_key": tags.get("dagster/run_key"),
+                    "backfill": tags.get("dagster/backfill"), "code_version": code_version(),
+                    "readiness": policy, "claims": claims}
+        out: list[HourBucket] = []
+        todo: list[HourInput] = []  # ready hours; id and claim follow from .hour
+        for key in context.partition_keys:
+            hour = catchup.hour_from_dagster_key(key)
+            hid = catchup.layout.hour_id(hour)
+            claim = claims.get(hid)
+            if claim:
+                tid = TriggerId.from_suffix(hid, claim).then(Mark.RUN)
+                catchup.record(st, catchup.ASSET, hour, tid, Decision.STARTED, "run started for the claim",
+                               run_id=context.run_id, run_key=tags.get("dagster/run_key"))
+            listed_at = utcnow()
+            listing = list_hour(st, cfg.source, hour)
+            ready = check_ready(st, listing, policy, now=listed_at, quiet_seconds=cfg.quiet_seconds,
+                                close_grace_seconds=cfg.close_grace_seconds,
+                                newer_data_visible=newest is not None and newest.at >= hour + catchup.HOUR)
+            if not ready.ready:
+                # Publishing a partial hour would close it for good; a backfill must wait like the sensor.
+                context.log.warning(f"{hid} not ready ({policy}): {ready.reason}")
+                out.append(HourBucket(hid, kind, claim, None, [f"not ready ({policy}): {ready.reason}"]))
+                continue
+            todo.append(HourInput(hour=hour, files=listing.files, listed_at=listed_at,
+                                  expected_rows=ready.expected_rows))
+        if todo:
+            crash_point("bucket_build")  # tests: the run dies mid-hour like a kill -9 (claim taken, run STARTED)
+            hids = [catchup.layout.hour_id(i.hour) for i in todo]
+            context.log.info(f"building {catchup.ASSET} {', '.join(hids)} in one Spark pass: "
+                             f"{sum(len(i.files) for i in todo)} file(s), {kind}")
+            # A failure drops the session, so a step retry reconnects.
+            with spark.session(keep_as=catchup.ASSET) as session:
+                built = build_buckets(session, store.store_config(), asset=catchup.ASSET, source=cfg.source,
+                                      hours=todo, run_id=context.run_id,
+                                      parts=cfg.hourly_parts, run_info=run_info, kind=kind,
+                                      max_future_skew_seconds=cfg.max_future_skew_seconds,
+                                      quarantine_once=True)  # a bad record is quarantined by its first reader
+            for hid, b in zip(hids, built, strict=True):
+                out.append(HourBucket(hid, kind, claims.get(hid), b.draft,
+                                      [f"manifest rows: {m}" for m in b.row_mismatches]))
+        out.sort(key=lambda hb: hb.hour_id)
+        return out
+
+    return ads_hourly
+
+
+class DagsterRunIndex:
+    """:class:`freshidx.catchup.planner.RunIndex` answered from the Dagster instance (bounded queries),
+    and the :class:`freshidx.catchup.planner.Canceller` that :func:`freshidx.catchup.planner.apply` cancels
+    stuck runs with."""
+
+    def __init__(self, instance: dg.DagsterInstance) -> None:
+        self.instance = instance
+        self._in_flight: list | None = None
+
+    def by_run_key(self, run_key: str) -> catchup.RunView | None:
+        records = self.instance.get_run_records(RunsFilter(tags={"dagster/run_key": run_key}), limit=1)
+        if not records:
+            return None
+        rec = records[0]
+        status = rec.dagster_run.status
+        view = (catchup.IN_FLIGHT if status in IN_FLIGHT else catchup.SUCCESS if status == DagsterRunStatus.SUCCESS
+                else catchup.CANCELED if status == DagsterRunStatus.CANCELED else catchup.FAILURE)
+        return catchup.RunView(rec.dagster_run.run_id, view, rec.create_timestamp.timestamp(), rec.start_time,
+                               interrupted=run_health.is_interrupted(rec.dagster_run.tags))
+
+    def _runs(self) -> list:
+        if self._in_flight is None:
+            self._in_flight = [r for r in self.instance.get_runs(RunsFilter(statuses=IN_FLIGHT), limit=200)
+                               if ADS_HOURLY_KEY in (r.asset_selection or ())]
+        return self._in_flight
+
+    def busy_hours(self) -> dict[str, str]:
+        busy: dict[str, str] = {}
+        for r in self._runs():
+            for hour in _run_hours(r.tags):
+                busy[catchup.layout.hour_id(hour)] = r.run_id
+        return busy
+
+    def catchup_in_flight(self) -> int:
+        return sum(1 for r in self._runs() if r.tags.get(catchup.TAG_KIND))
+
+    def cancel(self, run_id: str, reason: str) -> None:
+        run = self.instance.get_run_by_id(run_id)
+        if run is None or run.is_finished:
+            return
+        with contextlib.suppress(Exception):  # the process may be gone; the run record is fixed below
+            self.instance.run_coordinator.cancel_run(run_id)
+        run = self.instance.get_run_by_id(run_id)
+        # A dead process never acknowledges; a record left CANCELING would keep its hours busy forever.
+        if run is not None and not run.is_finished:
+            self.instance.report_run_canceled(run, message=f"freshidx catch-up: {reason}")
+
+
+def _run_hours(tags: dict) -> list[dt.datetime]:
+    if tags.get("dagster/partition"):
+        return [catchup.hour_from_dagster_key(tags["dagster/partition"])]
+    start, end = tags.get("dagster/asset_partition_range_start"), tags.get("dagster/asset_partition_range_end")
+    if start and end:
+        h, last = catchup.hour_from_dagster_key(start), catchup.hour_from_dagster_key(end)
+        out = []
+        while h <= last and len(out) < 24 * 366:
+            out.append(h)
+            h += catchup.HOUR
+        return out
+    return []
+
+
+def run_request(req: catchup.Request) -> dg.RunRequest:
+    keys = [catchup.dagster_key(h) for h in req.hours]
+    tags = {
+        TAG_PIPELINE: catchup.ASSET, TAG_TRIGGER: "sensor", catchup.TAG_KIND: req.kind,
+        catchup.TAG_CLAIMS: json.dumps({catchup.layout.hour_id(c.hour): c.suffix for c in req.claims},
+                                       sort_keys=True),
+    }
+    if len(keys) == 1:
+        return dg.RunRequest(run_key=req.run_key, partition_key=keys[0], tags=tags, asset_selection=[ADS_HOURLY_KEY])
+    tags.update({"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]})
+    return dg.RunRequest(run_key=req.run_key, tags=tags, asset_selection=[ADS_HOURLY_KEY])
+
+
+# What define_asset_job returns is not exported by dagster under a public name: hence Any.
+def make_ads_hourly_job(ads_hourly: dg.AssetsDefinition) -> Any:
+    """The catch-up's job: its runs come before compaction and UI backfills in the queue (freshidx.defs.runs.lanes)."""
+    return dg.define_asset_job(
+        ADS_HOURLY_JOB, selection=[ads_hourly], partitions_def=ads_hourly.partitions_def,
+        tags={TAG_PIPELINE: catchup.ASSET, **priority_tag(PRIORITY_CATCHUP)},
+        description="Builds ads_hourly buckets (what ads_hourly_sensor launches for the catch-up).")
+
+
+def make_hourly_sensor(settings: Settings, job: Any) -> dg.SensorDefinition:
+    @dg.sensor(
+        name="ads_hourly_sensor",
+        job=job,
+        minimum_interval_seconds=max(1, settings.hourly_sensor_interval_seconds - 1),
+        default_status=dg.DefaultSensorStatus.RUNNING if settings.catchup_autostart
+        else dg.DefaultSensorStatus.STOPPED,
+        description="Catch-up trigger of ads_hourly: every closed hour exactly once, oldest first, at most "
+        f"{settings.hourly_max_hours_per_run} hours per run; stuck or failed runs retried, then parked; late "
+        "data produces corrections.",
+    )
+    def ads_hourly_sensor(
+        context: dg.SensorEvaluationContext, store: ObjectStoreResource, freshidx: FreshidxSettings
+    ) -> dg.SensorResult:
+        cfg = freshidx.settings(store.uri, store.endpoint_url)
+        st, runs = store.open(), DagsterRunIndex(context.instance)
+        plan = catchup.plan_tick(st, cfg, runs, utcnow())
+        applied = catchup.apply(st, plan, runs)
+        partitions_def = hourly_partitions(cfg)
+
+        def observation(hid: str, metadata: dict) -> dg.AssetObservation:
+            key = catchup.dagster_key(catchup.parse_hour_id(hid))
+            try:
+                valid = partitions_def.has_partition_key(key)
+            except Exception:  # a key outside the definition's range must not fail the tick
+                valid = False
+            return dg.AssetObservation(asset_key="raw_ad_updates", partition=key if valid else None,
+                                       metadata={"hour": hid, **metadata})
+
+        events = [observation(hid, {"catchup": decision, "reason": reason})
+                  for hid, decision, reason in applied.actions]
+        for hid, decision, reason in applied.actions:
+            context.log.info(f"{hid}: {decision}: {reason}")
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        digest = hashlib.sha1(json.dumps(plan.waiting, sort_keys=True).encode()).hexdigest()
+        if plan.waiting and cursor.get("waiting") != digest:  # show changed reasons once, not every tick
+            events += [observation(hid, {"catchup": "waiting", "reason": reason})
+                       for hid, reason in list(plan.waiting.items())[:24]]
+        cursor["waiting"] = digest
+        cursor["frontier"] = plan.frontier
+        requests = [run_request(r) for r in applied.requests]
+        return dg.SensorResult(run_requests=requests, asset_events=events, cursor=json.dumps(cursor),
+                               skip_reason=None if requests else applied.skip_reason or "nothing to do")
+
+    return ads_hourly_sensor

@@ -1,0 +1,372 @@
+"""Continuous mode in Dagster (DESIGN §10, issue 14): the ``delta_continuous`` job and its watchdog.
+
+``delta_continuous`` is one long-lived run (one op) that holds ONE Spark session and, every
+``FRESHIDX_CONTINUOUS_TRIGGER_SECONDS``, evaluates the latest-only rule of the sensor
+(:func:`freshidx.trigger.latest_only.plan_tick`/``apply``: the same ledger entries, folded partitions,
+attempts and parking). On something new it runs one micro-batch with the code a sensor-triggered
+``delta_index`` run uses: :func:`freshidx.delta.build.build_delta`, then the asset's early compare and the
+publishing IO manager's gate → manifest → compare-and-swap → ledger (the ledger settles the folded
+partitions) (:func:`~freshidx.defs.shared.io_manager.refusal_unless_newer`,
+:func:`~freshidx.defs.shared.io_manager.publish_index_draft`) and
+:func:`~freshidx.defs.shared.io_manager.outcome_metadata`, reported as an
+``AssetMaterialization`` of ``delta_index`` so the asset page, its plots and checks look the same.
+The decisions (when to stop, what a tick means, how an attempt counts) are :mod:`freshidx.trigger.continuous`.
+
+The run ends itself on a planned restart (runtime, memory: on the first idle tick once due, see
+:func:`freshidx.trigger.continuous.stop_reason`) or a stop request (SIGTERM, the run tag
+``freshidx/stop_requested``: after the micro-batch in progress); a Dagster terminate interrupts it at once (the
+compare-and-swap publication keeps that safe). ``delta_continuous_watchdog`` then starts the next
+run: whenever no run of the job is queued/starting/started (a run whose worker died is reported
+failed first, so a ``kill -9`` is noticed in one tick), never two (deterministic run keys).
+"""
+# No `from __future__ import annotations`: Dagster inspects the op's and sensor's annotations.
+
+import datetime as dt
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import dagster as dg
+import psutil
+
+from freshidx.defs.delta.sensor import DagsterDeltaRuns, partition_observation
+from freshidx.defs.runs.health import run_facts
+from freshidx.defs.runs.lanes import PRIORITY_DELTA, priority_tag
+from freshidx.defs.runs.status import IN_FLIGHT, RUNNING
+from freshidx.defs.shared.assets import TAG_PIPELINE, TAG_TRIGGER, code_version, hourly_partitions
+from freshidx.defs.shared.io_manager import outcome_metadata, outcome_tags, publish_index_draft, refusal_unless_newer
+from freshidx.defs.shared.publishing_io_manager import PublishPolicy
+from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
+from freshidx.delta.build import DeltaPlan, build_delta
+from freshidx.publish.commit import read_pointer, utcnow
+from freshidx.settings import Settings
+from freshidx.store import ObjectStore, layout
+from freshidx.store.partitions import PartitionId
+from freshidx.trigger import continuous, ledger, run_health
+from freshidx.trigger.continuous import (
+    JOB_NAME,
+    TAG_MODE,
+    TAG_WHY,
+    TRIGGER,
+    BatchStatus,
+    Limits,
+    LoopRuns,
+    LoopState,
+    Stop,
+    StopReason,
+    TickKind,
+)
+from freshidx.trigger.latest_only import PIPELINE, Request, apply, plan_tick
+from freshidx.trigger.lifecycle import Decision, Mark, TriggerId
+
+TAG_STOP = "freshidx/stop_requested"
+#: After a failed micro-batch the loop waits this long before the next attempt (the asset's retry delay).
+FAILURE_BACKOFF_SECONDS = 10.0
+#: How often the loop reads its own run's tags for a stop request.
+STOP_TAG_EVERY_SECONDS = 5.0
+
+
+class _WakeUp(Exception):
+    """Raised by the SIGTERM handler to end the trigger wait at once."""
+
+
+class _Stopper:
+    """SIGTERM → a stop request: honoured at once while the loop waits, after the micro-batch otherwise."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self.waiting = False
+
+    def handler(self, signum: int, frame: Any) -> None:
+        self.requested = f"received {signal.Signals(signum).name}"
+        if self.waiting:
+            raise _WakeUp()
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals are only delivered to the main thread; Dagster's terminate still works
+            return
+        previous = signal.signal(signal.SIGTERM, self.handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def wait(self, seconds: float) -> None:
+        if self.requested or seconds <= 0:
+            return
+        self.waiting = True
+        try:
+            time.sleep(seconds)  # a Dagster terminate (KeyboardInterrupt-style interrupt) ends it too
+        except _WakeUp:
+            pass
+        finally:
+            self.waiting = False
+
+
+def rss_mb() -> float | None:
+    """Resident memory of this run process (the driver; a local Spark JVM is a child and not counted)."""
+    try:
+        return psutil.Process().memory_info().rss / 2**20
+    except psutil.Error:
+        return None
+
+
+@dg.op(
+    name="delta_continuous_loop",
+    description="Holds one Spark session and evaluates the latest-only rule every "
+    "FRESHIDX_CONTINUOUS_TRIGGER_SECONDS; each new partition becomes one micro-batch published like a "
+    "delta_index run and reported as its materialization. Ends itself on a planned restart.",
+    tags={"freshidx/lane": "delta"},
+    # No pool: this run lives for hours, and in the delta pool it would hold a UI "Materialize" of
+    # delta_index in the queue all that time. The loop's planner waits instead while any delta_index
+    # run is queued or running (the sensor's overlap rule) and starts no micro-batch meanwhile.
+)
+def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreResource, spark: SparkResource,
+                          freshidx: FreshidxSettings) -> None:
+    settings = freshidx.settings(store.uri, store.endpoint_url)
+    st = store.open()
+    limits = Limits.from_settings(settings)
+    state = LoopState(context.run_id, utcnow(), limits)
+    runs = LoopRuns(context.run_id, DagsterDeltaRuns(context.instance))
+    partitions_def = hourly_partitions(settings)
+    stopper = _Stopper()
+    cursor: dict[str, Any] = {}
+    context.log.info(f"continuous delta: trigger every {limits.trigger_seconds} s, planned restart at "
+                     f"{limits.restart_at(state.started_at).isoformat()} or at {limits.max_rss_mb} MiB RSS")
+    _warm_up(context, spark)
+    stop: Stop | None = None
+    last_stop_check = 0.0
+    released = False
+    with stopper.installed():
+        while True:
+            t0 = time.monotonic()
+            if t0 - last_stop_check >= STOP_TAG_EVERY_SECONDS:
+                last_stop_check = t0
+                stopper.requested = stopper.requested or _stop_tag(context)
+            now = utcnow()
+            state.rss_mb = rss_mb()
+            plan = plan_tick(st, settings, runs, now, cursor)  # reads only: apply() writes the decisions
+            stop = continuous.stop_reason(limits, state.started_at, now, state.rss_mb, stopper.requested,
+                                          pending=plan.request is not None)
+            if stop is not None:
+                break
+            if plan.ignored:  # as the sensor reports them: once per changed set
+                for i in plan.ignored[:20]:
+                    context.log.warning(f"ignored malformed partition key {i.key!r}: {i.reason}")
+                context.log_event(dg.AssetObservation(
+                    asset_key="raw_ad_updates",
+                    metadata={"ignored_keys": len(plan.ignored),
+                              "examples": dg.MetadataValue.json([i.__dict__ for i in plan.ignored[:20]])}))
+            applied = apply(st, plan)
+            cursor = plan.cursor
+            for p, meta in applied.observations:
+                context.log_event(partition_observation(partitions_def, p, meta))
+            action = continuous.decide(applied)
+            state.ticks += 1
+            state.last_tick, state.last_action = now, action.reason
+            failed = False
+            if action.kind is TickKind.MICRO_BATCH and action.request is not None:
+                context.log.info(action.reason)
+                state.batches += 1
+                status = _micro_batch(context, st, store, spark, settings, runs, action.request, state)
+                failed = status is BatchStatus.FAILURE
+            if action.kind is TickKind.MICRO_BATCH:
+                released = False  # the micro-batch leased and connected again
+            elif not released:
+                released = _release_if_draining(context, spark)
+            if continuous.heartbeat_due(state, now, action.kind is TickKind.MICRO_BATCH):
+                _write_heartbeat(context, st, state, utcnow())
+            pause = FAILURE_BACKOFF_SECONDS if failed else limits.trigger_seconds
+            stopper.wait(pause - (time.monotonic() - t0))
+    assert stop is not None  # the loop ends only by a stop
+    _write_heartbeat(context, st, state, utcnow(), ended=stop)
+    context.log.info(f"continuous delta ends: {stop.message}; {state.batches} micro-batches, "
+                     f"{state.published} published in {state.ticks} ticks")
+    context.instance.add_run_tags(context.run_id, {"freshidx/ended": stop.reason.value})
+
+
+def _warm_up(context: dg.OpExecutionContext, spark: SparkResource) -> None:
+    """Start (or attach to) the Spark session now, so the first micro-batch finds it warm."""
+    t0 = time.monotonic()
+    try:
+        with spark.session(keep_as=PIPELINE):
+            pass
+    except Exception as exc:  # the micro-batch retries; a failed warm-up is not a failed attempt
+        context.log.warning(f"Spark session warm-up failed ({exc}); the first micro-batch will retry")
+        return
+    context.log.info(f"Spark session ready in {time.monotonic() - t0:.1f} s")
+
+
+def _release_if_draining(context: dg.OpExecutionContext, spark: SparkResource) -> bool:
+    """A supervised Connect server that drains for a planned restart waits for leases: an idle loop lets
+    go of its session (and lease) at once; the next micro-batch leases and connects afresh."""
+    if not spark.server_draining():
+        return False
+    spark.discard()
+    context.log.info("Spark Connect server is draining for a restart: session and lease released")
+    return True
+
+
+def _stop_tag(context: dg.OpExecutionContext) -> str | None:
+    run = context.instance.get_run_by_id(context.run_id)
+    value = run.tags.get(TAG_STOP) if run is not None else None
+    return f"run tag {TAG_STOP}={value}" if value else None
+
+
+def _run_info(context: dg.OpExecutionContext, settings: Settings, req: Request,
+              policy: PublishPolicy) -> dict[str, Any]:
+    """The draft's run record, as ``delta_index`` writes it (``assets._run_info``), for this micro-batch."""
+    return {
+        "run_id": context.run_id, "trigger": TRIGGER, "run_key": req.run_key, "attempt": str(req.attempt),
+        "sensor": context.run.tags.get("dagster/sensor_name"), "schedule": None, "code_version": code_version(),
+        "settings": {"window_minutes": settings.window_minutes, "delta_shards": settings.delta_shards,
+                     "full_shards": settings.full_shards, "source": settings.source},
+        **policy.run_record(),
+    }
+
+
+def _micro_batch(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectStoreResource,
+                 spark: SparkResource, settings: Settings, runs: LoopRuns, req: Request,
+                 state: LoopState) -> BatchStatus:
+    """One accepted attempt, built and published as a sensor-triggered ``delta_index`` run does it."""
+    p = req.partition
+    ledger.record_partition(
+        st, PIPELINE, p, Decision.STARTED, "micro-batch started for accepted trigger (continuous run)",
+        tid=TriggerId(p.compact).claim(req.attempt).then(Mark.RUN), run_id=context.run_id, run_key=req.run_key,
+        attempt=req.attempt)
+    pointer, _ = read_pointer(st, PIPELINE)
+    watermark = PartitionId.parse(pointer.source_partition) if pointer and pointer.source_partition else None
+    policy = PublishPolicy(max_drop_fraction=settings.delta_max_drop_fraction)
+    # The same log lines as delta_index (the freshness bench reads them per stage).
+    context.log.info(f"building delta for {p.path} (watermark {watermark.path if watermark else None})")
+    try:
+        with spark.session(keep_as=PIPELINE) as session:
+            draft = build_delta(
+                session, st, store.store_config(), settings,
+                DeltaPlan(partition=p, watermark=watermark, run_id=context.run_id,
+                          run_info=_run_info(context, settings, req, policy)),
+                on_stage=lambda name, s: context.log.info(f"{name}: {s:.2f}s"),
+            )
+    except Exception as exc:  # a failed attempt, as a failed run is in sensor mode; the planner retries/parks
+        return failed_attempt(context, runs, req, exc)
+    try:  # what delta_index's body and its IO manager do with the draft, in the same two steps
+        refused = refusal_unless_newer(st, draft, context.run_id)
+        result = refused if refused is not None else publish_index_draft(st, draft, context.run_id)
+    except Exception as exc:  # e.g. PublishError (CAS contention), a store error: the attempt failed
+        return failed_attempt(context, runs, req, exc)
+    status = continuous.batch_status(result.outcome, result.reason)
+    runs.record(req.run_key, status, result.reason)
+    attempted = refused is None  # a publication attempt reached the gate (and the CAS, unless invalid)
+    meta = outcome_metadata(st, draft, result, skipped=str(req.skipped),
+                            manifest_written=result.outcome != "invalid" and attempted)
+    state.last_version = draft.version if result.outcome == "published" else state.last_version
+    if result.outcome == "published" or (attempted and result.outcome != "invalid"):
+        # A materialization per publication attempt that reached the CAS, as the IO manager reports it.
+        state.published += result.outcome == "published"
+        context.log_event(dg.AssetMaterialization(asset_key="delta_index", metadata={**meta, **spark.spark_metadata()},
+                                                  description=f"{result.outcome}: {draft.version} for {p.path}"))
+        context.instance.add_run_tags(context.run_id, outcome_tags(draft, result))
+        context.log.info(f"{result.outcome} delta {draft.version} for {p.path} ({result.reason})")
+    else:
+        headline = f"nothing new: delta not published: {result.reason}" if result.outcome != "invalid" else \
+            f"delta {draft.version} not published: {result.reason}"
+        context.log_event(dg.AssetObservation(asset_key="delta_index", description=headline, metadata=meta))
+        context.log.warning(headline + ("; retried on the next tick" if status is BatchStatus.RETRY else ""))
+    return status
+
+
+def failed_attempt(context: dg.OpExecutionContext, runs: LoopRuns, req: Request, exc: Exception) -> BatchStatus:
+    """A failed micro-batch attempt: its error line (``micro-batch for <P> (attempt N) failed: …``, the
+    line ``freshidx bench soak --mode continuous`` counts) and the attempt recorded as a failure."""
+    text = str(exc).strip()
+    how = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+    context.log.error(f"micro-batch for {req.partition.path} (attempt {req.attempt}) failed: {how}")
+    runs.record(req.run_key, BatchStatus.FAILURE, how)
+    return BatchStatus.FAILURE
+
+
+def _write_heartbeat(context: dg.OpExecutionContext, st: ObjectStore, state: LoopState, now: dt.datetime,
+                     ended: Stop | None = None) -> None:
+    try:
+        st.put_json(layout.continuous_heartbeat_key(PIPELINE), continuous.heartbeat(state, now, ended=ended))
+        state.heartbeat_at = now
+    except Exception as exc:  # status only: never a reason to stop publishing
+        context.log.warning(f"heartbeat not written: {exc}")
+
+
+@dg.job(
+    name=JOB_NAME,
+    description="Continuous mode (FRESHIDX_DELTA_MODE=continuous): one long-lived run that keeps a Spark "
+    "session warm and publishes each new partition as a delta_index micro-batch; started and restarted by "
+    "delta_continuous_watchdog.",
+    tags={TAG_PIPELINE: PIPELINE, TAG_MODE: "continuous", TAG_TRIGGER: TRIGGER, **priority_tag(PRIORITY_DELTA)},
+)
+def delta_continuous() -> None:
+    delta_continuous_loop()
+
+
+# ------------------------------------------------------------------------------------ watchdog
+
+
+def _dead_worker(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str | None:
+    """Why ``run``'s worker is gone (reported failed here), else None."""
+    if run.status not in RUNNING:
+        return None
+    verdicts = run_health.judge([run_facts(instance, run)], run_health.pid_alive)
+    if not verdicts:
+        return None
+    fresh = instance.get_run_by_id(run.run_id)  # a worker writes its outcome before it exits
+    if fresh is None or fresh.status not in RUNNING:
+        return None
+    instance.report_run_failed(fresh, message=verdicts[0].reason)
+    return verdicts[0].reason
+
+
+def make_continuous_watchdog(settings: Settings) -> dg.SensorDefinition:
+    continuous_mode = settings.delta_mode == "continuous"
+
+    @dg.sensor(
+        name="delta_continuous_watchdog",
+        job=delta_continuous,
+        minimum_interval_seconds=max(1, settings.sensor_interval_seconds - 1),
+        default_status=dg.DefaultSensorStatus.RUNNING if continuous_mode else dg.DefaultSensorStatus.STOPPED,
+        description="Continuous mode's watchdog: starts a delta_continuous run when none is queued or running "
+        "(none at start-up, the previous one ended, crashed or was killed); never two.",
+    )
+    def delta_continuous_watchdog(context: dg.SensorEvaluationContext,
+                                  freshidx: FreshidxSettings) -> dg.RunRequest | dg.SkipReason:
+        if freshidx.delta_mode != "continuous":
+            return dg.SkipReason(f"FRESHIDX_DELTA_MODE={freshidx.delta_mode}: delta_index_sensor triggers the "
+                                 "delta; no continuous run is started")
+        instance = context.instance
+        in_flight = list(instance.get_runs(dg.RunsFilter(job_name=JOB_NAME, statuses=IN_FLIGHT), limit=5))
+        dead: list[str] = []
+        for run in in_flight:
+            why = _dead_worker(instance, run)
+            if why:
+                context.log.warning(f"continuous run {run.run_id}: {why}")
+                dead.append(run.run_id)
+        live = [r for r in in_flight if r.run_id not in dead]
+        if live:
+            r = live[0]
+            return dg.SkipReason(f"continuous run {r.run_id[:8]} is {r.status.value}")
+        previous = list(instance.get_runs(dg.RunsFilter(job_name=JOB_NAME), limit=1))
+        if not previous:
+            why, key = "none at start-up", f"{JOB_NAME}:first"
+        else:
+            prev = instance.get_run_by_id(previous[0].run_id) or previous[0]
+            ended = prev.tags.get("freshidx/ended")
+            why = f"previous ended: {prev.status.value}" + (f" ({ended})" if ended else "")
+            key = f"{JOB_NAME}:after:{prev.run_id}"  # one successor per run: never two
+        context.log.info(f"starting a continuous run: {why}")
+        return dg.RunRequest(run_key=key, tags={TAG_WHY: why, TAG_MODE: "continuous"})
+
+    return delta_continuous_watchdog
+
+
+__all__ = ["StopReason", "delta_continuous", "make_continuous_watchdog"]

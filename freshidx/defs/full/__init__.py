@@ -1,0 +1,1 @@
+"""Dagster wiring of the full index: its job and schedule."""

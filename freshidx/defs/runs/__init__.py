@@ -1,0 +1,1 @@
+"""Runs: status vocabulary, pools and priorities, the run-health sensor."""

@@ -1,0 +1,1 @@
+"""Dagster wiring of the SLA: asset checks and the SLA sensor."""

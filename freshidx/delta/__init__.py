@@ -1,0 +1,1 @@
+"""The delta index: micro-batch builds that append segments, their merge, compaction."""

@@ -1,0 +1,243 @@
+"""Build one delta version for trigger partition P (DESIGN §9).
+
+Incremental (the usual case): read only the files no kept segment consumed and the full index does not
+hold (every partition in (watermark, P], and late files), merge them with what the serving full version
+and the kept segments know, and index the touched products as one new segment with its kill-list. The
+new version lists the kept segments (their files stay where they are) and the new one.
+
+Window rebuild (the fallback, :class:`freshidx.delta.segments.RebuildReason` says why): read the whole window
+(P − window, P] and index it as a single segment, as every delta version was built before §9.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from freshidx.delta import segments, serving_state
+from freshidx.delta.executor.state_lookup import StateLayer, segment_shards
+from freshidx.delta.segments import BuildKind, FullBase, Segment
+from freshidx.publish.commit import (
+    DraftManifest,
+    crash_point,
+    iso,
+    new_version,
+    utcnow,
+)
+from freshidx.settings import Settings
+from freshidx.spark import transform
+from freshidx.spark.build import FORMAT, BuildResult, build_version
+from freshidx.spark.index_shards import read_version_state, write_index_shards
+from freshidx.spark.shards import ShardCommit
+from freshidx.store import ObjectInfo, ObjectStore, StoreConfig
+from freshidx.store.partitions import PartitionId
+from freshidx.trigger import listing
+
+log = logging.getLogger(__name__)
+INDEX = "delta"
+READ_TASKS = 4
+
+
+@dataclass(frozen=True)
+class DeltaPlan:
+    partition: PartitionId
+    watermark: PartitionId | None  # the serving delta's partition when the run started
+    run_id: str
+    run_info: dict[str, Any]
+    force_rebuild: bool = False
+
+
+def build_delta(
+    spark: SparkSession,
+    store: ObjectStore,
+    store_config: StoreConfig,
+    settings: Settings,
+    plan: DeltaPlan,
+    *,
+    on_stage: Callable[[str, float], None] | None = None,
+) -> DraftManifest:
+    p = plan.partition
+    full, full_manifest = serving_state.full_base(store)
+    delta_pointer, previous = serving_state.delta_segments(store, "delta: window rebuild")
+    serving = delta_pointer.version if delta_pointer is not None else None
+    mb = segments.plan(p, settings.window, full, previous, has_previous_delta=serving is not None,
+                       max_segments=settings.delta_max_segments,
+                       force_rebuild=plan.force_rebuild or settings.delta_build == "window")
+    t0 = time.monotonic()
+    listed_at = utcnow()  # before listing: whatever is visible now is in the listing
+    files, ignored = listing.files_in_window(store, settings.source, mb.window_start, p)
+    if mb.kind is BuildKind.INCREMENTAL:
+        assert full is not None
+        to_read = segments.files_to_read(files, full, mb.kept)
+    else:
+        to_read = files
+    list_seconds = round(time.monotonic() - t0, 3)
+    file_list = [(o.key, pid.path) for pid, objs in to_read.items() for o in objs]
+    log.info("delta %s (%s%s): %d of %d partitions, %d files to read, %d segments kept", p.path, mb.kind,
+             f": {mb.reason}" if mb.reason else "", len(to_read), len(files), len(file_list), len(mb.kept))
+    if on_stage:
+        on_stage("list_seconds", list_seconds)
+    crash_point("delta_listed")  # tests: a kill -9 here (nothing written yet)
+
+    version = new_version(p.at)
+    # What is known before this micro-batch: the full version, then the kept segments (none for a rebuild).
+    known: list[StateLayer] | None = None
+    if full is not None and full_manifest is not None:
+        known = [StateLayer(full_manifest.get("shards", [])),
+                 *(StateLayer(s.shards, over_full=s.full_version == full.version) for s in mb.kept)]
+    input_bytes = sum(o.size for objs in to_read.values() for o in objs)
+    num_shards = settings.delta_shards if mb.kind is BuildKind.REBUILD else segments.segment_shard_count(
+        input_bytes, max_shards=settings.delta_segment_shards, shard_mb=settings.delta_segment_shard_mb)
+    result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, file_list, known,
+                                   num_shards)
+    # An incremental build reads its state inside the index step (the same task merges and writes).
+    build_seconds = round(result.seconds + state_seconds, 3)
+    stages = result.stages
+    if on_stage:
+        on_stage("build_seconds", build_seconds)
+    crash_point("delta_staged")  # tests: a kill -9 here (segment shards staged, no manifest)
+    shards = [c.to_dict() for c in result.commits]
+    new_segment = Segment(
+        version=version, position=iso(p.at), kind=str(mb.kind), shards=shards, doc_count=result.doc_count,
+        covered_count=result.covered_count, files=[k for k, _ in file_list], listed_at=iso(listed_at),
+        extra={"partitions": len(to_read), "reason": mb.reason},
+        # Both kinds read the serving full version's state and never let a row beat a higher one it holds.
+        full_version=full.version if full is not None else None,
+    )
+    all_segments = [*mb.kept, new_segment]
+    return DraftManifest(
+        index=INDEX,
+        version=version,
+        position=iso(p.at),
+        run_id=plan.run_id,
+        shards=shards,
+        doc_count=sum(s.doc_count for s in all_segments),
+        num_shards=len(shards),
+        source_partition=p.path,
+        window_start=iso(mb.window_start),
+        window_end=iso(p.at),
+        covered_count=sum(s.covered_count for s in all_segments),
+        segments=[s.to_dict() for s in all_segments],
+        inputs=_inputs(settings.source, mb, serving, full, to_read, len(files), ignored),
+        invalid=result.invalid_summary(),
+        stats={"list_seconds": list_seconds, "build_seconds": build_seconds, "state_seconds": state_seconds,
+               "total_build_seconds": round(list_seconds + build_seconds, 3),
+               "files_read": len(file_list), "bytes_read": input_bytes, "segments": len(all_segments),
+               **{f"{k}_seconds": v for k, v in stages.items()},
+               **{f"task_{k}_seconds": v for k, v in _slowest_task(result.commits).items()}},
+        run=_run_record(plan.run_info, mb.kind),
+    )
+
+
+def _inputs(source: str, mb: segments.MicroBatchPlan, serving: str | None, full: FullBase | None,
+            to_read: dict[PartitionId, list[ObjectInfo]], listed: int, ignored: list[Any]) -> dict[str, Any]:
+    """The manifest's ``inputs``: what the micro-batch read, how it was built, what it rests on."""
+    return {
+        "source": source,
+        "build": str(mb.kind),
+        "rebuild_reason": mb.reason or None,
+        # Publication requires this version to still serve (publish.stale_base): None for a rebuild.
+        "based_on": serving if mb.kind is BuildKind.INCREMENTAL else None,
+        "partitions": [pid.path for pid in to_read],
+        "files": [_file_entry(o) for objs in to_read.values() for o in objs],
+        "listed_partitions": listed,
+        "ignored": [{"key": i.key, "reason": i.reason} for i in ignored],
+        "full_version": full.version if full else None,
+        "full_cutoff": iso(full.cutoff) if full else None,
+        "segments_kept": len(mb.kept),
+        "segments_dropped": mb.dropped,
+        "format": FORMAT,
+        "kill_list": "covered.parquet of every shard of every segment; a newer segment's hides older "
+                     "segments and the full version",
+    }
+
+
+def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, run_id: str, kind: BuildKind,
+           version: str, file_list: list[tuple[str, str]], known: list[StateLayer] | None, num_shards: int,
+           ) -> tuple[BuildResult, float]:
+    """The Spark part: read what is known (the full version, then the kept segments; ``None``: no full version
+    yet), build and stage the segment (``num_shards`` shards). Returns (result, state seconds); the state is
+    read inside the build (once the batch is known) or, for a rebuild, before it."""
+    state = _StateRead(spark, store_config, kind, known, version, num_shards, settings.delta_state_cache_mb * 2**20)
+    try:
+        result = build_version(
+            spark, store_config, index=INDEX, version=version, files=file_list, num_shards=num_shards,
+            source=settings.source, run_id=run_id,
+            # Every file read not quarantined yet, late ones included (files an earlier build quarantined
+            # have a done marker: freshidx.spark.quarantine_once).
+            quarantine_after=None,
+            write_shards=state.writer() if known is not None else None,
+            # A few files per task: one Python task per 5-minute file costs more in task start-up than
+            # in reading (60 files in a 5 h window).
+            max_read_tasks=READ_TASKS,
+            max_future_skew_seconds=settings.max_future_skew_seconds,
+        )
+    finally:
+        state.release()
+    return result, state.seconds
+
+
+class _StateRead:
+    """What is known before this micro-batch (the full version's and kept segments' ``docs`` and
+    ``covered`` files), and how the rows read become the new segment's shards.
+
+    Incremental: the state rows the batch needs are read, merged with the batch and written in one
+    executor task once the batch is known (:func:`freshidx.delta.executor.state_lookup.segment_shards`; its time
+    is part of the ``index`` step). Rebuild: everything, read before the build (the window is read whole
+    anyway) and checkpointed. One task reads all the files: a Python task that starts a new worker costs
+    ~0.4 s (fork + imports) on this box, more than reading.
+    """
+
+    def __init__(self, spark: SparkSession, store_config: StoreConfig, kind: BuildKind,
+                 known: list[StateLayer] | None, version: str, num_shards: int, cache_bytes: int) -> None:
+        self.spark, self.store_config, self.kind, self.known = spark, store_config, kind, known
+        self.version, self.num_shards, self.cache_bytes = version, num_shards, cache_bytes
+        self.seconds = 0.0
+        self.frame: DataFrame | None = None
+        if known is not None and kind is BuildKind.REBUILD:
+            t0 = time.monotonic()
+            shards = {"shards": [sh for layer in known for sh in layer.shards]}
+            self.frame = read_version_state(spark, store_config, shards, max_tasks=1).localCheckpoint(eager=True)
+            self.seconds = round(time.monotonic() - t0, 3)
+
+    def writer(self) -> Callable[[DataFrame], list[ShardCommit]]:
+        """How the valid records read become the segment's staged shards."""
+        if self.kind is BuildKind.INCREMENTAL:
+            assert self.known is not None
+            layers = self.known
+            return lambda valid: segment_shards(self.spark, self.store_config, layers, valid, index=INDEX,
+                                                version=self.version, num_shards=self.num_shards,
+                                                state_cache_bytes=self.cache_bytes)
+        assert self.frame is not None
+        frame = self.frame
+        return lambda valid: write_index_shards(transform.expand_to_products(transform.latest_per_ad(valid), frame),
+                                                self.store_config, INDEX, self.version, self.num_shards)
+
+    def release(self) -> None:
+        if self.frame is not None:
+            self.frame.unpersist()  # classic mode: drop the checkpoint's blocks now
+
+
+def _run_record(run_info: dict[str, Any], kind: BuildKind) -> dict[str, Any]:
+    # The drop guard compares a version's documents with the serving one's. A window rebuild stands
+    # alone, so a collapse means a broken build; an incremental version shrinks legitimately when a
+    # full index takes over its oldest segments.
+    return run_info if kind is BuildKind.REBUILD else {**run_info, "max_drop_fraction": None}
+
+
+def _slowest_task(commits: list[ShardCommit]) -> dict[str, float]:
+    """Per step of the shard tasks (``state``, ``merge``, ``index``, ``upload``, …), the slowest shard's."""
+    out: dict[str, float] = {}
+    for c in commits:
+        for k, v in c.seconds.items():
+            out[k] = max(out.get(k, 0.0), v)
+    return out
+
+
+def _file_entry(o: ObjectInfo) -> dict[str, Any]:
+    return {"key": o.key, "etag": o.etag, "size": o.size}

@@ -1,0 +1,1 @@
+"""The delta's executor-side code (runs inside Spark tasks)."""

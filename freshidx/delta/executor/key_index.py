@@ -1,0 +1,208 @@
+"""Sorted key index of one immutable state file: the rows of given ads and products by binary search.
+
+The segment task (:mod:`freshidx.delta.executor.state_lookup`) needs, per micro-batch, the state rows of the batch's
+ads and of every ad in the products they touch. Filtering the key columns with ``is_in`` scans every state
+row each time: cheap per row, but it grows with the window. Built once per file (state files never change:
+a reused Python worker keeps the index in :mod:`freshidx.delta.executor.decoded_cache`), this index answers the same
+questions in O(batch · log rows) plus the rows returned:
+
+* ad ids sorted as fixed-width UTF-8 bytes, with the row of each (and each row's place among them);
+* products as codes: the distinct products sorted, a code per row, and the rows grouped by code.
+
+About 28 bytes per row for 12-byte ids (the Arrow key columns it replaces take about as much). Ids that fixed-width
+bytes cannot hold exactly (a trailing NUL, or longer than :data:`MAX_KEY_BYTES`) give no index: the caller
+falls back to the scan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["LAYOUT", "MAX_KEY_BYTES", "KeyIndex", "as_keys", "query_keys", "rows_and_hits"]
+
+#: Longest id the index stores (fixed width: every row pays for the longest).
+MAX_KEY_BYTES = 64
+
+#: Part of a cached index's key in a worker's decoded cache: bump it when KeyIndex's fields or methods
+#: change meaning. A Connect client ships freshidx by value, so each client process brings its own
+#: copy of the class, while a reused worker keeps the instances earlier clients built: an instance is
+#: used through its own methods (never checked with ``isinstance``), and only under the same layout.
+LAYOUT = 2
+
+
+def as_keys(values: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+    """Non-null ``values`` as a fixed-width bytes array, or ``None`` if that would not be exact.
+
+    Vectorized over Arrow's offsets and data buffers (one numpy pass per byte column): building the
+    index of a 500k-row file must cost about as much as decoding its keys, not a Python loop."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    arr = values.drop_null()
+    if arr.type != pa.string():
+        arr = arr.cast(pa.string())
+    n = len(arr)
+    if n == 0:
+        return np.zeros(0, "S1")
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
+    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    width = int(lengths.max())
+    if width > MAX_KEY_BYTES:
+        return None
+    if width == 0:
+        return np.zeros(n, "S1")
+    nonempty = lengths > 0
+    if np.any(data[offsets[1:][nonempty] - 1] == 0):
+        return None  # a trailing NUL: fixed-width bytes would drop it
+    out = np.zeros((n, width), np.uint8)
+    starts = offsets[:-1]
+    for j in range(width):
+        rows = lengths > j
+        out[rows, j] = data[starts[rows] + j]
+    return out.view(f"S{width}").ravel()
+
+
+def query_keys(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Distinct non-null ``values`` to look up, as bytes. Ids no index can hold are left out: they
+    cannot equal an indexed id."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    keys = as_keys(values)  # vectorized when every id fits (the usual case), as the index was built
+    if keys is not None:
+        return np.unique(keys) if len(keys) else np.zeros(0, "S1")
+    encoded = {v.encode() for v in values.drop_null().to_pylist()}
+    kept = sorted(v for v in encoded if len(v) <= MAX_KEY_BYTES and not v.endswith(b"\0"))
+    return np.array(kept, dtype=f"S{max((len(v) for v in kept), default=1) or 1}")
+
+
+def _matches(sorted_keys: np.ndarray, wanted: np.ndarray, unique: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (exclusive) in ``sorted_keys`` of each wanted key's run of equal keys (aligned with
+    ``wanted``: an absent key has an empty run). ``unique``: no key repeats, so a run is one key or none
+    and one binary search per key settles it (the second one was half of a micro-batch's searches)."""
+    if len(wanted) == 0 or len(sorted_keys) == 0:
+        return np.zeros(len(wanted), np.int64), np.zeros(len(wanted), np.int64)
+    # A wanted key longer than the index's width cannot be in it (numpy would truncate it to compare).
+    fits = np.char.str_len(wanted) <= sorted_keys.dtype.itemsize
+    starts, ends = np.zeros(len(wanted), np.int64), np.zeros(len(wanted), np.int64)
+    narrowed = wanted[fits].astype(sorted_keys.dtype)
+    starts[fits] = np.searchsorted(sorted_keys, narrowed, "left")
+    if unique:
+        at = starts[fits]
+        ends[fits] = at + (sorted_keys[np.minimum(at, len(sorted_keys) - 1)] == narrowed) * (at < len(sorted_keys))
+    else:
+        ends[fits] = np.searchsorted(sorted_keys, narrowed, "right")
+    return starts, ends
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``values[starts[i]:ends[i]]`` for every i, concatenated (one gather, no Python loop: a
+    micro-batch asks for tens of thousands of ranges)."""
+    lengths = np.maximum(ends - starts, 0).astype(np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, values.dtype)
+    # Position j of the output reads values[starts[i] + (j - where range i begins in the output)].
+    begins = np.cumsum(lengths) - lengths
+    offsets = np.repeat(starts.astype(np.int64) - begins, lengths)
+    return values[offsets + np.arange(total, dtype=np.int64)]
+
+
+def rows_and_hits(index: KeyIndex, ads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``index.rows_of_ads(ads)``, and which of ``ads`` the file holds (a mask aligned with ``ads``), in one
+    search. A module function, not a method: a cached index may be an instance of another client's copy
+    of the class, built before this function existed (:data:`LAYOUT`); its fields mean the same."""
+    starts, ends = _matches(index.ads, ads, index.ads_unique)
+    return np.sort(_ranges(starts, ends, index.ad_rows)).astype(np.int64), ends > starts
+
+
+@dataclass(frozen=True)
+class KeyIndex:
+    """The key index of one file; ``products`` is ``None`` for a file without products (a kill-list)."""
+
+    row_group_sizes: Sequence[int]
+    ads: np.ndarray  # sorted ad ids (fixed-width bytes)
+    ad_rows: np.ndarray  # the row of each sorted ad id
+    ad_place: np.ndarray  # each row's place in ads (ads[ad_place[r]] is row r's ad id)
+    products: np.ndarray | None = None  # the distinct products, sorted
+    product_of_row: np.ndarray | None = None  # each row's product code (index into products; -1: none)
+    rows_by_product: np.ndarray | None = None  # rows ordered by product code
+    product_starts: np.ndarray | None = None  # rows of code c: rows_by_product[starts[c]:starts[c + 1]]
+    ads_unique: bool = False  # no ad id repeats (a state file holds one row per ad)
+
+    @classmethod
+    def build(cls, keys: pa.Table, row_group_sizes: Sequence[int]) -> KeyIndex | None:
+        """From a file's key columns (``ad_id``, optionally ``product_id``); ``None``: ids not indexable."""
+        ad_col = keys.column("ad_id").combine_chunks()
+        if ad_col.null_count:
+            return None
+        ads = as_keys(ad_col)
+        if ads is None:
+            return None
+        order = np.argsort(ads, kind="stable").astype(np.int32)
+        place = np.empty(len(order), np.int32)
+        place[order] = np.arange(len(order), dtype=np.int32)
+        ordered = ads[order]
+        index = cls(list(row_group_sizes), ordered, order, place,
+                    ads_unique=bool(len(ordered) < 2 or not np.any(ordered[1:] == ordered[:-1])))
+        if "product_id" not in keys.column_names:
+            return index
+        encoded = keys.column("product_id").combine_chunks().dictionary_encode()
+        dictionary = None if encoded.dictionary.null_count else as_keys(encoded.dictionary)
+        if dictionary is None:
+            return None
+        # Dictionary order is first appearance; codes are remapped to the sorted distinct products.
+        sort = np.argsort(dictionary, kind="stable")
+        rank = np.empty(len(sort), np.int64)
+        rank[sort] = np.arange(len(sort))
+        raw = encoded.indices.to_numpy(zero_copy_only=False)
+        valid = ~np.asarray(encoded.indices.is_null().to_numpy(zero_copy_only=False), bool)
+        codes = np.full(len(raw), -1, np.int32)
+        codes[valid] = rank[raw[valid].astype(np.int64)]
+        rows_by_product = np.argsort(codes, kind="stable").astype(np.int32)
+        first_valid = int(np.searchsorted(codes[rows_by_product], 0, "left"))
+        rows_by_product = rows_by_product[first_valid:]  # rows without a product belong to none
+        starts = np.searchsorted(codes[rows_by_product], np.arange(len(sort) + 1), "left")
+        return dataclasses.replace(index, products=dictionary[sort], product_of_row=codes,
+                                   rows_by_product=rows_by_product, product_starts=starts)
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.ads, self.ad_rows, self.ad_place, self.products, self.product_of_row,
+                  self.rows_by_product, self.product_starts)
+        return sum(a.nbytes for a in arrays if a is not None)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.ads)
+
+    def rows_of_ads(self, ads: np.ndarray) -> np.ndarray:
+        """Rows holding any of ``ads`` (distinct keys, as :func:`query_keys` gives), sorted. Distinct keys
+        match disjoint runs of rows, so sorting is enough (no ``np.unique``)."""
+        starts, ends = _matches(self.ads, ads, self.ads_unique)
+        return np.sort(_ranges(starts, ends, self.ad_rows)).astype(np.int64)
+
+    def ads_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The ad ids of ``rows``."""
+        return self.ads[self.ad_place[rows]]
+
+    def products_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The products of ``rows`` (rows without one left out)."""
+        if self.products is None or self.product_of_row is None or len(rows) == 0:
+            return np.zeros(0, "S1")
+        codes = self.product_of_row[rows]
+        return self.products[codes[codes >= 0]]
+
+    def rows_of_products(self, products: np.ndarray) -> np.ndarray:
+        """Rows of any of ``products`` (distinct keys), sorted: a row has one product, so no duplicates."""
+        if self.products is None or self.rows_by_product is None or self.product_starts is None:
+            return np.zeros(0, np.int64)
+        starts, ends = _matches(self.products, products, unique=True)  # distinct by construction
+        codes = starts[ends > starts]  # a product present has exactly one code
+        return np.sort(_ranges(self.product_starts[codes], self.product_starts[codes + 1],
+                               self.rows_by_product)).astype(np.int64)

@@ -1,0 +1,361 @@
+"""An incremental micro-batch's segment in one executor task: read what the batch needs from the published
+state, merge, write the shard (DESIGN §9).
+
+Of everything the serving full version and the kept segments know, a micro-batch
+(``segment_merge.segment_rows``) needs only the rows of
+
+* the batch's ads (their highest known version, and the product an ad that moved leaves), and
+* every ad that has a row in a product the batch touches (its features are computed over all of them, seed 000;
+  the segment holds them all as state and re-indexes those whose document changes).
+
+Reading every state row into Spark and joining there costs the window on every micro-batch (measured:
+the state step doubled from 100k to 400k documents), and merging with Spark joins cost ~15 small jobs
+(seconds through Spark Connect). Here one Python task receives the batch itself as its input (it stays
+on the executors), keeps its latest record per ad (``segment_merge.latest_per_ad``, so no aggregation
+job runs before it), reads the state files in two passes (the key columns of every file first, to find
+those rows, then whole records of the row groups that hold them only), merges in Arrow and writes the
+segment's shard. The key pass is the only part that still scans the state, at a few bytes per row;
+everything downstream of it is the size of the change. Of each needed ad only the newest segment's row is
+read (and the full version's, unless that segment rests on it: :class:`StateFile`). With more than one
+segment shard, one task per part does all of this for the touched products of its part
+(:mod:`freshidx.delta.executor.segment_parts`).
+
+The selection is a superset of what ``segment_rows`` uses (it also keeps the rows of the products of
+a batch ad's inactive or older rows), so ``segment_rows`` over it answers exactly as over the whole
+state: it computes the exact touched set itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from freshidx.delta import merge as segment_merge
+from freshidx.delta.executor import segment_parts
+from freshidx.delta.executor.decoded_cache import DecodedCache, resolve_worker_cache
+from freshidx.delta.executor.key_index import LAYOUT, KeyIndex, query_keys, rows_and_hits
+from freshidx.delta.executor.segment_parts import LABEL_COLUMN, PART_COLUMN
+from freshidx.records import ACTIVE
+from freshidx.spark.index_shards import REPLACE_COLUMN, version_files, widen, write_one_index_shard
+from freshidx.spark.shards import (
+    COVERED_FILE,
+    DOCS_ARROW_SCHEMA,
+    DOCS_FILE,
+    ShardCommit,
+    ShardWriter,
+    conform,
+    write_sharded,
+)
+from freshidx.spark.transform import TYPED_FIELDS
+from freshidx.store import StoreConfig
+
+KEY_COLUMNS = ("ad_id", "product_id")
+
+
+@dataclass(frozen=True)
+class StateLayer:
+    """The shards (ShardCommit dicts) of one published piece of state: the full version (the first
+    layer) or a kept segment (then oldest first); ``over_full``: a segment built over that full version
+    (:class:`StateFile` says what that allows)."""
+
+    shards: list[dict[str, Any]]
+    over_full: bool = False
+
+
+#: A state file as a task receives it: (store key, kind, layer, over_full).
+_FileRef = tuple[str, str, int, bool]
+
+
+def segment_shards(spark: SparkSession, store_config: StoreConfig, layers: Sequence[StateLayer], batch: DataFrame,
+                   *, index: str, version: str, num_shards: int, state_cache_bytes: int = 0) -> list[ShardCommit]:
+    """Stage an incremental micro-batch's segment: ``num_shards`` shards of ``segment_merge.segment_rows``
+    of ``batch``'s latest record per ad over the state ``layers`` (the full version's, then the kept
+    segments') know. ``batch``: the valid records read (``TYPED_FIELDS`` columns at least; several
+    records per ad possible).
+
+    One Python task receives the batch (narrow: no shuffle before it), keeps the latest record per ad
+    (``segment_merge.latest_per_ad``, the rule of ``transform.latest_per_ad``), reads the state rows it
+    needs (:func:`select_rows`), merges them (Arrow) and writes the shard itself: one single-stage Spark
+    job over the build's checkpoint, whatever the window. More shards: ``num_shards`` tasks, each
+    receiving a copy of the whole batch (one shuffle of the batch alone) and doing the same for the
+    touched products of its part (:mod:`freshidx.delta.executor.segment_parts`), side by side.
+    ``state_cache_bytes``: what each Python worker may keep decoded between tasks
+    (:func:`freshidx.delta.executor.decoded_cache.resolve_worker_cache`).
+    """
+    files: list[_FileRef] = [(k, kind, n, layer.over_full) for n, layer in enumerate(layers)
+                             for kind in (DOCS_FILE, COVERED_FILE)
+                             for k in version_files({"shards": layer.shards}, kind)]
+    rows = batch.select(*TYPED_FIELDS)
+    write = _merge_and_write(files, state_cache_bytes, index, version, num_shards)
+    if num_shards == 1:
+        return write_sharded(rows.coalesce(1), store_config, 1, write, what="segment_shards")
+    labels = segment_parts.label_of_part(num_shards)
+    copies = rows.withColumn("_copy", F.explode(F.array(*(
+        F.struct(F.lit(p).cast("int").alias(PART_COLUMN), F.lit(label).cast("int").alias(LABEL_COLUMN))
+        for p, label in enumerate(labels)))))
+    copies = copies.select(*TYPED_FIELDS, f"_copy.{PART_COLUMN}", f"_copy.{LABEL_COLUMN}")
+    return write_sharded(copies.repartition(num_shards, LABEL_COLUMN), store_config, num_shards, write,
+                         what="segment_shards")
+
+
+def _merged(config: StoreConfig, files: list[_FileRef], cache_bytes: int, batches: Iterable[pa.RecordBatch],
+            parts: int = 1, seconds: dict[str, float] | None = None) -> Iterator[pa.RecordBatch]:
+    """The segment's rows (of the products of the parts whose copies of the batch ``batches`` hold, when
+    ``parts`` > 1); ``seconds`` receives the time spent receiving the batch, reading the state rows and
+    merging."""
+    t0 = time.monotonic()
+    received = list(batches)
+    mine: set[int] | None = None
+    if parts > 1:
+        mine = {int(p) for b in received for p in pc.unique(b.column(PART_COLUMN)).to_pylist()}
+    records = pa.Table.from_batches([conform(b, DOCS_ARROW_SCHEMA) for b in received], schema=DOCS_ARROW_SCHEMA)
+    t1 = time.monotonic()
+    batch = segment_merge.latest_per_ad(records)  # also drops the copies of other parts a task received
+    if batch.num_rows == 0:
+        return
+    fs = config.arrow_fs()
+    cache = resolve_worker_cache(cache_bytes)
+    # Named by endpoint and path: two S3 servers may hold a bucket of the same name.
+    paths = [(config.arrow_path(k), kind, layer, over_full) for k, kind, layer, over_full in files]
+    state_files = [StateFile(f"{config.endpoint_url or ''}|{path}", kind,
+                             lambda path=path: pq.ParquetFile(fs.open_input_file(path)), layer, over_full)
+                   for path, kind, layer, over_full in paths]
+    owned = None if mine is None else Parts(parts, frozenset(mine))
+    distrusted: list[pa.Array] = []
+    try:
+        state = pa.Table.from_batches(list(select_rows(batch, state_files, cache, owned, distrusted)),
+                                      schema=DOCS_ARROW_SCHEMA)
+    finally:
+        for f in state_files:
+            f.close()
+    t2 = time.monotonic()
+    update = segment_merge.segment_update(batch, state, pa.concat_arrays(distrusted) if distrusted else None)
+    rows = update.rows.append_column(REPLACE_COLUMN, update.replace)
+    if owned is not None:
+        rows = rows.filter(pa.array(owned.owns_rows(rows)))
+    if seconds is not None:
+        seconds.update(batch=round(t1 - t0, 3), state=round(t2 - t1, 3), merge=round(time.monotonic() - t2, 3))
+    yield from rows.to_batches()
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The parts (of ``count``) a segment task owns: the touched products whose part is one of ``mine``,
+    and the rows without a product (a batch ad's inactive row) whose ad's part is."""
+
+    count: int
+    mine: frozenset[int]
+
+    def owns_keys(self, keys: np.ndarray) -> np.ndarray:
+        return np.isin(segment_parts.part_of_keys(keys, self.count), list(self.mine))
+
+    def owns_rows(self, rows: pa.Table) -> np.ndarray:
+        part = segment_parts.part_of(rows.column("product_id"), self.count)
+        bare = np.flatnonzero(part < 0)  # the ad's part only where there is no product (rare)
+        if len(bare):
+            part[bare] = segment_parts.part_of(rows.column("ad_id").take(pa.array(bare)), self.count)
+        return np.isin(part, list(self.mine))
+
+
+def _merge_and_write(files: list[_FileRef], cache_bytes: int, index: str, version: str, parts: int) -> ShardWriter:
+    def write(config: StoreConfig, shard: int, attempt: int, batches: Iterable[pa.RecordBatch]) -> ShardCommit:
+        seconds: dict[str, float] = {}
+        commit = write_one_index_shard(config, index, version, shard, attempt,
+                                       _merged(config, files, cache_bytes, batches, parts, seconds))
+        # "rows" (the time until the merged rows were in) is spent in batch + state + merge
+        written = {k: v for k, v in commit.seconds.items() if k != "rows"}
+        return dataclasses.replace(commit, seconds={**seconds, **written})
+
+    return write
+
+
+@dataclass
+class StateFile:
+    """One state file: ``name`` (its store path: state files are immutable, so the name is a cache key),
+    ``kind`` (``docs.parquet`` or ``covered.parquet``) and how to open it (on first use only).
+
+    ``layer``: 0 for the full version's files, 1, 2, ... for the kept segments' (oldest first).
+    ``over_full``: the segment was built over the serving full version.
+
+    Why layers: every segment's row for an ad is the latest that its micro-batch knew, over the full
+    version and every segment before it (:func:`freshidx.delta.merge.segment_rows` never lets a row
+    beat a higher known one, and segments are published in build order: a micro-batch that lost its
+    base is rebuilt, or rebased only onto a compaction of the very segments it read). So a newer
+    segment's row for an ad is at least any older segment's, and at least the full version's when it
+    was built over it. A full version published after a segment may know more (late partitions), so
+    for such a segment the full's row is read too. Kept segments re-emit every ad of the products they
+    touched, so without layers the rows read grew with the segments kept (~2.5 rows per needed ad at
+    1M documents and five segments).
+    """
+
+    name: str
+    kind: str
+    opener: Callable[[], pq.ParquetFile]
+    layer: int = 0
+    over_full: bool = False
+    _file: pq.ParquetFile | None = None
+
+    @property
+    def trusted(self) -> bool:
+        """What the readers serve from this file's layer agrees with what it says: the full version, or
+        a segment built over it (``segment_merge.segment_update`` keeps older documents only there)."""
+        return self.layer == 0 or self.over_full
+
+    def parquet(self) -> pq.ParquetFile:
+        if self._file is None:
+            self._file = self.opener()
+        return self._file
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+#: A file's keys as :func:`_read_keys` returns them when its ids cannot be indexed: (key columns, row group sizes).
+KeyColumns = tuple[pa.Table, list[int]]
+
+
+def _read_keys(f: pq.ParquetFile) -> KeyIndex | KeyColumns:
+    """The file's key index, or (for ids the index cannot hold) its key columns (a covered file, the
+    kill-list, has no product) and, either way, the row group sizes."""
+    keys = f.read(columns=[c for c in KEY_COLUMNS if c in f.schema_arrow.names])
+    sizes = [f.metadata.row_group(g).num_rows for g in range(f.metadata.num_row_groups)]
+    return KeyIndex.build(keys, sizes) or (keys, sizes)
+
+
+# Below, "isinstance(info, tuple)" tells the key columns from an index, never isinstance(info, KeyIndex):
+# a cached index may have been built by another client's copy of the class (LAYOUT).
+
+
+def _weight(keys: KeyIndex | KeyColumns) -> int:
+    return keys[0].nbytes if isinstance(keys, tuple) else keys.nbytes
+
+
+@dataclass
+class _Ids:
+    """A set of ids from two sources: Arrow strings (the batch, scanned key columns) and fixed-width bytes
+    (key indexes). Indexes are queried in bytes, scans in Arrow; each form is built once, when asked
+    for, so a state whose files all have an index never turns its ids into Python strings and back.
+    (No functools.cached_property: its lock cannot be pickled when a client ships freshidx by value.)"""
+
+    strings: list[pa.Array]
+    keys: list[np.ndarray] = dataclasses.field(default_factory=list)
+    _wanted: np.ndarray | None = None
+    _arrow: pa.Array | None = None
+
+    def wanted(self) -> np.ndarray:
+        """For key indexes (ids no index can hold are left out: they match none)."""
+        if self._wanted is None:
+            self._wanted = np.unique(np.concatenate([query_keys(pa.concat_arrays(self.strings)), *self.keys]))
+        return self._wanted
+
+    def arrow(self) -> pa.Array:
+        """For key columns (every id)."""
+        if self._arrow is None:
+            decoded = [pa.array([v.decode() for v in k.tolist()], pa.string()) for k in self.keys]
+            self._arrow = pc.unique(pa.concat_arrays([*self.strings, *decoded]))
+        return self._arrow
+
+
+def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
+                parts: Parts | None = None, distrusted: list[pa.Array] | None = None) -> Iterator[pa.RecordBatch]:
+    """The two passes over the state files (pure Arrow and numpy; tested without Spark). What is decoded
+    goes through ``cache`` (a reused worker's next micro-batch decodes only files it has not seen), and
+    a file's keys are looked up in its :class:`~freshidx.delta.executor.key_index.KeyIndex` (binary search: the
+    cost follows the batch, not the state). ``distrusted`` receives the ad ids of the rows read from
+    segments not built over the serving full version (:meth:`StateFile.trusted`)."""
+    batch_ads = _Ids([pc.unique(keys.column("ad_id").combine_chunks())])
+    # Pass 1: key columns only.
+    key_info = [cache.get((f.name, "key-index", LAYOUT), lambda f=f: _read_keys(f.parquet()), _weight, lasting=True)
+                for f in files]
+    # The batch's products and the products its ads were in ...
+    strings: list[pa.Array] = [keys.column("product_id").combine_chunks().drop_null()]
+    indexed: list[np.ndarray] = []
+    for info in key_info:
+        if not isinstance(info, tuple):
+            indexed.append(info.products_of_rows(info.rows_of_ads(batch_ads.wanted())))
+        elif "product_id" in info[0].column_names:
+            prior = info[0].filter(pc.is_in(info[0].column("ad_id"), value_set=batch_ads.arrow()))
+            strings.append(prior.column("product_id").combine_chunks().drop_null())
+    products = _Ids(strings, indexed)
+    # ... and every ad of those products (of the task's own parts: the products it writes), the batch's
+    # own ads included (every task needs their rows: they decide which products are touched).
+    own_products = products.wanted()
+    if parts is not None:
+        own_products = own_products[parts.owns_keys(own_products)]
+    strings, indexed = [*batch_ads.strings], []
+    for info in key_info:
+        if not isinstance(info, tuple):
+            indexed.append(info.ads_of_rows(info.rows_of_products(own_products)))
+        elif "product_id" in info[0].column_names:
+            t = info[0]
+            strings.append(t.filter(pc.is_in(t.column("product_id"), value_set=products.arrow()))
+                           .column("ad_id").combine_chunks())
+    candidates = _Ids(strings, indexed)
+    # Pass 2: whole records of the row groups holding a candidate's row, then just those rows.
+    if any(f.layer for f in files) and not any(isinstance(info, tuple) for info in key_info):
+        yield from _newest_rows(files, key_info, candidates.wanted(), cache, distrusted)
+        return
+    for f, info in zip(files, key_info, strict=True):
+        if isinstance(info, tuple):
+            rows = np.flatnonzero(pc.is_in(info[0].column("ad_id"), value_set=candidates.arrow())
+                                  .to_numpy(zero_copy_only=False))
+            yield from _read_rows(f, rows, info[1], cache, distrusted)
+        else:
+            yield from _read_rows(f, info.rows_of_ads(candidates.wanted()), info.row_group_sizes, cache, distrusted)
+
+
+def _newest_rows(files: list[StateFile], key_info: list[KeyIndex | KeyColumns], wanted: np.ndarray,
+                 cache: DecodedCache, distrusted: list[pa.Array] | None) -> Iterator[pa.RecordBatch]:
+    """Pass 2 over layered state: each candidate's row from the newest segment that holds it and, unless
+    that segment was built over the serving full version, from the full version too (module docstring of
+    :class:`StateFile`). Rows read: at most two per candidate, however many segments are kept."""
+    by_layer: dict[int, list[tuple[StateFile, KeyIndex]]] = {}
+    for f, info in zip(files, key_info, strict=True):
+        assert not isinstance(info, tuple)
+        by_layer.setdefault(f.layer, []).append((f, info))
+    for_segments, for_full = wanted, wanted
+    for layer in sorted(by_layer, reverse=True):
+        asked = for_full if layer == 0 else for_segments
+        held = np.zeros(len(asked), bool)
+        for f, info in by_layer[layer]:
+            rows, hits = rows_and_hits(info, asked)
+            held |= hits
+            yield from _read_rows(f, rows, info.row_group_sizes, cache, distrusted)
+        if layer == 0:
+            continue
+        if all(f.over_full for f, _ in by_layer[layer]):
+            for_full = for_full[~np.isin(for_full, asked[held], assume_unique=True)]
+        for_segments = asked[~held]
+
+
+def _read_rows(f: StateFile, rows: np.ndarray, sizes: Sequence[int], cache: DecodedCache,
+               distrusted: list[pa.Array] | None = None) -> Iterator[pa.RecordBatch]:
+    """Rows ``rows`` (sorted) of ``f``, from the row groups holding them (decoded through ``cache``); their
+    ad ids also go to ``distrusted`` when ``f`` is not :meth:`StateFile.trusted`."""
+    if len(rows) == 0:
+        return
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    for g, n in enumerate(sizes):
+        lo, hi = np.searchsorted(rows, [bounds[g], bounds[g] + n], "left")
+        if lo == hi:
+            continue
+        group = cache.get((f.name, g), lambda f=f, g=g: f.parquet().read_row_group(g), lambda v: v.nbytes)
+        picked = group.take(pa.array(rows[lo:hi] - bounds[g]))
+        if f.kind != DOCS_FILE:  # the kill-list's active ads are whole records in docs.parquet
+            picked = picked.filter(pc.not_equal(picked.column("status"), ACTIVE))
+        if distrusted is not None and not f.trusted:
+            distrusted.append(picked.column("ad_id").combine_chunks())
+        for b in picked.to_batches():
+            yield conform(b, DOCS_ARROW_SCHEMA) if f.kind == DOCS_FILE else widen(b, DOCS_ARROW_SCHEMA)

@@ -1,0 +1,3 @@
+"""Publication, knowing no pipeline: manifest, requirements, compare-and-swap of the pointer; rollback and
+garbage collection.
+"""

@@ -1,0 +1,1 @@
+"""Reading what is published: the searcher and ``freshidx status``."""

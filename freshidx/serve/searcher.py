@@ -1,0 +1,497 @@
+"""Serving: follow the ``CURRENT`` pointers, cache published shards locally, fan queries out (DESIGN §6).
+
+:class:`Searcher` resolves ``indexes/full/CURRENT`` and ``indexes/delta/CURRENT``, downloads the shard
+files each version's *manifest* lists (never a listing) into ``cache_dir/<index>/<version>/``,
+verifying size and sha256, opens every shard with tantivy and answers :meth:`Searcher.search` by
+querying all shards of both indexes, dropping full-index hits the delta covers (its kill-list:
+every ad id in the delta's ``covered.parquet`` files, updated *or* deleted) and merging the top k by
+score.
+
+Consistency: the loaded versions form one immutable :class:`VersionSet`. ``search`` takes a reference
+to the current set when it starts and uses only that; :meth:`Searcher.refresh` loads new versions
+completely (download into a temp dir, verify, rename, open) before swapping that single reference.
+A search therefore always sees exactly one version of each index, never a mix. Cached versions
+that are no longer current are deleted once the last search still using them finishes.
+
+A delta version is a list of segments, oldest first (``freshidx.delta.segments``); each is downloaded once
+into ``cache_dir/delta/<version that built it>/`` and shared by every delta version that lists it, so
+a new delta version costs the download of its newest segment only. A segment's hits are dropped when a
+newer segment's kill-list holds the ad; full-index hits when any applied segment's does.
+
+A segment is applied only while it is newer than the full version (its position, the newest source
+partition it consumed, is later than the full version's cutoff). Once a full rebuild with a later
+cutoff is published, the older segments hold nothing the full version lacks, and possibly stale
+states, so they are ignored until the next delta version drops them.
+
+One ``cache_dir`` per Searcher: it deletes what it does not serve.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import heapq
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import tantivy
+
+from freshidx.publish.commit import Pointer, read_manifest, read_pointer
+from freshidx.spark.index_format import COVERED_FILE, INDEX_DIR, SEARCH_FIELDS, is_lock_file, open_index, schema
+from freshidx.store import ObjectStore, layout
+
+log = logging.getLogger(__name__)
+
+INDEXES = ("full", "delta")
+DOWNLOAD_THREADS = 8
+_TMP_PREFIX = ".tmp-"
+_WORD_RE = re.compile(r"[^\W_]+")
+
+
+class ServingError(RuntimeError):
+    """A published version cannot be served (missing index files, checksum mismatch, ...)."""
+
+
+@dataclass(frozen=True)
+class Hit:
+    ad_id: str
+    score: float
+    index: str  # "full" | "delta"
+    version: str  # the index version the hit comes from
+    title: str
+    product_id: str
+    bid: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Shard:
+    shard: int
+    index: tantivy.Index
+    searcher: tantivy.Searcher
+    doc_count: int
+
+
+@dataclass
+class Part:
+    """The shards one version wrote, downloaded and opened: a full version, or one delta segment."""
+
+    version: str  # the version that wrote the files (the cache directory's name)
+    position: str
+    path: Path
+    shards: list[Shard]
+    covered: frozenset[str]  # the kill-list (loaded for the delta only)
+
+
+@dataclass
+class LoadedVersion:
+    """One published version, downloaded and opened: its parts, oldest first (one for a full version
+    or a delta built before segments)."""
+
+    index: str
+    version: str
+    position: str
+    parts: list[Part]
+    pointer: Pointer
+
+    @property
+    def shards(self) -> list[Shard]:
+        return [sh for part in self.parts for sh in part.shards]
+
+
+
+@dataclass(eq=False)
+class VersionSet:
+    """What one search sees: at most one version of each index. Never mutated after the swap,
+    except the bookkeeping of who is still using it."""
+
+    full: LoadedVersion | None
+    delta: LoadedVersion | None
+    users: int = 0
+    retired: bool = False
+    _cleaned: bool = field(default=False, repr=False)
+
+    @property
+    def active_delta(self) -> LoadedVersion | None:
+        """The delta, unless a full version at least as new makes it obsolete (module docstring)."""
+        if self.delta is None:
+            return None
+        if self.full is not None and self.delta.position <= self.full.position:
+            return None
+        return self.delta
+
+    @functools.cached_property
+    def applied_segments(self) -> list[Part]:
+        """The delta's segments newer than the full version, oldest first."""
+        delta = self.active_delta
+        if delta is None:
+            return []
+        return [p for p in delta.parts if self.full is None or p.position > self.full.position]
+
+    @functools.cached_property
+    def kill_list(self) -> frozenset[str]:
+        """What hides full-index hits: every applied segment's kill-list."""
+        return frozenset().union(*(p.covered for p in self.applied_segments))
+
+    @functools.cached_property
+    def searched(self) -> list[tuple[str, str, Part, frozenset[str]]]:
+        """(index, version, part, kill-list of the part) for every part a search reads. Computed once per
+        version set (it never changes after the swap), not per query."""
+        out: list[tuple[str, str, Part, frozenset[str]]] = []
+        hidden: frozenset[str] = frozenset()
+        delta = self.active_delta
+        if delta is not None:
+            for part in reversed(self.applied_segments):  # newest first: each is hidden by the newer ones
+                out.append(("delta", delta.version, part, hidden))
+                hidden = hidden | part.covered
+        if self.full is not None:
+            for part in self.full.parts:
+                out.append(("full", self.full.version, part, hidden))
+        return out
+
+    def versions(self) -> dict[str, str | None]:
+        return {
+            "full": self.full.version if self.full else None,
+            "delta": self.delta.version if self.delta else None,
+        }
+
+
+class Searcher:
+    """Query the published full + delta indexes of ``store``; cache shards under ``cache_dir``.
+
+    The constructor loads the current versions (``load=False`` to defer to :meth:`refresh`).
+    Thread-safe: any number of threads may call :meth:`search` while one calls :meth:`refresh`.
+    """
+
+    def __init__(self, store: ObjectStore, cache_dir: str | os.PathLike[str], *, load: bool = True) -> None:
+        self.store = store
+        self.cache_dir = Path(cache_dir).resolve()
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()  # guards _current and the users counters
+        self._refresh_lock = threading.Lock()  # one refresh at a time
+        self._cleanup_lock = threading.Lock()
+        self._retired: list[VersionSet] = []
+        self._loading: set[tuple[str, str]] = set()  # versions being loaded: cleanup must not touch them
+        self._current = VersionSet(None, None)
+        self._parser = tantivy.Index(schema())  # in RAM; only parses queries (same schema as every shard)
+        self._schema = schema()
+        self._remove_stale_temp_dirs()
+        if load:
+            self.refresh()
+
+    # ------------------------------------------------------------------ versions
+
+    @property
+    def current(self) -> VersionSet:
+        return self._current
+
+    def versions(self) -> dict[str, str | None]:
+        return self._current.versions()
+
+    def refresh(self) -> bool:
+        """Re-read both pointers; load and swap in new versions. Returns True if anything changed.
+
+        A new version is fully downloaded, verified and opened before the swap; on any error the
+        current set stays in place and the error propagates.
+        """
+        with self._refresh_lock:
+            current = self._current
+            pointers = {name: read_pointer(self.store, name)[0] for name in INDEXES}
+            try:
+                loaded: dict[str, LoadedVersion | None] = {}
+                for name in INDEXES:
+                    ptr = pointers[name]
+                    have: LoadedVersion | None = getattr(current, name)
+                    if ptr is None:
+                        loaded[name] = None
+                    elif have is not None and have.version == ptr.version:
+                        loaded[name] = have
+                    else:
+                        loaded[name] = self._load(name, ptr, have)
+                if all(loaded[n] is getattr(current, n) for n in INDEXES):
+                    return False
+                new = VersionSet(full=loaded["full"], delta=loaded["delta"])
+                with self._lock:
+                    old, self._current = self._current, new
+                    old.retired = True
+                    self._retired.append(old)
+            finally:
+                with self._lock:
+                    self._loading.clear()
+            log.info("serving %s (was %s)", new.versions(), old.versions())
+        self._maybe_cleanup()
+        return True
+
+    def _version_dir(self, index: str, version: str) -> Path:
+        return self.cache_dir / index / version
+
+    def _load(self, index: str, pointer: Pointer, have: LoadedVersion | None = None) -> LoadedVersion:
+        manifest = read_manifest(self.store, index, pointer.version)
+        listed = manifest.get("segments") if index == "delta" else None
+        pieces = [(str(seg["version"]), str(seg["position"]), {"shards": seg["shards"]}) for seg in listed] \
+            if listed else [(pointer.version, pointer.position, manifest)]
+        # Segments the serving version already has open are shared, not downloaded or opened again.
+        open_parts = {part.version: part for part in have.parts} if have is not None else {}
+        parts = [open_parts.get(version) or self._load_part(index, version, position, files)
+                 for version, position, files in pieces]
+        return LoadedVersion(index=index, version=pointer.version, position=pointer.position, parts=parts,
+                             pointer=pointer)
+
+    def _load_part(self, index: str, version: str, position: str, manifest: dict[str, Any]) -> Part:
+        with self._lock:
+            self._loading.add((index, version))
+        final = self._version_dir(index, version)
+        if not final.is_dir():
+            self._download(index, version, manifest, final)
+        try:
+            return self._open_part(index, version, position, manifest, final)
+        except Exception:
+            shutil.rmtree(final, ignore_errors=True)  # unusable: do not keep it in the cache
+            raise
+
+    def _open_part(self, index: str, version: str, position: str, manifest: dict[str, Any], final: Path) -> Part:
+        shards: list[Shard] = []
+        covered: set[str] = set()
+        for s in sorted(manifest["shards"], key=lambda s: int(s["shard"])):
+            shard_dir = final / f"shard-{int(s['shard']):05d}"
+            idx_dir = shard_dir / INDEX_DIR.rstrip("/")
+            if not (idx_dir / "meta.json").is_file():
+                raise ServingError(
+                    f"{index} version {version} shard {s['shard']} has no tantivy index "
+                    f"(built by a writer without index files?)"
+                )
+            idx = open_index(str(idx_dir))
+            searcher = idx.searcher()
+            shards.append(Shard(int(s["shard"]), idx, searcher, int(searcher.num_docs)))
+            if index == "delta" and (shard_dir / COVERED_FILE).is_file():
+                covered.update(
+                    x for x in pq.read_table(shard_dir / COVERED_FILE, columns=["ad_id"]).column(0).to_pylist()
+                    if x is not None
+                )
+        return Part(version=version, position=position, path=final, shards=shards, covered=frozenset(covered))
+
+    def _wanted_files(self, index: str, version: str, manifest: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+        """(file entry, path relative to the version dir) of every file serving needs."""
+        out: list[tuple[dict[str, Any], str]] = []
+        for s in manifest["shards"]:
+            prefix = layout.shard_prefix(index, version, int(s["shard"]), int(s["attempt"]))
+            shard_dir = f"shard-{int(s['shard']):05d}/"
+            for f in s["files"]:
+                key = str(f["key"])
+                if not key.startswith(prefix):
+                    raise ServingError(f"manifest of {index}/{version}: {key} is outside its shard prefix {prefix}")
+                rel = key[len(prefix):]
+                wanted = rel.startswith(INDEX_DIR) or (index == "delta" and rel == COVERED_FILE)
+                if not wanted or is_lock_file(rel):
+                    continue
+                name = rel[len(INDEX_DIR):] if rel.startswith(INDEX_DIR) else rel
+                if not name or "/" in name:
+                    raise ServingError(f"manifest of {index}/{version}: unexpected file {key}")
+                out.append((f, shard_dir + rel))
+        return out
+
+    def _download(self, index: str, version: str, manifest: dict[str, Any], final: Path) -> None:
+        files = self._wanted_files(index, version, manifest)
+        tmp = self.cache_dir / index / f"{_TMP_PREFIX}{version}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        try:
+            def fetch(item: tuple[dict[str, Any], str]) -> None:
+                entry, rel = item
+                data = self.store.get(str(entry["key"])).data
+                if len(data) != int(entry["bytes"]):
+                    raise ServingError(f"{entry['key']}: {len(data)} bytes, manifest says {entry['bytes']}")
+                if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+                    raise ServingError(f"{entry['key']}: sha256 mismatch")
+                dest = tmp / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(data)
+
+            with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS) as pool:
+                list(pool.map(fetch, files))
+            for s in manifest["shards"]:  # an empty shard still needs its directory
+                (tmp / f"shard-{int(s['shard']):05d}").mkdir(exist_ok=True)
+            (tmp / ".complete.json").write_text(json.dumps({"index": index, "version": version,
+                                                            "files": len(files)}))
+            try:
+                os.rename(tmp, final)  # atomic: a half-download is never at `final`
+            except OSError:
+                if not final.is_dir():
+                    raise
+                # someone else completed the same version first: theirs is as good as ours
+                shutil.rmtree(tmp, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def _remove_stale_temp_dirs(self) -> None:
+        for name in INDEXES:
+            d = self.cache_dir / name
+            if d.is_dir():
+                for p in d.iterdir():
+                    if p.name.startswith(_TMP_PREFIX):
+                        shutil.rmtree(p, ignore_errors=True)
+
+    # ------------------------------------------------------------------ snapshot bookkeeping
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[VersionSet]:
+        """The current version set, pinned (its files stay) until the block exits."""
+        with self._lock:
+            snap = self._current
+            snap.users += 1
+        try:
+            yield snap
+        finally:
+            with self._lock:
+                snap.users -= 1
+                release = snap.retired and snap.users == 0
+            if release:
+                self._maybe_cleanup()
+
+    def _maybe_cleanup(self) -> None:
+        """Delete cached versions no current or in-use version set refers to."""
+        with self._cleanup_lock:
+            with self._lock:
+                self._retired = [s for s in self._retired if s.users > 0]
+                keep: set[tuple[str, str]] = set(self._loading)
+                for s in [self._current, *self._retired]:
+                    for lv in (s.full, s.delta):
+                        if lv is not None:
+                            keep.update((lv.index, part.version) for part in lv.parts)
+            for name in INDEXES:
+                d = self.cache_dir / name
+                if not d.is_dir():
+                    continue
+                for p in d.iterdir():
+                    if p.name.startswith(_TMP_PREFIX) or (name, p.name) in keep:
+                        continue
+                    shutil.rmtree(p, ignore_errors=True)
+                    log.info("removed cached %s version %s", name, p.name)
+
+    # ------------------------------------------------------------------ queries
+
+    def parse_query(self, query: str) -> tuple[tantivy.Query | None, bool]:
+        """``(query, fell_back)`` for a user query over ``title`` and ``keywords``.
+
+        The query language is tantivy's (``red shoes``, ``"red shoes"``, ``title:red AND -blue``,
+        ``bid:[1 TO 5]``, ``*``, ...). An empty query gives ``(None, False)``. A query tantivy cannot
+        parse (unbalanced quotes or brackets, a dangling operator, an unknown field) does **not**
+        raise: it falls back to a plain term query, the query's words (letters and digits,
+        lowercased, like the default tokenizer) OR-ed over ``title`` and ``keywords``, and
+        ``fell_back`` is True. A query without any word gives ``(None, True)``: no hits.
+        """
+        if not query.strip():
+            return None, False
+        try:
+            return self._parser.parse_query(query, list(SEARCH_FIELDS)), False
+        except ValueError:
+            pass
+        words = list(dict.fromkeys(_WORD_RE.findall(query.lower())))
+        if not words:
+            return None, True
+        clauses = [
+            (tantivy.Occur.Should, tantivy.Query.term_query(self._schema, f, w))
+            for w in words for f in SEARCH_FIELDS
+        ]
+        return tantivy.Query.boolean_query(clauses), True
+
+    def search(self, query: str, k: int = 10) -> list[Hit]:
+        """Top ``k`` hits over both indexes (see the module docstring). Never raises on a bad query."""
+        if k <= 0:
+            return []
+        q, _ = self.parse_query(query)
+        if q is None:
+            return []
+        with self.snapshot() as snap:
+            return _search_set(snap, q, k)
+
+
+def _search_set(snap: VersionSet, q: tantivy.Query, k: int) -> list[Hit]:
+    """Lazy k-way merge of per-shard top lists; stored docs are fetched only for hits we may return."""
+    streams: list[_Stream] = []
+    for index, version, part, kill in snap.searched:
+        for sh in part.shards:
+            if sh.doc_count:
+                streams.append(_Stream(index, version, sh, q, k, kill))
+    heap: list[tuple[float, int, int]] = []
+    for i, st in enumerate(streams):
+        top = st.peek()
+        if top is not None:
+            heap.append((-top, i, st.pos))
+    heapq.heapify(heap)
+    out: list[Hit] = []
+
+    def take_next() -> None:
+        _, i, _ = heapq.heappop(heap)
+        st = streams[i]
+        hit = st.take()
+        if hit is not None:
+            out.append(hit)
+        nxt = st.peek()
+        if nxt is not None:
+            heapq.heappush(heap, (-nxt, i, st.pos))
+
+    while heap and len(out) < k:
+        take_next()
+    # Ties at the k-th score: take every hit with that score, so the cut by (score, ad_id) below does
+    # not depend on shard order (results are reproducible across builds and stores).
+    while heap and len(out) >= k and -heap[0][0] >= out[-1].score:
+        take_next()
+    out.sort(key=lambda h: (-h.score, h.ad_id))
+    return out[:k]
+
+
+class _Stream:
+    """The hits of one shard in score order, fetched ``limit`` at a time (growing if the kill-list
+    eats into them)."""
+
+    def __init__(self, index: str, version: str, shard: Shard, q: tantivy.Query, k: int,
+                 kill: frozenset[str]) -> None:
+        self.index, self.version, self.shard, self.q, self.kill = index, version, shard, q, kill
+        self.limit = k
+        self.pos = 0
+        self.hits = self._run()
+
+    def _run(self) -> list[tuple[float, Any]]:
+        return list(self.shard.searcher.search(self.q, limit=self.limit, count=False).hits)
+
+    def peek(self) -> float | None:
+        if self.pos >= len(self.hits) and len(self.hits) == self.limit:
+            self.limit *= 4  # more may exist: fetch a longer list, keep our place
+            self.hits = self._run()
+        if self.pos >= len(self.hits):
+            return None
+        return float(self.hits[self.pos][0])
+
+    def take(self) -> Hit | None:
+        score, addr = self.hits[self.pos]
+        self.pos += 1
+        doc = self.shard.searcher.doc(addr)
+        ad_id = doc.get_first("ad_id")
+        if ad_id in self.kill:
+            return None
+        return Hit(
+            ad_id=str(ad_id), score=float(score), index=self.index, version=self.version,
+            title=str(doc.get_first("title") or ""), product_id=str(doc.get_first("product_id") or ""),
+            bid=float(doc.get_first("bid") or 0.0),
+        )
+
+
+# ---------------------------------------------------------------------- CLI (freshidx.cli.search)
+
+
+NOTHING_PUBLISHED_EXIT = 3  # documented in docs/operations.md: distinct from errors (1) and usage (2)

@@ -1,0 +1,1 @@
+"""Data-aware SLA checks (pure)."""

@@ -1,0 +1,160 @@
+"""The Spark half of every index build: raw files → validated latest-per-ad → staged shards.
+
+Shared by the delta and the full index. The driver passes the file list and collects task commit
+messages; reading, validation, quarantine and shard writing run on executors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from freshidx.records import DEFAULT_MAX_FUTURE_SKEW_SECONDS
+from freshidx.spark import transform
+from freshidx.spark.index_format import FORMAT
+from freshidx.spark.index_shards import write_index_shards
+from freshidx.spark.quarantine_once import ConflictReport, quarantined_files, report_conflicts
+from freshidx.spark.raw_source import group_files, read_raw_lines
+from freshidx.spark.shards import QuarantineCommit, ShardCommit, write_quarantine
+from freshidx.store import StoreConfig, open_store
+
+__all__ = ["FORMAT", "BuildResult", "build_version"]
+
+
+@dataclass
+class BuildResult:
+    commits: list[ShardCommit]
+    reasons: dict[str, int]
+    quarantined: list[QuarantineCommit] = field(default_factory=list)
+    seconds: float = 0.0
+    conflicts: ConflictReport = field(default_factory=ConflictReport)
+    #: Seconds per step (read_parse, invalid_counts, quarantine, conflicts, index): where a build's time goes.
+    stages: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def doc_count(self) -> int:
+        return sum(c.doc_count for c in self.commits)
+
+    @property
+    def covered_count(self) -> int:
+        return sum(c.covered_count for c in self.commits)
+
+    def invalid_summary(self) -> dict[str, Any]:
+        return {
+            "count": sum(self.reasons.values()),
+            "reasons": self.reasons,
+            "quarantine": [
+                {"partition": q.partition, "key": q.key, "records": q.records, "reasons": q.reasons}
+                for q in self.quarantined
+            ],
+            # Valid records, so not in count/reasons: (ad_id, version) read with different contents;
+            # "reported" = copies this build wrote to the quarantine per partition (earlier ones are there).
+            "conflicts": self.conflicts.summary(),
+        }
+
+
+def build_version(
+    spark: SparkSession,
+    store_config: StoreConfig,
+    *,
+    index: str,
+    version: str,
+    files: list[tuple[str, str]],
+    num_shards: int,
+    source: str,
+    run_id: str,
+    quarantine_after: str | bool | None,
+    max_read_tasks: int = 0,
+    write_shards: Callable[[DataFrame], list[ShardCommit]] | None = None,
+    max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS,
+) -> BuildResult:
+    """Build and stage one version of tantivy shards (``index_format.FORMAT``).
+
+    ``quarantine_after``: partition path after which invalid records are written to quarantine,
+    ``None`` for all, ``False`` for none (counted only). Either way a raw file whose invalid records
+    an earlier build quarantined is not written again, and each copy of an ``(ad_id, version)`` read
+    with different contents is reported once (:mod:`freshidx.spark.quarantine_once`); the conflict's
+    winner is what :func:`freshidx.spark.transform.latest_per_ad` keeps. ``write_shards``: stages the valid
+    records read (``TYPED_FIELDS`` + ``partition``, several per ad possible) as shards, keeping the latest
+    per ad by that rule (a delta build adds the untouched ads of every product it touched from what is
+    already published, ``transform.expand_to_products`` / ``segment_merge.segment_rows``: seed 000, a
+    product's grouped features are never half-updated); ``None`` indexes the latest row per ad of what
+    was read into ``num_shards`` shards (a full build).
+    """
+    t0 = time.monotonic()
+    lines = read_raw_lines(spark, store_config, files, max_partitions=max_read_tasks)
+    # Read and parsed exactly once, then used three times (counts, quarantine, shards). A local
+    # checkpoint rather than persist(): under Spark Connect every plan sent is analysed again (the
+    # Python data source the reads used then was re-resolved, so a persisted plan never matched and each
+    # action re-read the whole window: 6 read stages per delta build); a checkpoint is referenced by id.
+    parsed = transform.parse_records(lines, max_future_skew_seconds).localCheckpoint(eager=True)
+    stages = {"read_parse": round(time.monotonic() - t0, 3)}
+    valid, _ = transform.split_valid(parsed)
+    # One read task (a micro-batch of one partition): its records are in one partition anyway, and a
+    # single-partition child lets the bookkeeping aggregations run as one task each, without a shuffle
+    # (two stages and 200 planned partitions each) beside the index task on the same cores.
+    one_task = len(group_files(files, max_read_tasks)) <= 1
+    bookkeeping = parsed.coalesce(1) if one_task else parsed
+    _, invalid = transform.split_valid(bookkeeping)
+    try:
+        # The bookkeeping (invalid counts + quarantine, the conflict report) and the index are independent
+        # Spark jobs over the same checkpoint: run side by side (Spark schedules concurrent jobs of one
+        # session; under Connect each is its own request), so a small build pays the longest of them, not
+        # the sum of their job and round-trip overheads. Their step seconds overlap.
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="freshidx-build") as pool:
+            quarantine = pool.submit(_quarantine_invalid, stages, invalid, files, store_config, source, run_id,
+                                     quarantine_after, one_task)
+            conflicts = pool.submit(_report_conflicts, stages, bookkeeping, store_config, source,
+                                    quarantine_after is not False)
+            index_started = time.monotonic()
+            if write_shards is not None:
+                commits = write_shards(valid)
+            else:
+                commits = write_index_shards(transform.latest_per_ad(valid).select(*transform.TYPED_FIELDS),
+                                             store_config, index, version, num_shards)
+            stages["index"] = round(time.monotonic() - index_started, 3)
+            reasons, quarantined = quarantine.result()
+            report = conflicts.result()
+    finally:
+        parsed.unpersist()  # classic mode: drop the checkpoint's blocks now, not at garbage collection
+    return BuildResult(commits, reasons, quarantined, round(time.monotonic() - t0, 3), report, stages)
+
+
+def _quarantine_invalid(stages: dict[str, float], invalid: DataFrame, files: list[tuple[str, str]],
+                       store_config: StoreConfig, source: str, run_id: str, quarantine_after: str | bool | None,
+                       one_task: bool) -> tuple[dict[str, int], list[QuarantineCommit]]:
+    """Count the invalid records per reason and quarantine those no earlier build quarantined."""
+    t0 = time.monotonic()
+    # Counted per file (one small row per file and reason): which files hold invalid records, so
+    # only those an earlier build did not quarantine yet are written (no job at all when none).
+    reasons: dict[str, int] = {}
+    bad_files: set[str] = set()
+    for r in invalid.groupBy("file", "reason").agg(F.count(F.lit(1)).alias("n")).collect():
+        reasons[r["reason"]] = reasons.get(r["reason"], 0) + int(r["n"])
+        bad_files.add(r["file"])
+    t1 = time.monotonic()
+    stages["invalid_counts"] = round(t1 - t0, 3)
+    quarantined: list[QuarantineCommit] = []
+    todo: list[str] = []
+    if quarantine_after is not False and bad_files:
+        todo = sorted(bad_files - quarantined_files(open_store(store_config), source,
+                                                    [f for f in files if f[0] in bad_files]))
+    if todo:
+        quarantined = write_quarantine(invalid.filter(F.col("file").isin(todo)), store_config, source, run_id,
+                                       quarantine_after or None, once=True, one_task=one_task)
+    stages["quarantine"] = round(time.monotonic() - t1, 3)
+    return reasons, quarantined
+
+
+def _report_conflicts(stages: dict[str, float], parsed: DataFrame, store_config: StoreConfig, source: str,
+                      write: bool) -> ConflictReport:
+    t0 = time.monotonic()
+    report = report_conflicts(parsed, store_config, source, write=write)
+    stages["conflicts"] = round(time.monotonic() - t0, 3)
+    return report
