@@ -43,7 +43,8 @@ def test_delta_overlap_policy(make_harness: Any, policy: str) -> None:
     h.write(0)
     first = h.tick()
     assert _partitions(first) == [at(0).path]
-    assert first.run_requests[0].tags["dagster/priority"] == "10"
+    # The priority is a tag of the job the sensor launches (freshidx_tests/test_lanes.py).
+    assert h.defs.resolve_job_def("delta_index_job").tags["dagster/priority"] == "10"
     _launch(h, first.run_requests[0])
     h.write(5)
     h.write(10)

@@ -95,15 +95,19 @@ def prepare_home(home: Path, dagster_yaml: Path | Traversable | None) -> Path:
 
 
 def set_pool_limits(limits: Mapping[str, int], env: Mapping[str, str], log_path: Path) -> None:
-    """Give the instance's pools their limits before its daemon starts (``dagster instance concurrency set``,
-    one process per pool, in parallel). A pool whose limit exists is enforced from the queue's first pass;
-    one created from ``default_limit`` only after the pass that first sees it (:data:`POOL_LIMITS`)."""
+    """Give the instance's pools their limits before its daemon starts (``dagster instance concurrency set``).
+    A pool whose limit exists is enforced from the queue's first pass; one created from ``default_limit``
+    only after the pass that first sees it (:data:`POOL_LIMITS`). One after the other: the first call
+    creates a new instance's storage, and two at once would both create it."""
+    failed = []
     with open(log_path, "ab") as log:
-        procs = [(pool, subprocess.Popen(
-            [sys.executable, "-m", "dagster", "instance", "concurrency", "set", pool, str(limit)],
-            env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
-            for pool, limit in limits.items()]
-        failed = [pool for pool, p in procs if p.wait() != 0]
+        for pool, limit in limits.items():
+            code = subprocess.run(
+                [sys.executable, "-m", "dagster", "instance", "concurrency", "set", pool, str(limit)],
+                env=dict(env), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=False,
+            ).returncode
+            if code != 0:
+                failed.append(pool)
     if failed:
         raise DagsterDevError(f"could not set the limits of pools {failed} (see {log_path})")
 

@@ -220,5 +220,5 @@ def _remediation(context: dg.SensorEvaluationContext, st, observed: sla.Observed
         return [], f"{run_key} already launched"
     # full_index_job: the heavy pool, and before catch-up in the queue (freshidx.defs.runs.lanes): a coverage
     # gap hides documents from readers, a catch-up backlog does not.
-    return [dg.RunRequest(run_key=run_key,
+    return [dg.RunRequest(run_key=run_key, asset_selection=[FULL_KEY],
                           tags={TAG_TRIGGER: "sla_remediation", TAG_REMEDIATION: of})], None
