@@ -138,7 +138,7 @@ class PipelineSettings(BaseModel):
         "2026-01-01",
         description="first hourly Dagster partition, UTC: a day (YYYY-MM-DD) or an hour (YYYY-MM-DDTHH:00)")
     keep_versions: int = Field(5, ge=1, le=1000, description="published versions never garbage-collected")
-    # Catch-up consumer (ads_hourly): every closed hour exactly once (DESIGN §7).
+    # Catch-up consumer (ads_hourly): every closed hour exactly once (docs/architecture.md#catch-up-ads_hourly).
     readiness: str = Field(
         "visible",
         description="when an hour is closed: visible | marker | quiet_period | manifest, or per source "
@@ -165,7 +165,8 @@ class PipelineSettings(BaseModel):
                                 "serialize (wait for the catch-up run; backfills run alongside) | skip (no "
                                 "request while any ads_hourly run, backfills included, is in flight) | queue "
                                 "(request now; dagster.yaml runs them one at a time)")
-    # Continuous mode (DESIGN §10, issue 14): one long-lived run evaluates the latest-only rule every few seconds.
+    # Continuous mode (docs/architecture.md#continuous-mode): one long-lived run evaluates the latest-only
+    # rule every few seconds.
     delta_mode: str = Field(
         "sensor", pattern=r"^(sensor|continuous)$",
         description="how delta micro-batches are triggered: sensor (delta_index_sensor requests one run per "

@@ -37,8 +37,8 @@ def light_jvm() -> str:
     """:data:`_LIGHT_JVM` plus the class archive ``freshidx spark-cds`` prepared (``scripts/test.sh`` does),
     if any: the master, workers and executors are launched by ``spark-class`` with the classpath the archive
     was made with, so they map it (checked with ``-Xshare:on``); ``-Xshare:auto`` skips it otherwise."""
-    from freshidx.spark_server.cds import map_options
-    from freshidx.spark_server.local_cds import find_archive
+    from freshidx.spark.class_archive import map_options
+    from freshidx.spark.local_archive import find_archive
 
     archive = find_archive("768m")
     return " ".join([_LIGHT_JVM, *(map_options(archive) if archive else [])])

@@ -37,7 +37,7 @@ SLOW_MODULES = frozenset({
 
 
 #: Seconds per module in a full run (``--durations=0`` of ``scripts/test.sh``'s pytest command, 3 workers,
-#: quiet 2-core box, 2026-11-26; the deployment modules measured beside each other the same day, the
+#: quiet 2-core box; the deployment modules measured beside each other the same day, the
 #: cluster's Connect case estimated). ``scripts/test.sh`` runs with ``--dist loadfile
 #: --no-loadscope-reorder`` and the modules are handed out longest first, so the workers end together
 #: instead of one running a 5-minute end-to-end module alone at the end (xdist's default order puts
@@ -199,12 +199,11 @@ _HOG = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < 
 
 @pytest.fixture
 def cpu_load() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Bounded CPU hogs for the end-to-end tests that must work on a loaded box (issue: keeps working on a
-    busy machine): ``FRESHIDX_TEST_LOAD_PER_CORE`` busy processes per core; 2 is the issue's acceptance
-    load. Off (0) by default: with the hogs the e2e tests that start a JVM per run took 7+ minutes to a
+    """Bounded CPU hogs for the end-to-end tests that must work on a loaded box:
+    ``FRESHIDX_TEST_LOAD_PER_CORE`` busy processes per core; 2 is the load they are accepted at.
+    Off (0) by default: with the hogs the e2e tests that start a JVM per run took 7+ minutes to a
     first publication on 2 cores and timed out, so the default suite would neither fit its budget nor
-    pass reliably (see the 2026-11-24 closing note). Each hog exits by itself after
-    ``FRESHIDX_TEST_LOAD_LIMIT`` s (default 1800)."""
+    pass reliably. Each hog exits by itself after ``FRESHIDX_TEST_LOAD_LIMIT`` s (default 1800)."""
     per_core = int(os.environ.get("FRESHIDX_TEST_LOAD_PER_CORE", "0"))
     if per_core <= 0:
         yield []

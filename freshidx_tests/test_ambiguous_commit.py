@@ -1,4 +1,4 @@
-"""Ambiguous commits (issue 18.1): a write that landed but whose response was lost is a success.
+"""Ambiguous commits: a write that landed but whose response was lost is a success.
 
 On S3 the lost response is real: a proxy forwards the PUT to moto, which applies it, and closes the
 connection without answering; botocore retries, and the retry of a conditional write gets 412. On

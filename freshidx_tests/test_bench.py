@@ -30,7 +30,7 @@ def test_bench_build_json(spark: SparkSession, capsys: pytest.CaptureFixture[str
 
 
 def test_bench_delta_json(spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 13's JSON shape; every measured micro-batch is incremental (the first one after the full build
+    """``bench delta``'s JSON shape; every measured micro-batch is incremental (the first one after the full build
     too: it rests on the full index's state) and built with the segment shards asked for, and the borrowed
     session is left running."""
     args = ["delta", "--window-docs", "3000", "--changes", "40", "--segment-shards", "2",

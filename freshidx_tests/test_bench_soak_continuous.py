@@ -71,9 +71,9 @@ def test_run_end_says_planned_restart_memory_crash_or_still_running() -> None:
 
 def test_scan_run_log_reads_the_loops_lines() -> None:
     from freshidx.trigger.continuous import decide
-    from freshidx.trigger.latest_only import Applied, Request
+    from freshidx.trigger.latest_only import DeltaApplied, DeltaRequest
 
-    started = decide(Applied([], Request(PartitionId.parse(p(1)), 1, 2), None)).reason  # what the loop logs
+    started = decide(DeltaApplied([], DeltaRequest(PartitionId.parse(p(1)), 1, 2), None)).reason  # what the loop logs
     lines = [(1.0, "continuous delta: trigger every 1.0 s, planned restart at …"),
              (2.0, started), (3.0, f"building delta for {p(1)} (watermark {p(0)})"),
              (4.0, f"published delta d-1 for {p(1)} (newer than serving)"),
@@ -88,12 +88,12 @@ def test_scan_run_log_reads_the_loops_lines() -> None:
 
 def test_the_failure_line_the_loop_logs_is_the_one_counted() -> None:
     from freshidx.defs.delta.continuous import failed_attempt
-    from freshidx.trigger.latest_only import Request
+    from freshidx.trigger.latest_only import DeltaRequest
 
     logged: list[str] = []
     context = SimpleNamespace(log=SimpleNamespace(error=logged.append))
     runs = SimpleNamespace(record=lambda *a: None)
-    failed_attempt(context, runs, Request(PartitionId.parse(p(3)), 2, 0), ValueError("bad\nmore"))  # type: ignore[arg-type]
+    failed_attempt(context, runs, DeltaRequest(PartitionId.parse(p(3)), 2, 0), ValueError("bad\nmore"))  # type: ignore[arg-type]
     assert sc.scan_run_log([(1.0, logged[0])])["failures"] == [
         {"partition": p(3), "attempt": 2, "error": "ValueError: bad", "at": 1.0}]
 

@@ -1,6 +1,6 @@
 """The Dagster UI in a real browser (Debian's Chromium driven by Playwright), against one real ``dagster dev``.
 
-What a user does (issue "Beyond one machine", item 5), step by step as they would, then checked
+What a user does, step by step as they would, then checked
 through the CLI (``freshidx status --json`` / ``freshidx ledger --json``) and the store:
 
 1. ``delta_index_sensor`` requests a run by itself: a new partition lands in the store, the run for it
@@ -12,7 +12,7 @@ through the CLI (``freshidx status --json`` / ``freshidx ledger --json``) and th
    Launch backfill): one run per hour (``FRESHIDX_HOURLY_MAX_HOURS_PER_RUN=1``), each followed to
    "Success", the backfill page says "Succeeded", and each hour is rebuilt by one of its runs.
 
-Then (issue "The Dagster UI tells the truth"): on every asset's Checks tab, each check's description
+Then (the UI tells the truth): on every asset's Checks tab, each check's description
 and state as shown (the list entry's status and icon, "Evaluation result", the latest evaluation's
 text) match what the checks report through GraphQL, the descriptions are the ones defined in
 ``freshidx.sla.checks``, and the reported state is what the checks compute from the store right now.

@@ -16,7 +16,16 @@ import pytest
 
 from freshidx.catchup import planner as catchup
 from freshidx.catchup import readiness
-from freshidx.catchup.planner import ASSET, Applied, Record, Request, RunView, TickPlan, apply, plan_tick
+from freshidx.catchup.planner import (
+    ASSET,
+    CatchupApplied,
+    CatchupPlan,
+    CatchupRequest,
+    CatchupRun,
+    HourRecord,
+    apply,
+    plan_tick,
+)
 from freshidx.catchup.readiness import list_hour
 from freshidx.publish.commit import DraftManifest, iso, new_version, publish
 from freshidx.settings import Settings
@@ -39,20 +48,20 @@ def hid(i: int) -> str:
 class FakeRuns:
     """Runs as the Dagster instance would answer for ``ads_hourly`` (run key → run)."""
 
-    runs: dict[str, RunView] = field(default_factory=dict)
+    runs: dict[str, CatchupRun] = field(default_factory=dict)
     hours: dict[str, list[str]] = field(default_factory=dict)  # run id → hour ids it builds
     kinds: dict[str, str | None] = field(default_factory=dict)  # run id → catch-up kind (None: backfill/manual)
     cancelled: list[str] = field(default_factory=list)
 
-    def launch(self, run_key: str, hours: list[str], kind: str | None, at: dt.datetime) -> RunView:
-        run = RunView(f"run{len(self.runs):05d}", catchup.IN_FLIGHT, at.timestamp(), at.timestamp())
+    def launch(self, run_key: str, hours: list[str], kind: str | None, at: dt.datetime) -> CatchupRun:
+        run = CatchupRun(f"run{len(self.runs):05d}", catchup.IN_FLIGHT, at.timestamp(), at.timestamp())
         self.runs[run_key], self.hours[run.run_id], self.kinds[run.run_id] = run, hours, kind
         return run
 
     def end(self, run_key: str, status: str = catchup.FAILURE, interrupted: bool = False) -> None:
         self.runs[run_key] = replace(self.runs[run_key], status=status, interrupted=interrupted)
 
-    def by_run_key(self, run_key: str) -> RunView | None:
+    def by_run_key(self, run_key: str) -> CatchupRun | None:
         return self.runs.get(run_key)
 
     def busy_hours(self) -> dict[str, str]:
@@ -83,22 +92,22 @@ class Consumer:
         pid = PartitionId(hour(i) + dt.timedelta(minutes=minute))
         self.store.put(layout.raw_partition_prefix(self.settings.source, pid) + "part-0.jsonl", b'{"ad_id": "a1"}\n')
 
-    def plan(self) -> TickPlan:
+    def plan(self) -> CatchupPlan:
         return plan_tick(self.store, self.settings, self.runs, self.now)
 
-    def tick(self) -> Applied:
+    def tick(self) -> CatchupApplied:
         return apply(self.store, self.plan(), self.runs)
 
-    def request(self) -> Request:
+    def request(self) -> CatchupRequest:
         applied = self.tick()
         assert len(applied.requests) == 1, applied.skip_reason
         return applied.requests[0]
 
-    def launch(self, req: Request) -> Request:
+    def launch(self, req: CatchupRequest) -> CatchupRequest:
         self.runs.launch(req.run_key, [layout.hour_id(h) for h in req.hours], req.kind, self.now)
         return req
 
-    def run(self, req: Request) -> None:
+    def run(self, req: CatchupRequest) -> None:
         """The run succeeds: each hour published (create-once for catch-up) and recorded."""
         run = self.runs.by_run_key(req.run_key) or self.runs.launch(
             req.run_key, [layout.hour_id(h) for h in req.hours], req.kind, self.now)
@@ -138,7 +147,7 @@ def claims(c: Consumer, i: int) -> list[str]:
     return sorted(k for k in c.entries(i) if k[:1] == "a" and k[1:].isdigit())
 
 
-def claimed(req: Request) -> dict[str, str]:
+def claimed(req: CatchupRequest) -> dict[str, str]:
     return {layout.hour_id(cl.hour): cl.suffix for cl in req.claims}
 
 
@@ -203,8 +212,8 @@ def test_the_planner_writes_nothing_and_apply_writes_the_plan(local_store_config
     plan = c.plan()
     assert c.keys() == before and not c.runs.cancelled, "planning only reads"
     # hour 1's mark is not planned again: one durable entry, no write per waiting hour per tick
-    assert [type(e).__name__ for e in plan.effects] == ["Record", "Cancel"]
-    assert [(r.tid.suffix, r.decision) for r in plan.effects if isinstance(r, Record)] == [
+    assert [type(e).__name__ for e in plan.effects] == ["HourRecord", "Cancel"]
+    assert [(r.tid.suffix, r.decision) for r in plan.effects if isinstance(r, HourRecord)] == [
         ("a1.expired", Decision.EXPIRED)]
     assert plan.request is None, "the stuck run still holds its hour in what this tick observed"
     applied = apply(c.store, plan, c.runs)
@@ -352,7 +361,7 @@ def test_a_missing_terminal_entry_is_healed_from_current(local_store_config: Sto
     c.run(req)
     c.store.delete(catchup.entry_key(ASSET, hour(0)))  # a crash between the publish and the ledger
     plan = c.plan()
-    healed = [r for r in plan.effects if isinstance(r, Record) and r.decision == Decision.PROCESSED]
+    healed = [r for r in plan.effects if isinstance(r, HourRecord) and r.decision == Decision.PROCESSED]
     assert [r.tid.suffix for r in healed] == [""] and healed[0].hour == hour(0)
     apply(c.store, plan, c.runs)
     assert "recorded from CURRENT" in c.entries(0)[""]["reason"]

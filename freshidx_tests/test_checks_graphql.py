@@ -1,4 +1,4 @@
-"""Check descriptions and states as the Dagster UI reads them, through a real `dagster dev` (issue 20).
+"""Check descriptions and states as the Dagster UI reads them, through a real `dagster dev`.
 
 No run is launched (the run queue is paused): the checks are evaluated by freshidx_sla_sensor in the
 real daemon and reported as runless evaluations; a materialization reported through the UI's own

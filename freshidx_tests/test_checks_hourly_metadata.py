@@ -1,4 +1,4 @@
-"""Per-hour metadata of a multi-hour ``ads_hourly`` run is per hour (issue 20)."""
+"""Per-hour metadata of a multi-hour ``ads_hourly`` run is per hour."""
 
 from __future__ import annotations
 

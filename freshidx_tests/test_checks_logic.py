@@ -1,4 +1,4 @@
-"""Asset checks explain themselves (issue 20): pure evaluation logic, no Dagster instance."""
+"""Asset checks explain themselves: pure evaluation logic, no Dagster instance."""
 
 from __future__ import annotations
 

@@ -163,7 +163,7 @@ def test_merged_segment_kind_is_shown_in_full(local_store_config: StoreConfig, c
     settings = Settings.from_env({}, store=local_store_config.uri, delta_compact_segments=2)
     done = compact_delta.compact_delta(None, st, local_store_config, settings, run_id="r")  # type: ignore[arg-type]
     assert done.outcome == "published", done
-    assert publish(st, _segmented(st, 15, c)).outcome == "published"  # rebased onto the compaction
+    assert publish(st, _segmented(st, 15, c), rebase=compact_delta.rebase_onto_compaction).outcome == "published"
 
     assert cli.main(["status", "--store", local_store_config.uri, "--json"]) == 0
     segs = json.loads(capsys.readouterr().out)["delta"]["segments"]

@@ -1,4 +1,4 @@
-"""Background compaction of delta segments (issue 13.3; :mod:`freshidx.delta.compaction`).
+"""Background compaction of delta segments (docs/architecture.md#compaction; :mod:`freshidx.delta.compaction`).
 
 Pure planning and splicing first; then one Spark scenario through the real assets and the serving
 library: micro-batches, a compaction that loses its compare-and-swap to a micro-batch and republishes
@@ -226,7 +226,7 @@ def test_micro_batch_that_loses_to_a_compaction_appends_to_it(store_config: Stor
     settings = Settings.from_env({}, store=store_config.uri, delta_compact_segments=2)
     done = cd.compact_delta(None, store, store_config, settings, run_id="r")  # type: ignore[arg-type]
     assert done.outcome == "published"
-    result = publish(store, micro)
+    result = publish(store, micro, rebase=cd.rebase_onto_compaction)  # what the delta hands publication
     assert result.outcome == "published" and "rebased" in result.reason, result
     manifest = read_manifest(store, "delta", micro.version)
     assert [s["version"] for s in manifest["segments"]] == [done.version, micro.version]

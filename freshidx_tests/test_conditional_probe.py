@@ -1,4 +1,4 @@
-"""Stores that ignore conditional writes are refused for writing (issue 18.2); reads still work.
+"""Stores that ignore conditional writes are refused for writing; reads still work.
 
 The store without conditional writes is moto behind a real proxy that strips ``If-None-Match`` /
 ``If-Match``: exactly what some S3-compatible servers and proxies do.

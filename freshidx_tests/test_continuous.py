@@ -1,4 +1,4 @@
-"""Continuous mode (issue 14): the loop's pure decisions, and one real ``delta_continuous`` run in-process.
+"""Continuous mode: the loop's pure decisions, and one real ``delta_continuous`` run in-process.
 
 The in-process run uses the code location's resources on a local store and the test session's local
 Spark: partitions written before it starts are folded into one micro-batch for the newest, a partition
@@ -20,7 +20,7 @@ from freshidx.settings import Settings, SettingsError, parse_duration
 from freshidx.store import layout
 from freshidx.trigger import continuous, ledger
 from freshidx.trigger.continuous import BatchStatus, Limits, LoopRuns, StopReason, TickKind
-from freshidx.trigger.latest_only import Applied, Request, RunView
+from freshidx.trigger.latest_only import DeltaApplied, DeltaRequest, DeltaRun
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.polling import poll_until
 
@@ -68,10 +68,10 @@ def test_stop_reasons() -> None:
 
 
 def test_tick_decision_and_attempt_accounting() -> None:
-    req = Request(at(25), attempt=1, skipped=5)
-    action = continuous.decide(Applied([], req, None))
+    req = DeltaRequest(at(25), attempt=1, skipped=5)
+    action = continuous.decide(DeltaApplied([], req, None))
     assert action.kind is TickKind.MICRO_BATCH and action.request == req and "folded 5" in action.reason
-    idle = continuous.decide(Applied([], None, "no partition newer than year=2026/…"))
+    idle = continuous.decide(DeltaApplied([], None, "no partition newer than year=2026/…"))
     assert idle.kind is TickKind.IDLE and idle.reason.startswith("no partition newer")
 
     assert continuous.batch_status("published", "published") is BatchStatus.SUCCESS
@@ -80,11 +80,11 @@ def test_tick_decision_and_attempt_accounting() -> None:
     assert continuous.batch_status("invalid", "validation failed: doc count collapsed") is BatchStatus.FAILURE
 
     class Others:
-        def in_flight(self) -> list[RunView]:
-            return [RunView("me", "STARTED", True), RunView("ui-run", "STARTED", True)]
+        def in_flight(self) -> list[DeltaRun]:
+            return [DeltaRun("me", "STARTED", True), DeltaRun("ui-run", "STARTED", True)]
 
-        def by_run_key(self, run_key: str) -> RunView | None:
-            return RunView("old", "FAILURE", False) if run_key == "delta:old:a1" else None
+        def by_run_key(self, run_key: str) -> DeltaRun | None:
+            return DeltaRun("old", "FAILURE", False) if run_key == "delta:old:a1" else None
 
         def ended_how(self, run_key: str) -> str | None:
             return "sensor-mode failure" if run_key == "delta:old:a1" else None
@@ -98,7 +98,7 @@ def test_tick_decision_and_attempt_accounting() -> None:
     assert "failed: Boom: no" in (runs.ended_how("delta:x:a2") or "")
     assert runs.ended_how(req.run_key) is None
     assert runs.ended_how("delta:old:a1") == "sensor-mode failure"
-    assert runs.by_run_key("delta:old:a1") == RunView("old", "FAILURE", False)
+    assert runs.by_run_key("delta:old:a1") == DeltaRun("old", "FAILURE", False)
     lost = runs.by_run_key("delta:dead-continuous-run:a1")  # its run died mid-batch: an ended attempt at once
     assert lost is not None and not lost.in_flight and lost.status == continuous.LOST and not lost.interrupted
 

@@ -1,4 +1,4 @@
-"""Continuous mode through a real ``dagster dev`` (webserver + daemon), issue 14.
+"""Continuous mode through a real ``dagster dev`` (webserver + daemon).
 
 With ``FRESHIDX_DELTA_MODE=continuous`` the watchdog sensor starts one ``delta_continuous`` run by
 itself, the delta sensor requests nothing, and the run publishes the newest partition on a warm Spark

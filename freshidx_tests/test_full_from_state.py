@@ -1,4 +1,4 @@
-"""A full version built from state (issue 13.5, DESIGN §9) is the full version built from every raw
+"""A full version built from state (docs/architecture.md#full-index-from-state) is the full version built from every raw
 partition: the same documents with the same product features, the same kill-list, each product in the
 same shard; and what search answers stays right across state builds in a row.
 

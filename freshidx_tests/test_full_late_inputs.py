@@ -1,4 +1,4 @@
-"""The full index's publication rule (issue 20.2): same cutoff + newer inputs publishes.
+"""The full index's publication rule: same cutoff + newer inputs publishes.
 
 A late partition older than the serving cutoff used to reach the full index only once a newer
 partition existed (the rebuild with the same cutoff was refused as superseded). Now the rule,

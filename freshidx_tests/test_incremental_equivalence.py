@@ -1,5 +1,7 @@
-"""DESIGN invariant 8: incremental = rebuilt. After every micro-batch of a randomized arrival sequence,
-what search answers equals a from-scratch answer over the same inputs.
+"""Incremental = rebuilt (docs/architecture.md#incremental-equals-rebuilt).
+
+After every micro-batch of a randomized arrival sequence, what search answers equals a from-scratch
+answer over the same inputs.
 
 The arrivals mix updates, deletes, pauses and re-activations, products moving, versions out of order
 across partitions (and across the full cutoff), exact re-deliveries, bursts (several partitions folded
@@ -73,7 +75,7 @@ def expected(records: list[dict[str, Any]], word: str) -> set[str]:
 
 def expected_features(records: list[dict[str, Any]]) -> dict[str, tuple[str, int, float]]:
     """Every active ad's served document: ``ad_id -> (product_id, product_active_ads, product_best_bid)``
-    (seed 000's grouping over the latest version of every ad)."""
+    (every ad of a product carries its product's features, over the latest version of every ad)."""
     active = [r for r in latest(records).values() if r["status"] == "active"]
     count: dict[str, int] = {}
     best: dict[str, float] = {}
@@ -116,7 +118,7 @@ def _micro_batch(h: Harness) -> None:
     assert len(reqs) == 1, "the sensor must request one delta run for the newest partition"
     result = h.run(reqs[0])
     assert result.success
-    # The materialization says how the version was built, as its manifest does (issue 13.6).
+    # The materialization says how the version was built, as its manifest does.
     (mat,) = result.asset_materializations_for_node("delta_index")
     build, count = _delta_build(h)
     assert mat.metadata["build"].value == build and mat.metadata["segments"].value == count
@@ -185,7 +187,7 @@ def scenario(cfg: StoreConfig, tmp: Path, seed: int, steps: int, **overrides: An
                 got["filler"] = {hit.ad_id for hit in s.search("filler", k=10)}
                 wrong = {w: (got[w], want[w]) for w in want if got[w] != want[w]}
                 assert not wrong, f"seed {seed} step {step} ({builds[-1]}): (served, expected) {wrong}"
-                # ... and every served document carries its product's current features (seed 000).
+                # ... and every served document carries its product's current features.
                 got_f, want_f = served_features(s), expected_features(sent)
                 stale = {a: (got_f.get(a), want_f.get(a)) for a in got_f.keys() | want_f.keys()
                          if got_f.get(a) != want_f.get(a)}
@@ -220,7 +222,7 @@ def test_incremental_equals_rebuild_local(tmp_path: Path, spark: Any) -> None:
     # At most 3 segments per version: the sequence also goes through a window rebuild (segment limit)
     # and appends again after it.
     seen = scenario(cfg, tmp_path, 12, steps=8, delta_max_segments=3)
-    # The first delta after the full index is incremental over the state the full build wrote (issue 13.1);
+    # The first delta after the full index is incremental over the state the full build wrote;
     # the segment limit forces a window rebuild later.
     assert seen["builds"][0] == "incremental", seen["builds"]
     assert "rebuild" in seen["builds"], seen["builds"]

@@ -16,7 +16,7 @@ from freshidx.settings import Settings
 from freshidx.store import ObjectStore, StoreConfig, layout, open_store
 from freshidx.store.partitions import PartitionId
 from freshidx.trigger import ledger
-from freshidx.trigger.latest_only import Applied, RunView, TickPlan, apply, plan_tick
+from freshidx.trigger.latest_only import DeltaApplied, DeltaPlan, DeltaRun, apply, plan_tick
 
 T0 = dt.datetime(2026, 11, 20, 9, 0, tzinfo=dt.UTC)
 NOW = T0 + dt.timedelta(hours=1)
@@ -31,20 +31,20 @@ def at(minutes: int) -> PartitionId:
 class FakeRuns:
     """A run list as the Dagster instance would answer it (run key → run)."""
 
-    runs: dict[str, RunView] = field(default_factory=dict)
+    runs: dict[str, DeltaRun] = field(default_factory=dict)
 
     def launch(self, run_key: str, target: str | None, status: str = "STARTED", interrupted: bool = False) -> None:
-        self.runs[run_key] = RunView(f"run{len(self.runs):05d}-{run_key}", status, status in IN_FLIGHT, target,
+        self.runs[run_key] = DeltaRun(f"run{len(self.runs):05d}-{run_key}", status, status in IN_FLIGHT, target,
                                      interrupted)
 
     def end(self, run_key: str, status: str = "FAILURE", interrupted: bool = False) -> None:
         old = self.runs[run_key]
-        self.runs[run_key] = RunView(old.run_id, status, False, old.target, interrupted)
+        self.runs[run_key] = DeltaRun(old.run_id, status, False, old.target, interrupted)
 
-    def in_flight(self) -> list[RunView]:
+    def in_flight(self) -> list[DeltaRun]:
         return [r for r in reversed(self.runs.values()) if r.in_flight]
 
-    def by_run_key(self, run_key: str) -> RunView | None:
+    def by_run_key(self, run_key: str) -> DeltaRun | None:
         return self.runs.get(run_key)
 
     def ended_how(self, run_key: str) -> str | None:
@@ -69,16 +69,16 @@ class Sensor:
         key = layout.raw_partition_prefix(self.settings.source, at(minutes)) + "part-0.jsonl"
         self.store.put(key, b'{"ad_id": "a1"}\n')
 
-    def plan(self) -> TickPlan:
+    def plan(self) -> DeltaPlan:
         return plan_tick(self.store, self.settings, self.runs, self.now, self.cursor)
 
-    def tick(self) -> Applied:
+    def tick(self) -> DeltaApplied:
         plan = self.plan()
         applied = apply(self.store, plan)
         self.cursor = plan.cursor
         return applied
 
-    def launch(self, applied: Applied) -> str:
+    def launch(self, applied: DeltaApplied) -> str:
         assert applied.request is not None, applied.skip_reason
         self.runs.launch(applied.request.run_key, applied.request.partition.path)
         return applied.request.run_key

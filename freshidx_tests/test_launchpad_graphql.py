@@ -1,4 +1,4 @@
-"""Issue 20 through a real ``dagster dev`` (webserver + daemon), driven by GraphQL as the UI does.
+"""Launchpad values and asset checks through a real ``dagster dev`` (webserver + daemon), by GraphQL as the UI does.
 
 * The launchpad's ``launchRun`` with a future / non-existent / malformed ``source_partition``: the
   run FAILS once (no step retry), its failure headline is the refusal, the pointer does not move.
@@ -106,7 +106,7 @@ def events(view: dict[str, Any], typename: str) -> list[dict[str, Any]]:
 def test_launchpad_values_and_nothing_new_through_the_webserver(dev: tuple[DagsterDev, ObjectStore]) -> None:
     d, store = dev
     serving = read_pointer(store, "delta")[0]
-    future = PartitionId.from_datetime(utcnow() + dt.timedelta(minutes=27)).path  # the issue's 02:40-at-02:13
+    future = PartitionId.from_datetime(utcnow() + dt.timedelta(minutes=27)).path  # a partition 27 minutes ahead
     cases = {future: "is in the future", at(7).path: "is not visible", "2026-11-24-02:13": "not a partition"}
     for value, expect in cases.items():
         run_id = d.materialize(["delta_index"], run_config={"ops": {"delta_index": {"config": {

@@ -1,4 +1,4 @@
-"""Launchpad values are validated before anything is built (issue 20.1), through a real Dagster
+"""Launchpad values are validated before anything is built, through a real Dagster
 instance (in-process harness; the same run config the launchpad sends, see
 test_launchpad_graphql.py for the webserver path).
 

@@ -1,4 +1,5 @@
-"""The ledger explains every visible partition, whatever triggered the run (issue 18, item 5).
+"""The ledger explains every visible partition, whatever triggered the run
+(docs/architecture.md#nothing-visible-is-lost).
 
 End to end on a real Dagster instance (SQLite, in process), real sensor ticks and real local Spark,
 for each delta overlap policy (``serialize``, ``skip``, ``queue``): bursts of partitions land while a

@@ -1,4 +1,5 @@
-"""The class archive of local-mode Spark JVMs (:mod:`freshidx.spark_server.local_cds`, ``freshidx spark-cds``).
+"""The class archive of local-mode Spark JVMs (:mod:`freshidx.spark.local_archive`; ``freshidx spark-cds``,
+:mod:`freshidx.spark_server.local_cds`, makes it).
 
 * which JVM options a local session gets: the archive only when there is one for its heap size, never
   over the caller's own sharing options, nothing when ``FRESHIDX_SPARK_CDS_DIR=off``;
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from freshidx.spark import class_archive, local_archive
 from freshidx.spark_server import cds, local_cds
 from freshidx.spark_server.jvm import jcmd
 from freshidx.spark_server.server_config import ServerConfig
@@ -27,30 +29,30 @@ OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def _archive(directory: Path, memory: str = "1g") -> Path:
-    path = local_cds.archive_path(directory, memory)
+    path = local_archive.archive_path(directory, memory)
     if path is None:
         pytest.skip("no Java 17+ here: no class data sharing to test")
     return path
 
 
 def test_the_archive_is_added_only_when_there_is_one_for_the_heap_size(tmp_path: Path) -> None:
-    env = {local_cds.CDS_DIR_ENV: str(tmp_path)}
-    conf = {local_cds.JAVA_OPTIONS: OPTS, "spark.driver.memory": "1g"}
-    assert local_cds.with_archive(conf, env) == conf  # nothing prepared yet
+    env = {local_archive.CDS_DIR_ENV: str(tmp_path)}
+    conf = {local_archive.JAVA_OPTIONS: OPTS, "spark.driver.memory": "1g"}
+    assert local_archive.with_archive(conf, env) == conf  # nothing prepared yet
     archive = _archive(tmp_path)
     archive.write_bytes(b"x")
-    got = local_cds.with_archive(conf, env)
-    assert got[local_cds.JAVA_OPTIONS] == f"{OPTS} -XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds*=error"
-    assert {k: v for k, v in got.items() if k != local_cds.JAVA_OPTIONS} == {"spark.driver.memory": "1g"}
+    got = local_archive.with_archive(conf, env)
+    assert got[local_archive.JAVA_OPTIONS] == f"{OPTS} -XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds*=error"
+    assert {k: v for k, v in got.items() if k != local_archive.JAVA_OPTIONS} == {"spark.driver.memory": "1g"}
     # another heap under 32 GiB maps the default heap's archive (the same compressed-pointer mode) ...
-    two = local_cds.with_archive({**conf, "spark.driver.memory": "2g"}, env)[local_cds.JAVA_OPTIONS]
+    two = local_archive.with_archive({**conf, "spark.driver.memory": "2g"}, env)[local_archive.JAVA_OPTIONS]
     assert f"-XX:SharedArchiveFile={archive} " in two
     # ... unless one was made for it; a 64 GiB heap (no compressed pointers) maps only its own
     own = _archive(tmp_path, "2g")
     own.write_bytes(b"x")
-    assert local_cds.find_archive("2g", env) == own
-    assert local_cds.find_archive("64g", env) is None
-    assert local_cds.with_archive({**conf, "spark.driver.memory": "64g"}, env)[local_cds.JAVA_OPTIONS] == OPTS
+    assert local_archive.find_archive("2g", env) == own
+    assert local_archive.find_archive("64g", env) is None
+    assert local_archive.with_archive({**conf, "spark.driver.memory": "64g"}, env)[local_archive.JAVA_OPTIONS] == OPTS
 
 
 def test_a_reinstall_of_the_jars_gets_a_new_archive_and_the_superseded_ones_go(
@@ -61,11 +63,11 @@ def test_a_reinstall_of_the_jars_gets_a_new_archive_and_the_superseded_ones_go(
     (home / "jars").mkdir(parents=True)
     for name in ("a.jar", "b.jar"):
         (home / "jars" / name).write_bytes(b"jar")
-    monkeypatch.setattr(cds, "spark_home", lambda: home)
+    monkeypatch.setattr(class_archive, "spark_home", lambda: home)
     cache = tmp_path / "cds"
     cache.mkdir()
     before = _archive(cache)
-    assert local_cds.archive_path(cache, "1g") == before  # stable while nothing changes
+    assert local_archive.archive_path(cache, "1g") == before  # stable while nothing changes
     os.utime(home / "jars" / "b.jar", ns=(0, 1_000_000_000))
     after = _archive(cache)
     assert after != before and after.name.split("-")[:5] == before.name.split("-")[:5]
@@ -79,12 +81,12 @@ def test_a_reinstall_of_the_jars_gets_a_new_archive_and_the_superseded_ones_go(
 
 
 def test_archives_no_jvm_was_given_for_two_weeks_go_when_one_is_made(tmp_path: Path) -> None:
-    env = {local_cds.CDS_DIR_ENV: str(tmp_path)}
+    env = {local_archive.CDS_DIR_ENV: str(tmp_path)}
     archive = _archive(tmp_path)
     archive.write_bytes(b"x")
     old = time.time() - local_cds.UNUSED_AFTER_S - 3600
     os.utime(archive, (old, old))
-    assert local_cds.find_archive("1g", env) == archive
+    assert local_archive.find_archive("1g", env) == archive
     assert time.time() - archive.stat().st_mtime < 600  # given to a JVM: marked as used now
     stale = tmp_path / "spark-local-jdk17-000000000000-00000000-00000000-1g.jsa"  # a deleted checkout's
     recent = tmp_path / "spark-local-jdk17-000000000000-11111111-11111111-1g.jsa"  # a live one, used lately
@@ -103,15 +105,15 @@ def test_a_connect_server_without_its_own_archive_maps_the_prepared_one_and_dump
     prepared.parent.mkdir()
     prepared.write_bytes(b"x")
     cfg = ServerConfig(state_dir=tmp_path / "state", driver_memory="2g")
-    found = local_cds.find_archive(cfg.driver_memory, {local_cds.CDS_DIR_ENV: str(prepared.parent)})
+    found = local_archive.find_archive(cfg.driver_memory, {local_archive.CDS_DIR_ENV: str(prepared.parent)})
     assert found == prepared
     plan = cds.plan_archive(cfg, found)
     assert f"-XX:SharedArchiveFile={prepared}" in plan.options and "-Xshare:auto" in plan.options
     assert plan.pending is None and plan.in_use is None  # no dump; never deleted by a failed start
     # the server's own archive wins once it has one
-    key = cds.cds_key()
+    key = class_archive.cds_key()
     assert key is not None
-    own = tmp_path / "state" / "cds" / cds.archive_name("connect", key, "2g")
+    own = tmp_path / "state" / "cds" / class_archive.archive_name("connect", key, "2g")
     own.parent.mkdir(parents=True)
     own.write_bytes(b"x")
     plan = cds.plan_archive(cfg, found)
@@ -126,13 +128,13 @@ def test_a_connect_server_without_its_own_archive_maps_the_prepared_one_and_dump
 
 def test_the_callers_own_sharing_options_and_off_win(tmp_path: Path) -> None:
     _archive(tmp_path).write_bytes(b"x")
-    env = {local_cds.CDS_DIR_ENV: str(tmp_path)}
+    env = {local_archive.CDS_DIR_ENV: str(tmp_path)}
     for own in ("-Xshare:off", "-XX:SharedArchiveFile=/elsewhere.jsa", "-XX:ArchiveClassesAtExit=/x.jsa"):
-        conf = {local_cds.JAVA_OPTIONS: f"{OPTS} {own}"}
-        assert local_cds.with_archive(conf, env) == conf
-    assert local_cds.archive_dir({local_cds.CDS_DIR_ENV: "off"}) is None
-    assert local_cds.with_archive({}, {local_cds.CDS_DIR_ENV: "off"}) == {}
-    assert local_cds.archive_dir({"XDG_CACHE_HOME": "/c"}) == Path("/c/freshidx/cds")
+        conf = {local_archive.JAVA_OPTIONS: f"{OPTS} {own}"}
+        assert local_archive.with_archive(conf, env) == conf
+    assert local_archive.archive_dir({local_archive.CDS_DIR_ENV: "off"}) is None
+    assert local_archive.with_archive({}, {local_archive.CDS_DIR_ENV: "off"}) == {}
+    assert local_archive.archive_dir({"XDG_CACHE_HOME": "/c"}) == Path("/c/freshidx/cds")
 
 
 def test_prepare_reports_a_directory_it_cannot_create_instead_of_raising(tmp_path: Path) -> None:
@@ -160,7 +162,7 @@ def _session(env_dir: Path | None) -> dict[str, int]:
     assert tool is not None
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     if env_dir is not None:
-        env[local_cds.CDS_DIR_ENV] = str(env_dir)
+        env[local_archive.CDS_DIR_ENV] = str(env_dir)
     proc = subprocess.run([sys.executable, "-c", _SESSION, tool], env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -169,7 +171,7 @@ def _session(env_dir: Path | None) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_spark_cds_leaves_an_archive_a_new_local_jvm_maps_and_a_corrupt_one_is_skipped(tmp_path: Path) -> None:
-    if jcmd() is None or local_cds.archive_path(tmp_path, "1g") is None:
+    if jcmd() is None or local_archive.archive_path(tmp_path, "1g") is None:
         pytest.skip("needs a JDK 17+ with jcmd")
     # The default directory: scripts/test.sh prepared it already (then this is a no-op), as a user's
     # set-up does; the suite's own sessions map it too.
@@ -200,7 +202,7 @@ def test_a_connect_server_started_without_dumping_maps_the_prepared_archive(tmp_
     from freshidx_tests.polling import poll_until
 
     tool = jcmd()
-    if tool is None or local_cds.archive_path(tmp_path, "1g") is None:
+    if tool is None or local_archive.archive_path(tmp_path, "1g") is None:
         pytest.skip("needs a JDK 17+ with jcmd")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     done = local_cds.prepare()  # scripts/test.sh made it already: a no-op then

@@ -1,4 +1,4 @@
-"""Issue 13: a kill -9 of an incremental micro-batch at any step leaves the pointer, the segments and
+"""A kill -9 of an incremental micro-batch at any step leaves the pointer, the segments and
 the files consistent; the next micro-batch succeeds and incremental = rebuilt still holds.
 
 The killed micro-batch is a real ``delta_index`` run in its own process (on the shared Spark Connect

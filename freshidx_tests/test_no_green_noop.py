@@ -1,4 +1,4 @@
-"""A run that publishes nothing records no materialization (issue 20.3), with real Spark builds in
+"""A run that publishes nothing records no materialization, with real Spark builds in
 a real Dagster instance (in-process harness).
 
 The asset's output is optional: when its draft is not newer than what is serving (the one rule,

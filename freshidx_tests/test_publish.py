@@ -1,4 +1,4 @@
-"""Publication protocol (DESIGN §4.1–4.3), on a local directory and on the moto S3 server."""
+"""Publication protocol (docs/architecture.md#invariants, 1-3), on a local directory and on the moto S3 server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Readiness policies (DESIGN §7, issue #5): each hour is not ready with a visible reason, then ready.
+"""Readiness policies (docs/architecture.md#readiness): each hour is not ready with a visible reason, then ready.
 
 Every test runs against the local store and the moto S3 server. Time passes by handing ``now`` to
 :func:`check_ready`, never by sleeping; for ``quiet_period`` ``now`` is derived from the store's own

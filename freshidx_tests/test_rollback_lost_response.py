@@ -1,4 +1,4 @@
-"""Rollback with a lost response (review of issue 20): the swap landed, the answer did not.
+"""Rollback with a lost response: the swap landed, the answer did not.
 
 Before the fix, ``rollback`` reported "pointer moved; re-run it", and re-running rolled back one
 version further. Now it re-reads ``CURRENT`` (and the history entry of its generation) and treats its

@@ -85,7 +85,7 @@ def test_reap_dead_runs_marks_failed_and_records_the_lost_delta_attempt(make_har
     no_pid = _run(h, {})
 
     # Whoever sees the run ended must find why: the ledger entry exists before the run is reported
-    # (CI, stop 40: a reader between the two found a FAILURE run without its ``a1.lost``).
+    # (a reader between the two once found a FAILURE run without its ``a1.lost``).
     entries_when_reported: list[set[str]] = []
     report = h.instance.report_run_failed
 

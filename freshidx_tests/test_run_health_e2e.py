@@ -108,7 +108,7 @@ def test_killed_run_worker_is_failed_fast_and_the_sensor_jumps_to_the_newest(
 @pytest.mark.daemon
 def test_run_left_started_by_a_killed_dagster_dev_is_failed_by_run_health_after_restart(
         dev: tuple[DagsterDev, StoreConfig], shared_spark_connect: dict[str, str]) -> None:
-    """Issue 17 item 2: nothing reports a run whose code server died with it; the next dagster dev's
+    """Nothing reports a run whose code server died with it; the next dagster dev's
     freshidx_run_health_sensor finds its recorded worker pid gone, fails it, and the delta moves on."""
     first, cfg = dev  # the module's dagster dev (the test above left the delta serving at(30), if it ran)
     store = open_store(cfg)

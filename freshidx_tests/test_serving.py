@@ -85,7 +85,7 @@ def test_end_to_end_local_and_s3(
             for _, addr in sh.searcher.search(sh.index.parse_query("crimson", ["title"]), 5, count=False).hits
         ]
         assert full_hits == ["ad-0002"]
-        # seed 000: the delta re-emits every ad of a touched product, with recomputed features
+        # product grouping: the delta re-emits every ad of a touched product, with recomputed features
         assert snap.kill_list == {"ad-0001", "ad-0011", "ad-0021", "ad-0031", "ad-0041",
                                   "ad-0002", "ad-0012", "ad-0022", "ad-0032", "ad-0042"}
         sibling = searcher.search("holder")

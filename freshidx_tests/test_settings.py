@@ -1,4 +1,4 @@
-"""Settings are declared once (issue 15.3): one pydantic-settings model, carried by the resources.
+"""Settings are declared once: one pydantic-settings model, carried by the resources.
 
 No Spark, no Dagster instance: the definitions are built and their resources inspected.
 """

@@ -1,4 +1,4 @@
-"""SLA checks that act, and the trigger ledger (issue: freshness policies, SLA, manifests, ledger)."""
+"""SLA checks that act, and the trigger ledger."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def _reported(data: Any, asset: str) -> set[str]:
 def test_checks_skipped_by_a_run_with_nothing_new_are_reported_again_at_once(harness: Harness, spark: Any) -> None:
     """A UI Materialize of delta_index with nothing new skips the asset's check steps (no output), and
     the UI then shows "Skipped" as the checks' latest execution; the SLA sensor's next tick re-reports
-    them, instead of leaving "Skipped" until the heartbeat (issue 20)."""
+    them, instead of leaving "Skipped" until the heartbeat."""
     h = harness
     h.write(0)
     assert h.run(h.tick().run_requests[0]).success
@@ -134,7 +134,7 @@ def test_checks_skipped_by_a_run_with_nothing_new_are_reported_again_at_once(har
 
 
 def test_every_partition_is_in_the_ledger_exactly_once(harness: Harness, spark: Any, tmp_path: Any) -> None:
-    """Issue 13: every partition of a ≥30-partition run is explained once (processed, folded or late),
+    """Every partition of a ≥30-partition run is explained once (processed, folded or late),
     with the run that consumed it."""
     h = harness
     minute = 0

@@ -2,7 +2,7 @@
 
 One supervisor (``run_forever`` in a thread) is shared by the tests of this module, in file order:
 query + Python worker importing freshidx → planned restart held off by a lease → the supervisor
-judges leased work by its progress, not by probes or JVM CPU (issue 17, item 1) → kill -9 → heap
+judges leased work by its progress, not by probes or JVM CPU → kill -9 → heap
 sampling → stop leaves no process. The CLI entry point gets its own server. The first start dumps
 an AppCDS class archive that every later start (the CLI's too) maps. Waiting is always
 polling with a deadline; the JVM start is slow on a loaded 2-core box, so deadlines are generous.
@@ -39,10 +39,11 @@ from pyspark.errors import PySparkException
 
 from freshidx import procs
 from freshidx.serve import status
+from freshidx.spark.class_archive import parse_memory
+from freshidx.spark.local_archive import CDS_DIR_ENV
 from freshidx.spark_server.jvm import jcmd, sample_memory
 from freshidx.spark_server.lease import ServerUnavailable, acquire_lease, active_leases
-from freshidx.spark_server.local_cds import CDS_DIR_ENV
-from freshidx.spark_server.server_config import SERVER_CLASS, ServerConfig, parse_memory
+from freshidx.spark_server.server_config import SERVER_CLASS, ServerConfig
 from freshidx.spark_server.server_process import StateDirBusy
 from freshidx.spark_server.server_state import HOSTNAME, read_state
 from freshidx.spark_server.supervisor import SparkConnectSupervisor
@@ -324,7 +325,7 @@ def test_planned_restart_waits_for_the_lease(supervised: Supervised) -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# progress, not probes (issue 17, item 1); these tests had their own server in test_supervisor_progress.py
+# progress, not probes; these tests had their own server in test_supervisor_progress.py
 
 
 def _udfs() -> tuple[Any, Any]:

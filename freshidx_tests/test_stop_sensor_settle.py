@@ -4,7 +4,7 @@ Dagster's sensor daemon reads a sensor's state when a tick begins and writes it 
 start time (``mark_sensor_state_for_tick``): a tick whose read came just before a stop and whose
 write came after it sets the sensor RUNNING again. The settle must then stop it again, not return while the
 sensor runs (a test writing data next would have it taken by the sensor: the likeliest cause of the
-browser test's step 2 publishing from another run, cc46 on 2026-11-28). Scripted against the webserver
+browser test's step 2 publishing from another run, once in a clean clone). Scripted against the webserver
 client's two calls, as the daemon's code does it (dagster/_daemon/sensor.py, 1.13).
 """
 

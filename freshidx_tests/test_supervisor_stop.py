@@ -1,4 +1,4 @@
-"""Stopping ``freshidx spark-server`` at any moment leaves no process behind (issue 17, item 3).
+"""Stopping ``freshidx spark-server`` at any moment leaves no process behind.
 
 Each case runs the CLI supervisor as the demo does (a subprocess in its own session, free loopback
 port, ``--no-class-data-sharing`` except where the archive dump is the moment), waits for one
@@ -28,8 +28,8 @@ import pytest
 
 from freshidx import procs
 from freshidx.cli.spark_server import relay_signals
+from freshidx.spark.local_archive import CDS_DIR_ENV
 from freshidx.spark_server.lease import acquire_lease
-from freshidx.spark_server.local_cds import CDS_DIR_ENV
 from freshidx.spark_server.server_launch import port_accepts
 from freshidx.spark_server.server_state import read_state
 from freshidx_tests.conftest import TEST_JVM_ARGS, free_port

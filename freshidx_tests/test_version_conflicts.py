@@ -1,4 +1,4 @@
-"""(ad_id, version) conflicts and quarantine-once (issue 18, item 4), on Spark; end to end on moto S3.
+"""(ad_id, version) conflicts and quarantine-once, on Spark; end to end on moto S3.
 
 Two records with the same ``ad_id`` and ``version`` but different content are reported with every
 copy (quarantine reason ``version_conflict``, raw line kept, counted in the manifest's

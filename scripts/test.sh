@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export PYSPARK_PYTHON="$PWD/.venv/bin/python"
 .venv/bin/ruff check freshidx freshidx_tests
+.venv/bin/lint-imports
 if [[ "${1:-}" == "--fast" ]]; then
     shift
     exec .venv/bin/python -m pytest -n 2 -m "not slow" --durations=10 freshidx_tests "$@"
@@ -19,8 +20,6 @@ fi
 .venv/bin/freshidx spark-cds >&2 || echo "could not prepare the class archive for local Spark (it starts without one)" >&2
 # Four workers on the 2-core box, one test file each at a time, longest files first
 # (conftest.MODULE_SECONDS). The cores are busy ~100% of the run (JVMs, dagster dev, Dagster runs);
-# a fourth worker still overlaps the waits of start-ups and sensor ticks: clean clones with the
-# deployment tests (cluster, PostgreSQL, browser), back to back on 2026-11-26: 1128 s in pytest with
-# four workers, 1218 s with three (~11.6 GiB used at peak with four); 1101 s with four that evening
-# (one shared Connect server for all workers, kept sessions).
+# a fourth worker still overlaps the waits of start-ups and sensor ticks (four were faster than three
+# in clean clones with the deployment tests; the figures: docs/benchmarks.md).
 exec .venv/bin/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=25 freshidx_tests "$@"

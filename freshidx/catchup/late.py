@@ -1,10 +1,12 @@
-"""Late data for closed hours (the catch-up consumer's sweep, :func:`freshidx.catchup.planner.plan_tick`).
+"""Late data for closed hours (the catch-up consumer's sweep, :func:`freshidx.catchup.planner.plan_tick`
+calls it; it plans with :mod:`freshidx.catchup.hour_plan`, never with the planner's module).
 
 A few hours per tick, round robin over ``FRESHIDX_HOURLY_LATE_LOOKBACK_HOURS`` behind the frontier:
 a processed hour whose objects changed gets a correction; an hour with data but no bucket (its data
 arrived after the frontier had passed it, e.g. before the consumer's first hour) is claimed like any
 hour; an hour before ``FRESHIDX_PARTITIONS_START`` is recorded once as ``out_of_range``. So late data
-for any closed hour inside the lookback is processed or explicitly recorded (issue 18.5).
+for any closed hour inside the lookback is processed or explicitly recorded
+(docs/architecture.md#nothing-visible-is-lost).
 """
 
 from __future__ import annotations
@@ -13,7 +15,16 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import Any
 
-from freshidx.catchup.planner import Claim, Record, RunIndex, TickPlan, not_ready, park, request_claims, settle_attempts
+from freshidx.catchup.hour_plan import (
+    CatchupPlan,
+    CatchupRunIndex,
+    Claim,
+    HourRecord,
+    not_ready,
+    park,
+    request_claims,
+    settle_attempts,
+)
 from freshidx.catchup.readiness import check_ready, list_hour
 from freshidx.catchup.state import HOUR, CatchupState, hour_entries, parse_hour_id, processed, trigger
 from freshidx.publish.commit import read_manifest, read_pointer
@@ -27,8 +38,9 @@ def input_fingerprint(files: Iterable[Any]) -> dict[str, str]:
     return {f.key: f.etag for f in files}
 
 
-def late_data_sweep(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.datetime, state: CatchupState,
-                    last_closed: dt.datetime, busy_hours: dict[str, str], plan: TickPlan) -> None:
+def late_data_sweep(store: ObjectStore, settings: Settings, runs: CatchupRunIndex, now: dt.datetime,
+                    state: CatchupState, last_closed: dt.datetime, busy_hours: dict[str, str],
+                    plan: CatchupPlan) -> None:
     """Re-list a few processed hours per tick (round robin over the lookback) for late data; plan a
     run for the first hour that needs one (``plan.request``) and stop there.
 
@@ -62,8 +74,8 @@ def late_data_sweep(store: ObjectStore, settings: Settings, runs: RunIndex, now:
     state.late_cursor = layout.hour_id(cursor)
 
 
-def _late_processed_hour(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.datetime,
-                         hour: dt.datetime, plan: TickPlan) -> None:
+def _late_processed_hour(store: ObjectStore, settings: Settings, runs: CatchupRunIndex, now: dt.datetime,
+                         hour: dt.datetime, plan: CatchupPlan) -> None:
     """A processed hour whose objects changed since its version: a correction (its own attempts)."""
     hid = layout.hour_id(hour)
     pointer, _ = read_pointer(store, layout.bucket_name(plan.asset, hour))
@@ -73,7 +85,7 @@ def _late_processed_hour(store: ObjectStore, settings: Settings, runs: RunIndex,
         manifest = read_manifest(store, layout.bucket_name(plan.asset, hour), pointer.version)
     except NotFound:
         return
-    published = {f["key"]: f["etag"] for f in manifest.get("inputs", {}).get("files", [])}
+    published = manifest.input_etags()
     current = input_fingerprint(list_hour(store, settings.source, hour).files)
     if current == published:
         return
@@ -87,19 +99,19 @@ def _late_processed_hour(store: ObjectStore, settings: Settings, runs: RunIndex,
         plan.waiting[hid] = f"correction {seq}: {att.why_busy}"
         return
     if att.failures >= settings.hourly_max_attempts:
-        plan.effects.append(Record(hour, correction.then(Mark.PARKED), Decision.PARKED,
-                                   f"correction {seq}: {att.failures} attempts did not publish"))
+        plan.effects.append(HourRecord(hour, correction.then(Mark.PARKED), Decision.PARKED,
+                                       f"correction {seq}: {att.failures} attempts did not publish"))
         return
     reason = (f"late data for closed hour {hid}: {len(new)} new, {len(changed)} changed object(s) "
               f"since version {pointer.version}")
     request_claims(plan, "correction", [Claim(hour, correction.claim(att.next_attempt).suffix)], reason)
     # The correction is opened only by the evaluation whose claim wins.
-    plan.after_claim.append(Record(hour, correction, Decision.LATE_DATA, reason, {
+    plan.after_claim.append(HourRecord(hour, correction, Decision.LATE_DATA, reason, {
         "extra": {"new": new[:50], "changed": changed[:50], "replaces": pointer.version}}))
 
 
-def _late_unprocessed_hour(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.datetime,
-                           state: CatchupState, hour: dt.datetime, plan: TickPlan) -> None:
+def _late_unprocessed_hour(store: ObjectStore, settings: Settings, runs: CatchupRunIndex, now: dt.datetime,
+                           state: CatchupState, hour: dt.datetime, plan: CatchupPlan) -> None:
     """A closed hour behind the frontier, inside the lookback, that has data but no bucket: its data
     arrived after the frontier had passed it (typically before the consumer's first hour). It is
     claimed like any hour (attempts, readiness, parking), or, before ``FRESHIDX_PARTITIONS_START``
@@ -115,9 +127,9 @@ def _late_unprocessed_hour(store: ObjectStore, settings: Settings, runs: RunInde
     if hour < start:
         why = (f"late data ({len(listing.files)} object(s)) for closed hour {hid}, before FRESHIDX_PARTITIONS_START "
                f"{settings.partitions_start}: not an {plan.asset} partition, never bucketed; the full index reads it")
-        plan.effects.append(Record(hour, trigger(hour).then(Mark.OUT_OF_RANGE), Decision.OUT_OF_RANGE, why,
-                                   {"extra": {"objects": [f.key for f in listing.files][:50]}},
-                                   report=why, report_always=False))
+        plan.effects.append(HourRecord(hour, trigger(hour).then(Mark.OUT_OF_RANGE), Decision.OUT_OF_RANGE, why,
+                                       {"extra": {"objects": [f.key for f in listing.files][:50]}},
+                                       report=why, report_always=False))
         return
     entries = hour_entries(store, plan.asset, hour)
     timeout = dt.timedelta(seconds=settings.hourly_timeout_seconds)

@@ -1,4 +1,4 @@
-"""When is an upstream hour closed? Readiness policies for the catch-up consumer (DESIGN §7, issue #5).
+"""When is an upstream hour closed? Readiness policies for the catch-up consumer (docs/architecture.md#readiness).
 
 The catch-up consumer processes every hour exactly once, so closing an hour too early loses the
 records that arrive afterwards (they become corrections at best). Upstreams signal completeness in

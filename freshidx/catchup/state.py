@@ -27,10 +27,10 @@ No Dagster or Spark here.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
 from typing import Any
 
-from freshidx.store import NotFound, ObjectStore, PreconditionFailed, layout
+from freshidx.store import NotFound, ObjectStore, layout
+from freshidx.store.records import CatchupState as CatchupState
 from freshidx.trigger import ledger
 from freshidx.trigger.lifecycle import TriggerId
 
@@ -73,7 +73,7 @@ def entry_key(asset: str, hour: dt.datetime, tid: TriggerId | None = None) -> st
     return layout.ledger_key(asset, hour.strftime("%Y-%m-%d"), str(tid or trigger(hour)))
 
 
-def hour_entries(store: ObjectStore, asset: str, hour: dt.datetime) -> dict[str, dict[str, Any]]:
+def hour_entries(store: ObjectStore, asset: str, hour: dt.datetime) -> dict[str, ledger.Entry]:
     return ledger.trigger_entries(store, asset, hour.strftime("%Y-%m-%d"), layout.hour_id(hour))
 
 
@@ -92,30 +92,7 @@ def processed(store: ObjectStore, asset: str, hour: dt.datetime) -> bool:
     return True
 
 
-# ------------------------------------------------------------------------------------- state
-
-
-@dataclass
-class CatchupState:
-    frontier: str | None = None  # hour id: every hour before it is processed or parked
-    parked: list[str] = field(default_factory=list)
-    late_cursor: str | None = None  # hour id the late-data sweep continues after
-
-    @classmethod
-    def load(cls, store: ObjectStore, asset: str) -> tuple[CatchupState, str | None]:
-        try:
-            data, etag = store.get_json(layout.catchup_state_key(asset))
-        except NotFound:
-            return cls(), None
-        return cls(data.get("frontier"), list(data.get("parked") or []), data.get("late_cursor")), etag
-
-    def save(self, store: ObjectStore, asset: str, etag: str | None) -> bool:
-        body = {"frontier": self.frontier, "parked": sorted(set(self.parked)), "late_cursor": self.late_cursor}
-        try:
-            store.swap_json(layout.catchup_state_key(asset), body, etag)
-        except PreconditionFailed:
-            return False  # another evaluation moved it; the next tick recomputes from the store
-        return True
+# ------------------------------------------------------------------------------------- raw hours
 
 
 def oldest_hour(store: ObjectStore, source: str) -> dt.datetime | None:

@@ -10,7 +10,7 @@ import click
 
 from freshidx.cli.base import LazyCommand, Parsed, json_option, store_option
 
-CHANGES_PER_PARTITION = 200  # freshidx.tools.generate.GeneratorConfig.changes_per_partition
+CHANGES_PER_PARTITION = 200  # freshidx.tools.generator.GeneratorConfig.changes_per_partition
 
 
 def store_uri(value: str) -> str:

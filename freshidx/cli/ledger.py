@@ -38,7 +38,7 @@ def cmd_retry(*, store: str | None, pipeline: str, partition: str | None, hour: 
     st = _open(store, reads_only=False)
     final = ledger.decision(st, pipeline, minute)
     if final is not None:
-        print(f"{minute.path} already has a final decision: {final['decision']} ({final['reason']})",
+        print(f"{minute.path} already has a final decision: {final.decision} ({final.reason})",
               file=sys.stderr)
         return 1
     grant = ledger.grant_retry(st, pipeline, minute, reason)
@@ -75,7 +75,7 @@ def entries(store: ObjectStore, pipelines: list[str], since: dt.date | None,
 
     out: list[dict[str, Any]] = []
     for pipeline in pipelines:
-        rows = list(ledger.read(store, pipeline, since, until))
+        rows = [dict(e) for e in ledger.read(store, pipeline, since, until)]  # as stored (its format too)
         # Attempts are accepted by the sensor before a run exists; the run links itself (P.aN.run).
         started = {claim: r for r in rows if (claim := started_claim(r["trigger_id"])) is not None}
         for r in rows:

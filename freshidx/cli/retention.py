@@ -36,19 +36,26 @@ def cmd_rollback(*, index: str, to_version: str | None, store: str | None, as_js
 
 def cmd_gc(*, index: str, keep: int | None, grace_minutes: float, dry_run: bool, max_versions: int,
            store: str | None, as_json: bool) -> int:
-    from freshidx.publish.retention import gc
+    from freshidx.publish.retention import gc, planned_gc
 
     settings, st = open_command_store(store, reads_only=dry_run)
-    report = gc(st, index, keep if keep is not None else settings.keep_versions,
-                dt.timedelta(minutes=grace_minutes), dry_run=dry_run, max_versions=max_versions)
+    keep_last, grace = keep if keep is not None else settings.keep_versions, dt.timedelta(minutes=grace_minutes)
+    # A dry run is the plan (what would be deleted and kept, and why), applied to nothing.
+    plan = planned_gc(st, index, keep_last, grace, max_versions=max_versions) if dry_run else None
+    report = plan.report(dry_run=True) if plan is not None else \
+        gc(st, index, keep_last, grace, max_versions=max_versions)
     if as_json:
-        print(json.dumps(report.to_dict(), indent=1))
+        print(json.dumps({**report.to_dict(), **({"plan": plan.describe()} if plan is not None else {})}, indent=1))
         return 0
     verb = "would delete" if dry_run else "deleted"
     print(f"{index}: current {report.current}, kept {report.kept}")
     print(f"{verb} {len(report.deleted_versions)} version(s), {len(report.deleted_orphans)} orphan dir(s), "
           f"{report.deleted_objects} object(s), {report.deleted_bytes} bytes"
           + ("; more left for the next call" if report.truncated else ""))
+    if plan is not None:
+        for line in plan.describe():
+            print(f"  {line}")
+        return 0
     for v in report.deleted_versions:
         print(f"  version {v}")
     for d in report.deleted_orphans:

@@ -1,4 +1,5 @@
-"""``freshidx spark-cds``: prepare the class archive Spark JVMs map (:mod:`freshidx.spark_server.local_cds`)."""
+"""``freshidx spark-cds``: prepare the class archive Spark JVMs map (:mod:`freshidx.spark_server.local_cds` makes it,
+local sessions map it through :mod:`freshidx.spark.local_archive`)."""
 
 from __future__ import annotations
 

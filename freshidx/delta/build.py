@@ -1,4 +1,4 @@
-"""Build one delta version for trigger partition P (DESIGN §9).
+"""Build one delta version for trigger partition P (docs/architecture.md#incremental-delta).
 
 Incremental (the usual case): read only the files no kept segment consumed and the full index does not
 hold (every partition in (watermark, P], and late files), merge them with what the serving full version
@@ -6,7 +6,7 @@ and the kept segments know, and index the touched products as one new segment wi
 new version lists the kept segments (their files stay where they are) and the new one.
 
 Window rebuild (the fallback, :class:`freshidx.delta.segments.RebuildReason` says why): read the whole window
-(P − window, P] and index it as a single segment, as every delta version was built before §9.
+(P − window, P] and index it as a single segment.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def build_delta(
     # What is known before this micro-batch: the full version, then the kept segments (none for a rebuild).
     known: list[StateLayer] | None = None
     if full is not None and full_manifest is not None:
-        known = [StateLayer(full_manifest.get("shards", [])),
+        known = [StateLayer(full_manifest.shards),
                  *(StateLayer(s.shards, over_full=s.full_version == full.version) for s in mb.kept)]
     input_bytes = sum(o.size for objs in to_read.values() for o in objs)
     num_shards = settings.delta_shards if mb.kind is BuildKind.REBUILD else segments.segment_shard_count(

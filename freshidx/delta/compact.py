@@ -10,7 +10,13 @@
    new version id (M's files stay under the version that built it, as every segment's do); otherwise
    give up. No rebuild, no lost segment.
 
-The outcome is recorded in the ledger (``ledger/delta_compaction/<date>/<version>.json``).
+What to merge, what to publish over which serving version and what an answer means are decided by pure
+functions (:func:`freshidx.delta.compaction.plan_compaction`, :func:`~freshidx.delta.compaction.splice_over`,
+:func:`after_publish`); :func:`compact_delta` applies them. The outcome is recorded in the ledger
+(``ledger/delta_compaction/<date>/<version>.json``).
+
+The other direction of the race, a micro-batch that loses to a compaction of its base, is the delta's
+``rebase`` for publication (:func:`rebase_onto_compaction`).
 """
 
 from __future__ import annotations
@@ -26,21 +32,24 @@ from pyspark.sql import SparkSession
 
 from freshidx.delta import compaction
 from freshidx.delta.executor.compact_shards import merge_inputs, write_merged_segment
-from freshidx.delta.segments import Segment, segments_of
+from freshidx.delta.segments import Segment
 from freshidx.publish.commit import (
     DraftManifest,
     Pointer,
+    PublishResult,
     iso,
     new_version,
     parse_iso,
     publish,
     read_manifest,
     read_pointer,
+    stale_base,
     utcnow,
 )
 from freshidx.settings import Settings
 from freshidx.spark.build import FORMAT
 from freshidx.store import NotFound, ObjectStore, StoreConfig, layout
+from freshidx.store.records import Manifest
 from freshidx.trigger import ledger
 from freshidx.trigger.lifecycle import Decision
 
@@ -80,7 +89,7 @@ def _full_cutoff(store: ObjectStore) -> dt.datetime | None:
     return parse_iso(pointer.cutoff or pointer.position)
 
 
-def _serving(store: ObjectStore) -> tuple[Pointer | None, dict[str, Any] | None, list[Segment] | None]:
+def _serving(store: ObjectStore) -> tuple[Pointer | None, Manifest | None, list[Segment] | None]:
     pointer, _ = read_pointer(store, INDEX)
     if pointer is None:
         return None, None, None
@@ -88,7 +97,7 @@ def _serving(store: ObjectStore) -> tuple[Pointer | None, dict[str, Any] | None,
         manifest = read_manifest(store, INDEX, pointer.version)
     except NotFound:
         return pointer, None, None
-    return pointer, manifest, segments_of(manifest)
+    return pointer, manifest, manifest.segment_list()
 
 
 def needs_compaction(store: ObjectStore, max_segments: int) -> tuple[bool, str, str | None]:
@@ -103,11 +112,10 @@ def needs_compaction(store: ObjectStore, max_segments: int) -> tuple[bool, str, 
     return True, f"{eligible} segments after the full cutoff > limit {max_segments}", pointer.version
 
 
-def compaction_draft(pointer: Pointer, manifest: dict[str, Any], segs: list[Segment], merged: Segment, *,
+def compaction_draft(pointer: Pointer, manifest: Manifest, segs: list[Segment], merged: Segment, *,
                      version: str, run_id: str, run_info: dict[str, Any], plan: compaction.CompactionPlan,
                      build_seconds: float) -> DraftManifest:
     """The delta version that serves ``segs`` (the serving ones with the run replaced by ``merged``)."""
-    inputs = manifest.get("inputs") or {}
     return DraftManifest(
         index=INDEX, version=version, position=pointer.position, run_id=run_id,
         shards=merged.shards, doc_count=sum(s.doc_count for s in segs), num_shards=len(merged.shards),
@@ -115,9 +123,9 @@ def compaction_draft(pointer: Pointer, manifest: dict[str, Any], segs: list[Segm
         window_end=pointer.window_end, covered_count=sum(s.covered_count for s in segs),
         segments=[s.to_dict() for s in segs],
         inputs={
-            "source": inputs.get("source"), "build": compaction.COMPACTION, "based_on": pointer.version,
+            "source": manifest.source, "build": compaction.COMPACTION, "based_on": pointer.version,
             "compacted": plan.versions, "merged_segment": merged.version, "partitions": [], "files": [],
-            "full_version": inputs.get("full_version"), "full_cutoff": inputs.get("full_cutoff"),
+            "full_version": manifest.full_version, "full_cutoff": manifest.full_cutoff,
             "segments_kept": len(segs), "segments_dropped": 0, "format": FORMAT,
             "kill_list": "covered.parquet of every shard of every segment; a newer segment's hides older "
                          "segments and the full version",
@@ -127,6 +135,28 @@ def compaction_draft(pointer: Pointer, manifest: dict[str, Any], segs: list[Segm
         # A compaction drops the documents hidden inside the run: the drop guard does not apply.
         run={**run_info, "max_drop_fraction": None},
     )
+
+
+def rebase_onto_compaction(store: ObjectStore, current: Pointer, draft: DraftManifest) -> DraftManifest | None:
+    """The delta's ``rebase`` for :func:`freshidx.publish.commit.publish`: a micro-batch whose base changed,
+    moved onto ``current`` when that is a compaction of its base (:func:`compaction.rebased_draft`); None
+    otherwise (a compaction's own draft is never rebased). Reads the serving manifest only then."""
+    if draft.build == compaction.COMPACTION or not stale_base(draft, current):
+        return None
+    try:
+        serving = read_manifest(store, draft.index, current.version)
+    except NotFound:
+        return None
+    return compaction.rebased_draft(draft, current.version, serving)
+
+
+def after_publish(published: PublishResult, planned_over: str, plan: compaction.CompactionPlan) -> tuple[str, str]:
+    """What one publication attempt's answer means: ``published``, ``refused`` (the version it was planned
+    over still serves: nothing to retry), or ``retry`` over the version that serves now; and why."""
+    if published.outcome == "published":
+        return "published", f"{plan.describe()}; {published.reason}"
+    moved = published.pointer is not None and published.pointer.version != planned_over
+    return ("retry" if moved else "refused"), published.reason
 
 
 def compact_delta(
@@ -147,6 +177,17 @@ def compact_delta(
         return _record(store, result, run_id)
     log.info("compaction of delta %s: %s", pointer.version, plan.describe())
     result.merged, result.run_docs = plan.versions, plan.doc_count
+    merged = _build_merged(spark, store_config, plan, pointer, result)
+    t1 = time.monotonic()
+    _publish_merged(store, (pointer, manifest, segs), plan, merged, result, run_id=run_id,
+                    run_info=run_info or {}, before_publish=before_publish)
+    result.publish_seconds = round(time.monotonic() - t1, 3)
+    return _record(store, result, run_id)
+
+
+def _build_merged(spark: SparkSession, store_config: StoreConfig, plan: compaction.CompactionPlan,
+                  pointer: Pointer, result: CompactionResult) -> Segment:
+    """Build M on the executors under a fresh delta version's prefix."""
     t0 = time.monotonic()
     version = new_version(parse_iso(pointer.position))
     # As many shards as the run's largest segment: never more searchers than its segments had.
@@ -157,48 +198,42 @@ def compact_delta(
         plan.run, version=version, shards=[c.to_dict() for c in commits], doc_count=sum(c.doc_count for c in commits),
         covered_count=sum(c.covered_count for c in commits), compacted_at=iso(utcnow()))
     result.merged_docs = merged.doc_count
-    t1 = time.monotonic()
-    draft_version = version
+    return merged
+
+
+def _publish_merged(store: ObjectStore, serving: tuple[Pointer, dict[str, Any], list[Segment]],
+                    plan: compaction.CompactionPlan, merged: Segment, result: CompactionResult, *, run_id: str,
+                    run_info: dict[str, Any], before_publish: Callable[[int], None] | None) -> None:
+    """Publish M over the serving version; over the one serving then if another publisher won meanwhile."""
+    pointer, manifest, segs = serving
+    draft_version = merged.version
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result.attempts = attempt
         result.published_over.append(pointer.version)
-        spliced = compaction.splice(segs, plan.versions, merged)
-        if spliced is None:
-            result.outcome = "gave_up"
-            result.reason = (f"serving version {pointer.version} no longer holds segments {plan.versions} in a row "
-                             f"(a rebuild, a full index or another compaction replaced them); M not published")
-            break
-        mixed = compaction.covered_by_full(spliced, _full_cutoff(store))
-        if mixed:
-            result.outcome = "gave_up"
-            result.reason = "the full index now covers part of the merged run; M not published"
-            break
-        draft = compaction_draft(pointer, manifest, spliced, merged, version=draft_version, run_id=run_id,
-                                 run_info=run_info or {}, plan=plan, build_seconds=result.build_seconds)
-        result.version, result.segments_after = draft.version, len(spliced)
+        over = compaction.splice_over(pointer.version, segs, plan, merged, _full_cutoff(store))
+        if over.segments is None:
+            result.outcome, result.reason = "gave_up", over.why
+            return
+        draft = compaction_draft(pointer, manifest, over.segments, merged, version=draft_version, run_id=run_id,
+                                 run_info=run_info, plan=plan, build_seconds=result.build_seconds)
+        result.version, result.segments_after = draft.version, len(over.segments)
         if before_publish is not None:
             before_publish(attempt)
-        published = publish(store, draft)
-        if published.outcome == "published":
-            result.outcome, result.reason = "published", f"{plan.describe()}; {published.reason}"
-            break
-        moved = published.pointer is not None and published.pointer.version != pointer.version
-        if not moved:
-            result.outcome, result.reason = "refused", published.reason
-            break
-        log.info("compaction: %s; re-reading the serving version", published.reason)
-        pointer, manifest, segs = _serving(store)
-        if pointer is None or manifest is None or segs is None:
+        step, why = after_publish(publish(store, draft), pointer.version, plan)
+        if step != "retry":
+            result.outcome, result.reason = step, why
+            return
+        log.info("compaction: %s; re-reading the serving version", why)
+        now, now_manifest, now_segs = _serving(store)
+        if now is None or now_manifest is None or now_segs is None:
             result.outcome, result.reason = "gave_up", "the serving delta version is no longer segmented"
-            break
+            return
+        pointer, manifest, segs = now, now_manifest, now_segs
         # The manifest of the refused version is written (create-once): the next one gets a new id. M's
-        # files stay under ``version`` (its segment says so), which garbage collection keeps while served.
+        # files stay under its own version (its segment says so), which garbage collection keeps while served.
         draft_version = new_version(parse_iso(pointer.position))
-    else:
-        result.outcome = "gave_up"
-        result.reason = f"the serving version kept moving: {MAX_ATTEMPTS} attempts"
-    result.publish_seconds = round(time.monotonic() - t1, 3)
-    return _record(store, result, run_id)
+    result.outcome = "gave_up"
+    result.reason = f"the serving version kept moving: {MAX_ATTEMPTS} attempts"
 
 
 def _record(store: ObjectStore, result: CompactionResult, run_id: str) -> CompactionResult:

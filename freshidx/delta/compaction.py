@@ -1,4 +1,4 @@
-"""Background compaction of delta segments (DESIGN §9, issue 13.3): pure decisions.
+"""Background compaction of delta segments (docs/architecture.md): pure decisions.
 
 A micro-batch appends one small segment per run, so a delta version grows by one segment per
 micro-batch until a full index takes the old ones over. Readers pay per segment (a tantivy searcher
@@ -25,44 +25,43 @@ Two publishers may race on ``indexes/delta/CURRENT``: a compaction and a micro-b
 the version V serving when they started. Whoever loses the compare-and-swap re-reads and moves its
 already-built work onto the new serving version instead of rebuilding (the retry one level above the
 attempt, as in Iceberg's table commits): :func:`splice` puts M over a newer version that still holds
-s_i..s_j in a row; :func:`rebase_after_compaction` puts a micro-batch's new segment over a compaction
-of its base. Each only succeeds when no segment can be lost, which :func:`constituents` makes
+s_i..s_j in a row (:func:`splice_over`); :func:`rebase_after_compaction` puts a micro-batch's new segment
+over a compaction of its base (:func:`rebased_draft`, which the delta hands to publication as its
+``rebase``). Each only succeeds when no segment can be lost, which :func:`constituents` makes
 checkable: every merged segment lists the original segments it holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from freshidx.delta.segments import Segment
-from freshidx.publish.commit import COMPACTION
+from freshidx.publish.commit import COMPACTION, DraftManifest, parse_iso
+from freshidx.store.records import Manifest
+from freshidx.store.records.segment import MERGED_KEY, Constituent
 
-__all__ = ["COMPACTION", "MERGED_KIND", "CompactionPlan", "merged_segment", "plan_compaction", "splice"]
+__all__ = ["COMPACTION", "MERGED_KIND", "CompactionPlan", "merged_segment", "plan_compaction", "rebased_draft",
+           "splice", "splice_over"]
 #: ``kind`` of a merged segment (``inputs.build`` of the version a compaction publishes: COMPACTION).
 MERGED_KIND = "compacted"
-#: ``extra`` key of a merged segment: the original segments it holds, oldest first.
-MERGED_KEY = "merged"
 
 
 def _parse(s: str) -> dt.datetime:
     return dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
 
 
-def constituents(seg: Segment) -> list[dict[str, Any]]:
+def constituents(seg: Segment) -> list[Constituent]:
     """The original (micro-batch or rebuild) segments ``seg`` holds, oldest first: itself unless merged."""
-    merged = seg.extra.get(MERGED_KEY)
-    if merged:
-        return [dict(m) for m in merged]
-    return [{"version": seg.version, "position": seg.position, "listed_at": seg.listed_at, "kind": seg.kind,
-             "doc_count": seg.doc_count, "full_version": seg.full_version}]
+    return seg.constituents()
 
 
 def original_versions(segs: Sequence[Segment]) -> list[str]:
     """Versions of the original segments ``segs`` hold, in order (compaction does not change it)."""
-    return [str(c["version"]) for s in segs for c in constituents(s)]
+    return [c.version for s in segs for c in constituents(s)]
 
 
 @dataclass(frozen=True)
@@ -152,7 +151,7 @@ def merged_segment(run: Sequence[Segment], *, version: str, shards: list[dict[st
         covered_count=covered_count, files=files,
         listed_at=min(run, key=lambda s: _parse(s.listed_at)).listed_at,
         touched_products=sum(s.touched_products for s in run),  # an upper bound: runs overlap
-        extra={MERGED_KEY: [c for s in run for c in constituents(s)], "compacted_at": compacted_at,
+        extra={MERGED_KEY: [c.to_dict() for s in run for c in constituents(s)], "compacted_at": compacted_at,
                "segments_merged": [s.version for s in run]},
         # M's row for an ad is one of the run's, so it rests on a full version only if all of them do.
         full_version=run[0].full_version if len({s.full_version for s in run}) == 1 else None,
@@ -180,7 +179,7 @@ def covered_by_full(segs: Sequence[Segment], full_cutoff: dt.datetime | None) ->
         return []
     out: list[str] = []
     for s in segs:
-        positions = [_parse(str(c["position"])) > full_cutoff for c in constituents(s)]
+        positions = [_parse(str(c.position)) > full_cutoff for c in constituents(s)]
         if any(positions) and not all(positions):
             out.append(s.version)
     return out
@@ -211,3 +210,47 @@ def rebase_after_compaction(draft_segments: Sequence[Segment], own_version: str,
         return None
     return [*rebased, own[0]]
 
+
+
+@dataclass(frozen=True)
+class Splice:
+    """M over a serving version: the segments to publish, or (``segments`` None) why not."""
+
+    segments: list[Segment] | None
+    why: str = ""
+
+
+def splice_over(serving_version: str, segs: Sequence[Segment], plan: CompactionPlan, merged: Segment,
+                full_cutoff: dt.datetime | None) -> Splice:
+    """What a compaction publishes over ``serving_version`` (its segments ``segs``): :func:`splice`, unless
+    that no longer holds the run in a row or the full index now covers part of it (:func:`covered_by_full`)."""
+    spliced = splice(segs, plan.versions, merged)
+    if spliced is None:
+        return Splice(None, f"serving version {serving_version} no longer holds segments {plan.versions} in a row "
+                            f"(a rebuild, a full index or another compaction replaced them); M not published")
+    if covered_by_full(spliced, full_cutoff):
+        return Splice(None, "the full index now covers part of the merged run; M not published")
+    return Splice(spliced)
+
+
+def rebased_draft(draft: DraftManifest, serving_version: str, serving_manifest: Manifest
+                  ) -> DraftManifest | None:
+    """``draft`` (a micro-batch whose base changed) moved onto the serving version when that is a
+    compaction of its base (:func:`rebase_after_compaction` decides, conservatively); None otherwise.
+    The segments, counts and ``inputs.based_on`` change; ``inputs.rebased_from`` keeps the old base."""
+    serving_segments = serving_manifest.segment_list()
+    draft_segments = draft.segment_list()
+    if not draft_segments or serving_manifest.build != COMPACTION or serving_segments is None:
+        return None
+    cutoff = draft.full_cutoff
+    rebased = rebase_after_compaction(draft_segments, draft.version, serving_segments,
+                                      parse_iso(cutoff) if cutoff else None)
+    if rebased is None:
+        return None
+    return dataclasses.replace(
+        draft, segments=[s.to_dict() for s in rebased], doc_count=sum(s.doc_count for s in rebased),
+        covered_count=sum(s.covered_count for s in rebased),
+        inputs={**draft.inputs, "based_on": serving_version, "rebased_from": draft.based_on,
+                "segments_kept": len(rebased) - 1},
+        stats={**draft.stats, "segments": len(rebased)},
+    )

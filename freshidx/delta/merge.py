@@ -1,4 +1,4 @@
-"""An incremental micro-batch's rows, computed in Arrow inside one executor task (DESIGN §9).
+"""An incremental micro-batch's rows, computed in Arrow inside one executor task (docs/architecture.md#state-as-built).
 
 The rule is ``transform``'s: the newest record per ad by :func:`freshidx.spark.transform.tie_break_order`
 (Spark's ``max(struct(...))``, :func:`freshidx.spark.transform.latest_per_ad`), and every ad of every product
@@ -157,8 +157,8 @@ def segment_update(batch: pa.Table, state: pa.Table, distrusted: pa.Array | None
 
     A served document is the ad's row plus its product's features, so it changes for a batch ad and for
     every ad of a product whose features (``product_features``) the batch changes; the other ads of a
-    touched product keep the document an older layer serves (seed 000's grouping, at the cost of what
-    changed: at a million documents about half of a busy micro-batch's touched products keep their
+    touched product keep the document an older layer serves (a product's ads are re-indexed only
+    where its features change: at a million documents about half of a busy micro-batch's touched products keep their
     features). That holds only where the older layers serve what ``state`` says: ``distrusted`` are ads
     whose rows came from a layer that may not (a segment built over an earlier full version, which a
     newer full version may contradict with late records); their ads and products are replaced whole,

@@ -1,4 +1,5 @@
-"""Delta segments (DESIGN §9): what a delta version is made of, and what the next micro-batch reads.
+"""Delta segments: what a delta version is made of, and what the next micro-batch reads
+(docs/architecture.md#segments-and-kill-lists).
 
 A delta version is *base full cutoff + ordered segments*. Each segment is the index of every ad of
 the products one micro-batch touched (or, for a window rebuild, of the whole window) plus its
@@ -15,12 +16,14 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from freshidx.store import ObjectInfo
 from freshidx.store.partitions import PartitionId
+from freshidx.store.records import Manifest
+from freshidx.store.records import Segment as Segment
 
 #: Manifest key of a segment-built delta version (older delta manifests lack it: window builds).
 SEGMENTS_KEY = "segments"
@@ -48,38 +51,10 @@ class RebuildReason(StrEnum):
     UNREADABLE = "unreadable"  # the serving delta's manifest cannot be read
 
 
-@dataclass(frozen=True)
-class Segment:
-    """One segment as a delta manifest lists it."""
-
-    version: str  # the delta version that built it (its files are under that version's prefix)
-    position: str  # ISO time of the newest partition it consumed
-    kind: str  # BuildKind
-    shards: list[dict[str, Any]]  # ShardCommit dicts (index files, docs.parquet, covered.parquet)
-    doc_count: int
-    covered_count: int
-    files: list[str]  # raw keys it consumed (so a later micro-batch never reads them again)
-    listed_at: str  # ISO time its build listed the store: files newer than this were not seen
-    touched_products: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-    # The full version its state rested on (None: none, or written before this field): its rows supersede
-    # that version's (freshidx.delta.executor.state_lookup.StateFile).
-    full_version: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Segment:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
-
-
-def segments_of(manifest: Mapping[str, Any]) -> list[Segment] | None:
-    """The segments of a delta manifest, oldest first; ``None`` for a manifest without segments."""
-    raw = manifest.get(SEGMENTS_KEY)
-    if raw is None:
-        return None
-    return [Segment.from_dict(s) for s in raw]
+def segments_of(manifest: Manifest | Mapping[str, Any]) -> list[Segment] | None:
+    """The segments of a delta manifest (the record, or its JSON), oldest first; ``None`` for a manifest
+    without segments."""
+    return Manifest.from_json(manifest).segment_list()
 
 
 @dataclass(frozen=True)

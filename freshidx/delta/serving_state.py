@@ -7,22 +7,22 @@ can be built from, :mod:`freshidx.full.plan`). Reads pointers and manifests only
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from freshidx.delta.segments import FullBase, Segment, segments_of
+from freshidx.delta.segments import FullBase, Segment
 from freshidx.publish.commit import Pointer, parse_iso, read_manifest, read_pointer
 from freshidx.store import NotFound, ObjectStore
+from freshidx.store.records import Manifest
 
 log = logging.getLogger(__name__)
 
 
-def full_base(store: ObjectStore) -> tuple[FullBase | None, dict[str, Any] | None]:
+def full_base(store: ObjectStore) -> tuple[FullBase | None, Manifest | None]:
     """The serving full version (cutoff, listing time) and its manifest; ``(None, None)`` before the first."""
     pointer, _ = read_pointer(store, "full")
     if pointer is None:
         return None, None
     manifest = read_manifest(store, "full", pointer.version)
-    listed = manifest.get("inputs", {}).get("listed_at")
+    listed = manifest.listed_at
     cutoff = parse_iso(pointer.cutoff or pointer.position)
     return FullBase(pointer.version, cutoff, parse_iso(listed) if listed else None), manifest
 
@@ -34,7 +34,7 @@ def delta_segments(store: ObjectStore, reader: str) -> tuple[Pointer | None, lis
     if pointer is None:
         return None, None
     try:
-        return pointer, segments_of(read_manifest(store, "delta", pointer.version))
+        return pointer, read_manifest(store, "delta", pointer.version).segment_list()
     except (NotFound, KeyError, TypeError, ValueError) as exc:
         log.warning("%s: serving delta manifest %s unreadable (%s)", reader, pointer.version, exc)
         return pointer, None

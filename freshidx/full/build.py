@@ -3,7 +3,7 @@
 Either from state (the serving full version with the delta's segments laid over it, one task per
 product bucket: :mod:`freshidx.full.executor`) or from every raw partition up to the cutoff;
 :mod:`freshidx.full.plan` decides, and the manifest records which and why. The raw build is the safety
-net that makes latest-only skipping acceptable (seed 000): anything the state could miss is in it. Both
+net that makes latest-only skipping acceptable: anything the state could miss is in it. Both
 list all history once per build (one paginated pass, 1,000 keys per call), never per tick: the state
 build checks that every raw file is held by the full version or a segment.
 
@@ -106,7 +106,7 @@ def build_full(
     if plan.kind is FullBuildKind.STATE:
         assert full_manifest is not None
         t1 = time.monotonic()
-        commits = bucket_shards(spark, store_config, full_manifest["shards"], plan.segments, index=INDEX,
+        commits = bucket_shards(spark, store_config, full_manifest.shards, plan.segments, index=INDEX,
                                 version=version)
         result = BuildResult(commits, {}, seconds=round(time.monotonic() - t1, 3))
     else:

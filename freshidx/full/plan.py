@@ -1,4 +1,5 @@
-"""How the next full version is built: from the published state, or from every raw partition (DESIGN §9).
+"""How the next full version is built: from the published state, or from every raw partition
+(docs/architecture.md#full-index-from-state).
 
 A full version at cutoff C holds the latest record per ad over every raw file up to C. The serving full
 version F already holds that for its own inputs, and the serving delta's segments hold the latest rows of
@@ -31,6 +32,7 @@ from freshidx.delta.compaction import constituents
 from freshidx.delta.segments import CLOCK_SKEW, FullBase, Segment
 from freshidx.store import ObjectInfo
 from freshidx.store.partitions import PartitionId
+from freshidx.store.records import Manifest
 
 #: Manifest ``inputs`` keys a full version records about how it was built.
 BUILD_KEY = "build"
@@ -69,12 +71,10 @@ class ServingFull:
     bases: tuple[str, ...]  # full versions it holds everything of
 
     @classmethod
-    def from_manifest(cls, base: FullBase, manifest: Mapping[str, Any]) -> ServingFull:
-        inputs = manifest.get("inputs") or {}
+    def from_manifest(cls, base: FullBase, manifest: Manifest) -> ServingFull:
         return cls(version=base.version, cutoff=base.cutoff, listed_at=base.listed_at,
-                   num_shards=int(manifest.get("num_shards") or len(manifest.get("shards") or [])),
-                   format=inputs.get("format"), chain=int(inputs.get(CHAIN_KEY) or 0),
-                   bases=tuple(str(b) for b in inputs.get(BASES_KEY) or ()))
+                   num_shards=manifest.num_shards or len(manifest.shards), format=manifest.index_format,
+                   chain=manifest.state_chain, bases=manifest.state_bases)
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def plan_full(
         return raw(RawReason.NO_SEGMENTS)
     held = {full.version, *full.bases}
     for s in used:
-        bases = {c.get("full_version") for c in constituents(s)}
+        bases = {c.full_version for c in constituents(s)}
         if not bases <= held:
             return raw(RawReason.FOREIGN_SEGMENT, f"segment {s.version} rests on {sorted(map(str, bases))}")
     # Each consumed file with the latest time it can have been listed (a compacted segment: its newest
@@ -146,7 +146,7 @@ def plan_full(
     # segment read.
     consumed: dict[str, dt.datetime] = {}
     for s in used:
-        listed = max(dt.datetime.fromisoformat(str(c.get("listed_at") or s.listed_at)) for c in constituents(s))
+        listed = max(dt.datetime.fromisoformat(c.listed_at or s.listed_at) for c in constituents(s))
         for k in s.files:
             consumed[k] = max(listed, consumed.get(k, listed))
     for pid, objs in listing.items():

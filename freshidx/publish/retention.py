@@ -25,7 +25,9 @@ version outside the kept ones was replaced no later than the publication of the 
 Deleting a version removes its manifest first, so a crash half-way leaves a manifest-less staged
 version that the next sweep finishes (and that :func:`rollback` refuses).
 
-Listing is fine here (a sweeper, not the hot path) but bounded per call.
+GC is a plan and its application: :func:`survey_gc` reads, :func:`freshidx.publish.gc_plan.plan_gc`
+decides (pure: what is deleted and why, what is kept and why), :func:`apply_gc` deletes; a dry run
+stops at the plan. Listing is fine here (a sweeper, not the hot path) but bounded per call.
 """
 
 from __future__ import annotations
@@ -33,17 +35,18 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
-import re
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
-from freshidx.publish.commit import Pointer, ensure_history, iso, parse_iso, read_pointer, utcnow
+from freshidx.publish.commit import Pointer, ensure_history, iso, read_pointer, utcnow
+from freshidx.publish.gc_plan import GcPlan as GcPlan
+from freshidx.publish.gc_plan import GcReport as GcReport
+from freshidx.publish.gc_plan import GcSurvey, VersionListing, kept_versions
+from freshidx.publish.gc_plan import plan_gc as plan_gc
 from freshidx.store import NotFound, ObjectStore, PreconditionFailed, WriteOutcomeUnknown, layout
+from freshidx.store.records import Manifest
 
 MAX_HISTORY_WALK = 10_000
 DEFAULT_MAX_VERSIONS = 100
 DEFAULT_GRACE_MINUTES = 60
-_SHARD_DIR_RE = re.compile(r"^shard-(\d{5,})-a(\d+)/$")
 
 
 class RetentionError(RuntimeError):
@@ -73,10 +76,9 @@ def history_entries(
     out: list[Pointer] = [current]
     for seq in range(current.seq - 1, max(0, current.seq - limit), -1):
         try:
-            data, _ = store.get_json(layout.history_key(index, seq))
+            out.append(Pointer.history(store, index, seq))
         except NotFound:
             break
-        out.append(Pointer.from_dict(data))
     return out
 
 
@@ -92,14 +94,12 @@ def _published(entries: list[Pointer], version: str) -> Pointer | None:
 def missing_files(store: ObjectStore, index: str, version: str) -> list[str]:
     """What is missing for ``version`` to be served: its manifest or any file the manifest lists."""
     try:
-        manifest, _ = store.get_json(layout.manifest_key(index, version))
+        manifest = Manifest.of(store, index, version)
     except NotFound:
         return [layout.manifest_key(index, version)]
     problems: list[str] = []
-    shards = [sh for seg in manifest["segments"] for sh in seg["shards"]] if manifest.get("segments") \
-        else manifest.get("shards", [])
-    for s in shards:
-        for f in s.get("files", []):
+    for s in manifest.served_shards():
+        for f in s["files"]:
             try:
                 info = store.head(f["key"])
             except NotFound:
@@ -162,7 +162,7 @@ def rollback(store: ObjectStore, index: str, to_version: str | None = None) -> P
     # may have left it out), so the history stays walkable from any seq.
     ensure_history(store, current)
     try:
-        store.swap_json(layout.pointer_key(index), pointer.to_dict(), etag)
+        pointer.swap(store, layout.pointer_key(index), etag)
     except (PreconditionFailed, WriteOutcomeUnknown) as exc:
         landed = _rollback_landed(store, pointer)
         if landed is None:
@@ -194,35 +194,13 @@ def _rollback_landed(store: ObjectStore, ours: Pointer) -> Pointer | None:
     if now.seq <= ours.seq:
         return None
     try:
-        data, _ = store.get_json(layout.history_key(ours.index, ours.seq))
+        entry = Pointer.history(store, ours.index, ours.seq)
     except NotFound:
         return None
-    entry = Pointer.from_dict(data)
     return entry if _same_rollback(entry, ours) else None
 
 
 # --------------------------------------------------------------------------- gc
-
-
-@dataclass
-class GcReport:
-    index: str
-    dry_run: bool
-    current: str | None
-    kept: list[str] = field(default_factory=list)  # protected: current + last K
-    deleted_versions: list[str] = field(default_factory=list)
-    deleted_orphans: list[str] = field(default_factory=list)  # shard attempt prefixes
-    deleted_objects: int = 0
-    deleted_bytes: int = 0
-    young: list[str] = field(default_factory=list)  # candidates still inside the grace period
-    truncated: bool = False  # more versions left than this call may examine
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _ensure_utc(t: dt.datetime) -> dt.datetime:
-    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
 
 
 def gc(
@@ -230,114 +208,71 @@ def gc(
     *, dry_run: bool = False, max_versions: int = DEFAULT_MAX_VERSIONS,
 ) -> GcReport:
     """Delete old versions, abandoned staged versions and attempt orphans of ``index`` (module docstring)."""
+    plan = planned_gc(store, index, keep_last, grace, now, max_versions=max_versions)
+    if not dry_run:
+        apply_gc(store, plan)
+    return plan.report(dry_run)
+
+
+def planned_gc(
+    store: ObjectStore, index: str, keep_last: int, grace: dt.timedelta, now: dt.datetime | None = None,
+    *, max_versions: int = DEFAULT_MAX_VERSIONS,
+) -> GcPlan:
+    """What :func:`gc` would do, and why (reads only)."""
     if keep_last < 1:
         raise ValueError(f"keep_last must be >= 1, got {keep_last}")
     _check_index(index)
-    now = _ensure_utc(now or utcnow())
-    root = layout.index_root(index)
-    entries = history_entries(store, index)
-    current = entries[0].version if entries else None
-    kept: list[str] = []
-    oldest_kept_entry: Pointer | None = None
-    for e in entries:
-        if e.version not in kept:
-            if len(kept) >= keep_last:
-                break
-            kept.append(e.version)
-        oldest_kept_entry = e
-    protected = set(kept) | _segment_versions(store, index, kept)
-    # A version not protected stopped being served no later than this (None: never served).
-    served_until = parse_iso(oldest_kept_entry.published_at) if oldest_kept_entry else None
-    report = GcReport(index=index, dry_run=dry_run, current=current, kept=kept)
+    now = now or utcnow()
+    now = now if now.tzinfo is not None else now.replace(tzinfo=dt.UTC)
+    return plan_gc(survey_gc(store, index, keep_last, max_versions=max_versions), keep_last=keep_last,
+                   grace=grace, now=now)
 
-    versions_root = root + "versions/"
-    version_prefixes = store.list(versions_root, delimiter="/").prefixes
-    examined = 0
-    for vp in version_prefixes:
-        version = vp[len(versions_root):].rstrip("/")
-        if examined >= max_versions:
-            report.truncated = True
-            break
-        examined += 1
-        objects = store.list(vp).objects
-        if not objects:
-            if version not in protected and not dry_run:
-                _prune_local_dirs(store, vp)  # empty directories left by an interrupted sweep
-            continue
-        newest = max(_ensure_utc(o.last_modified) for o in objects)
+
+def survey_gc(store: ObjectStore, index: str, keep_last: int, *, max_versions: int = DEFAULT_MAX_VERSIONS
+              ) -> GcSurvey:
+    """Read what :func:`plan_gc` decides from: the history, the segments the kept versions serve, and the
+    first ``max_versions`` version directories with their objects and manifests."""
+    entries = history_entries(store, index)
+    kept, _ = kept_versions(entries, keep_last)
+    segments_served: dict[str, tuple[str, ...]] = {}
+    for version in kept:
         try:
-            manifest: dict[str, Any] | None = store.get_json(layout.manifest_key(index, version))[0]
+            served = Manifest.of(store, index, version)
         except NotFound:
-            manifest = None
-        if version in protected:
-            if manifest is not None:
-                _sweep_orphans(store, index, version, manifest, objects, now, grace, report)
             continue
-        age_ref = newest
-        if served_until is not None and manifest is not None:  # may have been served: see module docstring
-            age_ref = max(age_ref, served_until)
-        if now - age_ref <= grace:
-            report.young.append(version)
-            if manifest is not None:
-                _sweep_orphans(store, index, version, manifest, objects, now, grace, report)
-            continue
-        report.deleted_versions.append(version)
-        report.deleted_objects += len(objects)
-        report.deleted_bytes += sum(o.size for o in objects)
-        if not dry_run:
-            mkey = layout.manifest_key(index, version)
-            if manifest is not None:
-                store.delete(mkey)  # first: a half-deleted version is never a "complete" one
-            for o in objects:
+        segments_served[version] = tuple(seg.version for seg in served.segment_list() or [])
+    versions_root = layout.index_root(index) + "versions/"
+    prefixes = store.list(versions_root, delimiter="/").prefixes
+    listings: list[VersionListing] = []
+    for vp in prefixes[:max_versions]:
+        version = vp[len(versions_root):].rstrip("/")
+        objects = tuple(store.list(vp).objects)
+        manifest: Manifest | None = None
+        if objects:
+            with contextlib.suppress(NotFound):
+                manifest = Manifest.of(store, index, version)
+        listings.append(VersionListing(version, vp, objects, manifest))
+    return GcSurvey(index, tuple(entries), segments_served, tuple(listings), len(prefixes) > max_versions)
+
+
+def apply_gc(store: ObjectStore, plan: GcPlan) -> None:
+    """Delete what ``plan`` says, in its order: a version's manifest first (a half-deleted version is never
+    a "complete" one), then its other objects; a kept version's attempt orphans."""
+    for d in plan.decisions:
+        if d.action == "delete":
+            mkey = layout.manifest_key(plan.index, d.version)
+            if d.listing.manifest is not None:
+                store.delete(mkey)
+            for o in d.listing.objects:
                 if o.key != mkey:
                     store.delete(o.key)
-            _prune_local_dirs(store, vp)
-    return report
-
-
-def _segment_versions(store: ObjectStore, index: str, versions: list[str]) -> set[str]:
-    """Versions that built a segment one of ``versions`` serves (their files must stay)."""
-    out: set[str] = set()
-    for version in versions:
-        try:
-            manifest = store.get_json(layout.manifest_key(index, version))[0]
-        except NotFound:
-            continue
-        out.update(str(seg["version"]) for seg in manifest.get("segments") or [])
-    return out
-
-
-def _sweep_orphans(
-    store: ObjectStore, index: str, version: str, manifest: dict[str, Any], objects: list[Any],
-    now: dt.datetime, grace: dt.timedelta, report: GcReport,
-) -> None:
-    """Delete shard attempt directories of ``version`` that its manifest does not list."""
-    listed_keys = {f["key"] for s in manifest.get("shards", []) for f in s.get("files", [])}
-    listed_dirs = {
-        layout.shard_prefix(index, version, int(s["shard"]), int(s["attempt"])) for s in manifest.get("shards", [])
-    }
-    shards_root = layout.version_prefix(index, version) + "shards/"
-    by_dir: dict[str, list[Any]] = {}
-    for o in objects:
-        if not o.key.startswith(shards_root):
-            continue
-        rest = o.key[len(shards_root):]
-        d = rest.split("/", 1)[0] + "/"
-        if not _SHARD_DIR_RE.match(d):
-            continue
-        by_dir.setdefault(shards_root + d, []).append(o)
-    for d, objs in sorted(by_dir.items()):
-        if d in listed_dirs or any(o.key in listed_keys for o in objs):
-            continue
-        if now - max(_ensure_utc(o.last_modified) for o in objs) <= grace:
-            continue
-        report.deleted_orphans.append(d)
-        report.deleted_objects += len(objs)
-        report.deleted_bytes += sum(o.size for o in objs)
-        if not report.dry_run:
-            for o in objs:
+            _prune_local_dirs(store, d.listing.prefix)
+        elif d.action == "prune":  # empty directories left by an interrupted sweep
+            _prune_local_dirs(store, d.listing.prefix)
+        for orphan in d.orphans:
+            for o in orphan.objects:
                 store.delete(o.key)
-            _prune_local_dirs(store, d)
+            _prune_local_dirs(store, orphan.prefix)
 
 
 def _prune_local_dirs(store: ObjectStore, prefix: str) -> None:

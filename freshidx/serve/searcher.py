@@ -1,4 +1,5 @@
-"""Serving: follow the ``CURRENT`` pointers, cache published shards locally, fan queries out (DESIGN §6).
+"""Serving: follow the ``CURRENT`` pointers, cache published shards locally, fan queries out
+(docs/architecture.md#index-format-and-serving).
 
 :class:`Searcher` resolves ``indexes/full/CURRENT`` and ``indexes/delta/CURRENT``, downloads the shard
 files each version's *manifest* lists (never a listing) into ``cache_dir/<index>/<version>/``,
@@ -241,9 +242,9 @@ class Searcher:
 
     def _load(self, index: str, pointer: Pointer, have: LoadedVersion | None = None) -> LoadedVersion:
         manifest = read_manifest(self.store, index, pointer.version)
-        listed = manifest.get("segments") if index == "delta" else None
-        pieces = [(str(seg["version"]), str(seg["position"]), {"shards": seg["shards"]}) for seg in listed] \
-            if listed else [(pointer.version, pointer.position, manifest)]
+        listed = manifest.segment_list() if index == "delta" else None
+        pieces = [(seg.version, seg.position, {"shards": seg.shards}) for seg in listed] \
+            if listed else [(pointer.version, pointer.position, {"shards": manifest.shards})]
         # Segments the serving version already has open are shared, not downloaded or opened again.
         open_parts = {part.version: part for part in have.parts} if have is not None else {}
         parts = [open_parts.get(version) or self._load_part(index, version, position, files)

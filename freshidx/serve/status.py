@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from freshidx.publish.commit import iso, parse_iso, read_pointer, utcnow
-from freshidx.store import NotFound, ObjectStore, layout
+from freshidx.store import NotFound, ObjectStore
 from freshidx.store.partitions import PartitionId
+from freshidx.store.records import Heartbeat, LedgerEntry, RecordError, RuntimeRecord
 from freshidx.trigger.lifecycle import Decision, Mark
 from freshidx.trigger.listing import newest_partition
 
@@ -23,7 +24,7 @@ def index_status(store: ObjectStore, index: str, now: dt.datetime) -> dict[str, 
     pointer, _ = read_pointer(store, index)
     if pointer is None:
         return None
-    out = pointer.to_dict()
+    out = dict(pointer)
     out["lag_seconds"] = round((now - parse_iso(pointer.position)).total_seconds(), 3)
     out["age_seconds"] = round((now - parse_iso(pointer.published_at)).total_seconds(), 3)
     if index == "delta":
@@ -39,12 +40,12 @@ def full_build(store: ObjectStore, version: str) -> dict[str, Any]:
     from freshidx.publish.commit import read_manifest
 
     try:
-        inputs = read_manifest(store, "full", version).get("inputs") or {}
+        manifest = read_manifest(store, "full", version)
     except NotFound:
         return {"build": None}
-    return {"build": inputs.get("build") or "raw", "raw_reason": inputs.get("raw_reason"),
-            "base_full_version": inputs.get("base_full_version"),
-            "segments_used": len(inputs.get("segments_used") or []), "state_chain": inputs.get("state_chain") or 0}
+    return {"build": manifest.build or "raw", "raw_reason": manifest.raw_reason,
+            "base_full_version": manifest.base_full_version,
+            "segments_used": len(manifest.segments_used), "state_chain": manifest.state_chain}
 
 
 def delta_segments(store: ObjectStore, version: str) -> dict[str, Any]:
@@ -55,16 +56,15 @@ def delta_segments(store: ObjectStore, version: str) -> dict[str, Any]:
         manifest = read_manifest(store, "delta", version)
     except NotFound:
         return {"build": None, "segments": None}
-    inputs = manifest.get("inputs") or {}
-    segs = manifest.get("segments")
+    segs = manifest.segment_list()
     return {
-        "build": inputs.get("build") or "window",
-        "trigger": (manifest.get("run") or {}).get("trigger"),
-        "rebuild_reason": inputs.get("rebuild_reason"),
-        "full_version": inputs.get("full_version"),
+        "build": manifest.build or "window",
+        "trigger": manifest.trigger,
+        "rebuild_reason": manifest.rebuild_reason,
+        "full_version": manifest.full_version,
         "segments": None if segs is None else [
-            {"version": g["version"], "position": g["position"], "kind": g["kind"], "docs": g["doc_count"],
-             "kill_list": g["covered_count"], "files": len(g["files"])} for g in segs],
+            {"version": g.version, "position": g.position, "kind": g.kind, "docs": g.doc_count,
+             "kill_list": g.covered_count, "files": len(g.files)} for g in segs],
     }
 
 
@@ -80,11 +80,11 @@ def recent_decisions(store: ObjectStore, pipeline: str, now: dt.datetime,
             if "." in name and not name.endswith(f".{Mark.GAP}"):  # attempts (P.aN…) are not partition decisions
                 continue
             try:
-                entry = store.get_json(key)[0]
+                entry = LedgerEntry.read(store, key)[0]
             except NotFound:
                 continue
-            if entry.get("decision") in decisions:
-                found.append(entry)
+            if entry.decision in decisions:
+                found.append(dict(entry))
                 if len(found) >= limit:
                     return found
     return found
@@ -105,10 +105,8 @@ class ServerStateLocation:
 def record_spark_server_state(store: ObjectStore, state_dir: str | os.PathLike[str]) -> None:
     """Called by whoever starts a supervised server for this store (``freshidx demo``): records the
     host-local state dir in the store so ``status --store`` finds it wherever it is run from."""
-    store.put_json(layout.runtime_record_key(SERVER_RECORD), {
-        "state_dir": str(Path(state_dir).resolve()), "hostname": socket.gethostname(),
-        "pid": os.getpid(), "written_at": iso(utcnow()),
-    })
+    RuntimeRecord(state_dir=str(Path(state_dir).resolve()), hostname=socket.gethostname(), pid=os.getpid(),
+                  written_at=iso(utcnow())).write(store, SERVER_RECORD)
 
 
 def locate_spark_server_state(store: ObjectStore, explicit: str | None = None,
@@ -125,11 +123,11 @@ def locate_spark_server_state(store: ObjectStore, explicit: str | None = None,
     if configured:
         return ServerStateLocation(configured, "FRESHIDX_SPARK_SERVER_STATE")
     try:
-        rec = store.get_json(layout.runtime_record_key(SERVER_RECORD))[0]
-    except NotFound:
-        rec = None
-    if isinstance(rec, dict) and rec.get("state_dir") and rec.get("hostname") == socket.gethostname():
-        return ServerStateLocation(str(rec["state_dir"]), "recorded in the store by the demo")
+        rec = RuntimeRecord.of(store, SERVER_RECORD)
+    except RecordError:
+        rec = None  # not a record this freshidx reads: as if there were none
+    if rec is not None and rec.state_dir and rec.hostname == socket.gethostname():
+        return ServerStateLocation(rec.state_dir, "recorded in the store by the demo")
     if store.uri.startswith("file://"):
         home = Path(store.uri.removeprefix("file://")).parent
         if (home / "spark-server").is_dir():
@@ -173,10 +171,10 @@ def continuous_status(store: ObjectStore, now: dt.datetime) -> dict[str, Any] | 
     from freshidx.trigger.continuous import describe_heartbeat
 
     try:
-        hb = store.get_json(layout.continuous_heartbeat_key("delta"))[0]
-    except NotFound:
-        return None
-    return describe_heartbeat(hb if isinstance(hb, dict) else None, now)
+        hb = Heartbeat.latest(store, "delta")
+    except RecordError:
+        return None  # unreadable: status shows no run rather than failing
+    return describe_heartbeat(hb, now)
 
 
 def trigger_mode(delta: dict[str, Any] | None, run: dict[str, Any] | None) -> tuple[str | None, str]:

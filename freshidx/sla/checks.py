@@ -120,7 +120,7 @@ def data_lag(o: Observed, s: Settings) -> CheckOutcome:
 
 def coverage(o: Observed, s: Settings) -> CheckOutcome:
     """The delta window must reach back to (or past) the full cutoff, else updates in between are
-    visible in neither index (seed 000's argument for why skipping is safe)."""
+    visible in neither index (the argument for why skipping partitions is safe)."""
     if o.full is None:
         return CheckOutcome("delta_index", "coverage", False, "ERROR",
                             "no full index published: nothing covers data before the delta window",

@@ -19,9 +19,10 @@ from freshidx.records import DEFAULT_MAX_FUTURE_SKEW_SECONDS
 from freshidx.spark import transform
 from freshidx.spark.index_format import FORMAT
 from freshidx.spark.index_shards import write_index_shards
+from freshidx.spark.quarantine import QuarantineCommit, write_quarantine
 from freshidx.spark.quarantine_once import ConflictReport, quarantined_files, report_conflicts
 from freshidx.spark.raw_source import group_files, read_raw_lines
-from freshidx.spark.shards import QuarantineCommit, ShardCommit, write_quarantine
+from freshidx.spark.shards import ShardCommit
 from freshidx.store import StoreConfig, open_store
 
 __all__ = ["FORMAT", "BuildResult", "build_version"]
@@ -83,17 +84,12 @@ def build_version(
     winner is what :func:`freshidx.spark.transform.latest_per_ad` keeps. ``write_shards``: stages the valid
     records read (``TYPED_FIELDS`` + ``partition``, several per ad possible) as shards, keeping the latest
     per ad by that rule (a delta build adds the untouched ads of every product it touched from what is
-    already published, ``transform.expand_to_products`` / ``segment_merge.segment_rows``: seed 000, a
+    already published, ``transform.expand_to_products`` / ``segment_merge.segment_rows``: so a
     product's grouped features are never half-updated); ``None`` indexes the latest row per ad of what
     was read into ``num_shards`` shards (a full build).
     """
     t0 = time.monotonic()
-    lines = read_raw_lines(spark, store_config, files, max_partitions=max_read_tasks)
-    # Read and parsed exactly once, then used three times (counts, quarantine, shards). A local
-    # checkpoint rather than persist(): under Spark Connect every plan sent is analysed again (the
-    # Python data source the reads used then was re-resolved, so a persisted plan never matched and each
-    # action re-read the whole window: 6 read stages per delta build); a checkpoint is referenced by id.
-    parsed = transform.parse_records(lines, max_future_skew_seconds).localCheckpoint(eager=True)
+    parsed = _read_parsed(spark, store_config, files, max_read_tasks, max_future_skew_seconds)
     stages = {"read_parse": round(time.monotonic() - t0, 3)}
     valid, _ = transform.split_valid(parsed)
     # One read task (a micro-batch of one partition): its records are in one partition anyway, and a
@@ -112,18 +108,37 @@ def build_version(
                                      quarantine_after, one_task)
             conflicts = pool.submit(_report_conflicts, stages, bookkeeping, store_config, source,
                                     quarantine_after is not False)
-            index_started = time.monotonic()
-            if write_shards is not None:
-                commits = write_shards(valid)
-            else:
-                commits = write_index_shards(transform.latest_per_ad(valid).select(*transform.TYPED_FIELDS),
-                                             store_config, index, version, num_shards)
-            stages["index"] = round(time.monotonic() - index_started, 3)
+            commits = _write_index(stages, valid, write_shards, store_config, index, version, num_shards)
             reasons, quarantined = quarantine.result()
             report = conflicts.result()
     finally:
         parsed.unpersist()  # classic mode: drop the checkpoint's blocks now, not at garbage collection
     return BuildResult(commits, reasons, quarantined, round(time.monotonic() - t0, 3), report, stages)
+
+
+def _read_parsed(spark: SparkSession, store_config: StoreConfig, files: list[tuple[str, str]], max_read_tasks: int,
+                 max_future_skew_seconds: int) -> DataFrame:
+    """The files' lines, parsed and validated (:func:`freshidx.spark.transform.parse_records`), checkpointed."""
+    lines = read_raw_lines(spark, store_config, files, max_partitions=max_read_tasks)
+    # Read and parsed exactly once, then used three times (counts, quarantine, shards). A local
+    # checkpoint rather than persist(): under Spark Connect every plan sent is analysed again (the
+    # Python data source the reads used then was re-resolved, so a persisted plan never matched and each
+    # action re-read the whole window: 6 read stages per delta build); a checkpoint is referenced by id.
+    return transform.parse_records(lines, max_future_skew_seconds).localCheckpoint(eager=True)
+
+
+def _write_index(stages: dict[str, float], valid: DataFrame,
+                 write_shards: Callable[[DataFrame], list[ShardCommit]] | None, store_config: StoreConfig,
+                 index: str, version: str, num_shards: int) -> list[ShardCommit]:
+    """Stage the shards: ``write_shards`` if given, else the latest row per ad in ``num_shards`` shards."""
+    t0 = time.monotonic()
+    if write_shards is not None:
+        commits = write_shards(valid)
+    else:
+        commits = write_index_shards(transform.latest_per_ad(valid).select(*transform.TYPED_FIELDS),
+                                     store_config, index, version, num_shards)
+    stages["index"] = round(time.monotonic() - t0, 3)
+    return commits
 
 
 def _quarantine_invalid(stages: dict[str, float], invalid: DataFrame, files: list[tuple[str, str]],

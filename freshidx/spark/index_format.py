@@ -1,4 +1,4 @@
-"""The on-disk search index format of one shard: a tantivy index (DESIGN §6).
+"""The on-disk search index format of one shard: a tantivy index (docs/architecture.md#index-format-and-serving).
 
 Schema (``FORMAT`` = ``tantivy-v1``):
 
@@ -18,7 +18,7 @@ field                  tantivy type                             why
 =====================  =======================================  ====================================
 
 Documents are added with ``Document()`` + ``add_*`` calls, the fastest form of the tantivy-py API
-(feasibility note §3: 224k docs/s vs 159-172k for ``from_dict``/``add_json``). The same
+(measured: 224k docs/s vs 159-172k for ``from_dict``/``add_json``). The same
 :class:`IndexBuilder` is used inside Spark tasks and by the single-process benchmark.
 
 Lock files (``.tantivy-*.lock``) are never part of a shard: a reader opens a *writable* local copy,

@@ -1,4 +1,5 @@
-"""Executor-side tantivy shard builds: one Spark task = one shard = one tantivy index (DESIGN §6).
+"""Executor-side tantivy shard builds: one Spark task = one shard = one tantivy index
+(docs/architecture.md#index-format-and-serving).
 
 The job runs on :func:`freshidx.spark.shards.write_sharded` (its docstring says why):
 exactly ``num_shards`` commits, rows hash-partitioned by ``xxhash64(product_id)`` so a product is
@@ -105,27 +106,9 @@ def write_one_index_shard(
         covered = BufferedParquet(os.path.join(tmp, COVERED_FILE), COVERED_ARROW_SCHEMA)
         docs = BufferedParquet(os.path.join(tmp, DOCS_FILE), DOCS_ARROW_SCHEMA) if with_docs else None
         try:
-            with pa.OSFile(spill_path, "wb") as sink, pa.ipc.new_file(sink, DOCS_ARROW_SCHEMA) as spill:
-                for raw_batch in batches:
-                    if raw_batch.num_rows == 0:
-                        continue
-                    batch = conform(raw_batch, DOCS_ARROW_SCHEMA)
-                    active = batch.filter(pc.equal(batch.column("status"), ACTIVE))
-                    if docs is not None:
-                        docs.write(active)
-                    features.add(active)
-                    if REPLACE_COLUMN in raw_batch.schema.names:
-                        replace = raw_batch.column(REPLACE_COLUMN).fill_null(True)
-                        batch = batch.filter(replace)
-                        active = batch.filter(pc.equal(batch.column("status"), ACTIVE))
-                    covered.write(conform(batch, COVERED_ARROW_SCHEMA))
-                    spill.write_batch(active)
+            _take_rows(batches, spill_path, features, covered, docs)
             t1 = time.monotonic()  # the rows are in (their producer's time included)
-            with pa.memory_map(spill_path) as source:
-                spilled = pa.ipc.open_file(source).read_all()  # zero-copy over the map
-                for batch in features.attach(spilled).to_batches():
-                    builder.add_batch(batch)
-            doc_count = builder.finish()
+            doc_count = _index_spilled(spill_path, features, builder)
         finally:
             covered.close()
             if docs is not None:
@@ -141,6 +124,36 @@ def write_one_index_shard(
     seconds = {"rows": t1 - t0, "index": t2 - t1, "upload": time.monotonic() - t2}
     return ShardCommit(shard=shard, attempt=attempt, doc_count=doc_count, covered_count=covered.rows,
                        files=tuple(files), seconds={k: round(v, 3) for k, v in seconds.items()})
+
+
+def _take_rows(batches: Iterable[pa.RecordBatch], spill_path: str, features: ProductFeatures,
+               covered: BufferedParquet, docs: BufferedParquet | None) -> None:
+    """Step 1: every row to the kill-list (flagged rows only, with a :data:`REPLACE_COLUMN`), the active
+    ones to ``docs`` and their products' features, and the active rows to index to the spill file."""
+    with pa.OSFile(spill_path, "wb") as sink, pa.ipc.new_file(sink, DOCS_ARROW_SCHEMA) as spill:
+        for raw_batch in batches:
+            if raw_batch.num_rows == 0:
+                continue
+            batch = conform(raw_batch, DOCS_ARROW_SCHEMA)
+            active = batch.filter(pc.equal(batch.column("status"), ACTIVE))
+            if docs is not None:
+                docs.write(active)
+            features.add(active)
+            if REPLACE_COLUMN in raw_batch.schema.names:
+                replace = raw_batch.column(REPLACE_COLUMN).fill_null(True)
+                batch = batch.filter(replace)
+                active = batch.filter(pc.equal(batch.column("status"), ACTIVE))
+            covered.write(conform(batch, COVERED_ARROW_SCHEMA))
+            spill.write_batch(active)
+
+
+def _index_spilled(spill_path: str, features: ProductFeatures, builder: IndexBuilder) -> int:
+    """Index the spilled rows with their products' features (known only now); returns the doc count."""
+    with pa.memory_map(spill_path) as source:
+        spilled = pa.ipc.open_file(source).read_all()  # zero-copy over the map
+        for batch in features.attach(spilled).to_batches():
+            builder.add_batch(batch)
+    return builder.finish()
 
 
 def shard_rows(latest: DataFrame, num_shards: int) -> DataFrame:

@@ -39,6 +39,7 @@ from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.transform import CONFLICT_COLUMNS
 from freshidx.store import ObjectStore, StoreConfig
 from freshidx.store.base import check_key
+from freshidx.store.records import QuarantineDone, QuarantineLine
 
 DONE_DIR = "_done/"
 CONFLICTS_DIR = "conflicts/"
@@ -106,8 +107,8 @@ def write_done_markers(fs: Any, config: StoreConfig, source: str, partition: str
                        run_id: str, quarantine_key: str) -> None:
     """Called by a quarantine task after ``quarantine_key`` is closed: its files are done."""
     for file_key in sorted(set(files)):
-        body = {"file": file_key, "run_id": run_id, "quarantine": quarantine_key}
-        write_small(fs, config, done_marker_key(source, partition, file_key), json.dumps(body).encode())
+        marker = QuarantineDone(file=file_key, run_id=run_id, quarantine=quarantine_key)
+        write_small(fs, config, done_marker_key(source, partition, file_key), marker.data())
 
 
 @dataclass
@@ -154,9 +155,9 @@ def _conflict_task(store_json: str, source: str, write: bool, group_col: str | N
                 key = conflict_copy_key(source, partition, file_key, line)
                 if exists(fs, config, key):
                     continue  # an earlier build reported this copy already
-                entry = {"file": file_key, "line": line, "raw": cols["raw"][i], "reason": cols["reason"][i],
-                         "detail": cols["detail"][i], "ad_id": ad, "version": version}
-                write_small(fs, config, key, (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
+                entry = QuarantineLine(file_key, line, cols["raw"][i], cols["reason"][i], detail=cols["detail"][i],
+                                       ad_id=ad, version=version)
+                write_small(fs, config, key, entry.jsonl())
                 written.setdefault(group, Counter())[partition] += 1
         if records:
             commit = {"ads": {g: len(k) for g, k in keys.items()}, "records": dict(records),

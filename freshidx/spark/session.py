@@ -161,14 +161,11 @@ def build_local_session(
 
 
 def _with_class_archive(conf: dict[str, str]) -> dict[str, str]:
-    """``conf`` with the driver JVM mapping the local class archive, if one was prepared. An optimisation
-    that lives with the Spark server's operations (:func:`freshidx.spark_server.local_class_archive`):
-    without them a session starts as it would without an archive."""
-    try:
-        from freshidx.spark_server import local_class_archive
-    except ImportError:
-        return conf
-    return local_class_archive(conf)
+    """``conf`` with the driver JVM mapping the local class archive, if ``freshidx spark-cds`` prepared one
+    (:func:`freshidx.spark.local_archive.with_archive`); without one a session starts as it always did."""
+    from freshidx.spark.local_archive import with_archive
+
+    return with_archive(conf)
 
 
 def build_connect_session(

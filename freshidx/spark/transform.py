@@ -127,6 +127,19 @@ def parse_records(lines: DataFrame, max_future_skew_seconds: int = DEFAULT_MAX_F
     :data:`QUARANTINE_EXTRA_COLUMNS`.
     """
     _check_partial_results(lines)
+    df = _parse_twice(lines)
+    t, s = F.col("_t"), F.col("_s")
+    updated_at = _parse_updated_at(t["updated_at"])
+    reason = _reason(F.col("raw"), t, s, updated_at, max_future_skew_seconds)
+    typed = [
+        (updated_at if name == "updated_at" else t[name]).alias(name) for name in TYPED_FIELDS
+    ]
+    return df.select(*LINE_COLUMNS, *typed, reason.alias("reason"), *QUARANTINE_EXTRA_COLUMNS)
+
+
+def _parse_twice(lines: DataFrame) -> DataFrame:
+    """``lines`` with the object-level columns (``_bad_encoding``, ``original``, ``detail``), the typed
+    parse ``_t`` and the all-text parse ``_s``."""
     raw = F.col("raw")
     bad_encoding = (
         F.coalesce(F.col("bad_encoding"), F.lit(False)) if "bad_encoding" in lines.columns else F.lit(False)
@@ -150,13 +163,14 @@ def parse_records(lines: DataFrame, max_future_skew_seconds: int = DEFAULT_MAX_F
           for name, (kind, _) in RAW_FIELDS.items()],
         F.lit(None).cast("string").alias(_CORRUPT),
     )
-    df = with_typed.select(
+    return with_typed.select(
         "*", F.when(typed_ok, as_text).otherwise(F.from_json(raw, _text_schema(), _JSON_OPTIONS)).alias("_s")
     )
-    s = F.col("_s")
-    updated_at = _parse_updated_at(t["updated_at"])
 
-    malformed = (
+
+def _malformed(raw: Column, t: Column, s: Column) -> Column:
+    """Rule 2 of the module docstring: not one JSON object, or ``keywords`` not an array."""
+    return (
         s.isNull()
         | s[_CORRUPT].isNotNull()
         # An object must start and end the line (bar whitespace). The plain comparison settles almost
@@ -166,10 +180,14 @@ def parse_records(lines: DataFrame, max_future_skew_seconds: int = DEFAULT_MAX_F
         | _several_values(raw)
         | (s["keywords"].isNotNull() & t["keywords"].isNull())
     )
+
+
+def _reason(raw: Column, t: Column, s: Column, updated_at: Column, max_future_skew_seconds: int) -> Column:
+    """The first rule of the module docstring's list a line fails (null: valid)."""
     reason = (
         F.when(F.col("detail").isNotNull(), F.substring_index(F.col("detail"), ":", 1))
         .when(F.col("_bad_encoding"), F.lit(REASON_BAD_ENCODING))
-        .when(malformed, F.lit(REASON_MALFORMED_JSON))
+        .when(_malformed(raw, t, s), F.lit(REASON_MALFORMED_JSON))
     )
     for name, (_, required) in RAW_FIELDS.items():
         if not required:
@@ -180,7 +198,7 @@ def parse_records(lines: DataFrame, max_future_skew_seconds: int = DEFAULT_MAX_F
         reason = reason.when(missing, F.lit(f"{REASON_MISSING_FIELD}:{name}"))
     bid = t["bid"]
     version = t["version"]
-    reason = (
+    return (
         reason.when(~s["status"].isin(*STATUSES), F.lit(REASON_BAD_STATUS))
         .when(
             bid.isNull() | F.isnan(bid) | (bid < F.lit(0.0)) | (bid > F.lit(float(MAX_BID))),
@@ -192,10 +210,6 @@ def parse_records(lines: DataFrame, max_future_skew_seconds: int = DEFAULT_MAX_F
         .when(version.isNull() | (version < F.lit(0)), F.lit(REASON_BAD_VERSION))
         .when(F.length(t["title"]) > F.lit(MAX_TITLE_CHARS), F.lit(REASON_TOO_LONG))
     )
-    typed = [
-        (updated_at if name == "updated_at" else t[name]).alias(name) for name in TYPED_FIELDS
-    ]
-    return df.select(*LINE_COLUMNS, *typed, reason.alias("reason"), *QUARANTINE_EXTRA_COLUMNS)
 
 
 def split_valid(parsed: DataFrame) -> tuple[DataFrame, DataFrame]:
@@ -332,12 +346,12 @@ def covered_ids(latest: DataFrame) -> DataFrame:
     return latest.select(*COVERED_COLUMNS)
 
 
-# --------------------------------------------------------------------------- product grouping (seed 000)
+# -------------------------------------------------------------------------------------- product grouping
 
 def expand_to_products(latest_window: DataFrame, full_state: DataFrame) -> DataFrame:
     """The delta's rows: every ad of every product the window touched, at its latest state.
 
-    Seed 000: indexing works at the product level, so a change to one ad recomputes its product's
+    Indexing works at the product level, so a change to one ad recomputes its product's
     grouped features, and the delta must re-emit *all* ads of that product (its kill-list then hides
     every stale copy in the full index, whose features are out of date).
 

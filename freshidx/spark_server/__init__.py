@@ -1,12 +1,14 @@
 """The operations of a supervised Spark Connect server (``freshidx spark-server``): an optional component.
 
 The pipeline's builds need a Spark session only (:mod:`freshidx.spark`). A deployment that runs
-``freshidx spark-server`` also gets leases (a planned restart drains the runs first), sessions the
-server keeps between runs, and the local class archive. The pipeline reaches this package through the
-functions below only, and only where it is configured for it: :class:`~freshidx.defs.shared.resources.SparkResource`
-when ``server_state_dir`` is set, and :func:`freshidx.spark.session.build_local_session` in local mode (the
-class archive). A cluster, or a Connect server of its own, imports nothing from here. Importing this
-package is cheap: each function imports what it uses.
+``freshidx spark-server`` also gets leases (a planned restart drains the runs first) and sessions the
+server keeps between runs. The pipeline reaches this package through the functions below only, and only
+where it is configured for it: :class:`~freshidx.defs.shared.resources.SparkResource` when
+``server_state_dir`` is set. The engine (:mod:`freshidx.spark`) never imports it: this package depends on
+the engine, not the reverse (``[tool.importlinter]`` in pyproject.toml checks both). A local session maps
+the class archive ``freshidx spark-cds`` prepared through the engine's :mod:`freshidx.spark.local_archive`;
+a cluster, or a Connect server of its own, imports nothing from here. Importing this package is cheap:
+each function imports what it uses.
 
 The modules, one job each:
 
@@ -15,18 +17,19 @@ The modules, one job each:
 * :mod:`~freshidx.spark_server.lease` and :mod:`~freshidx.spark_server.kept_session` – the client side;
 * :mod:`~freshidx.spark_server.server_launch`, :mod:`~freshidx.spark_server.cds`,
   :mod:`~freshidx.spark_server.jvm`, :mod:`~freshidx.spark_server.connect_client`,
-  :mod:`~freshidx.spark_server.progress` – launching the JVM, its class archive, ``jcmd`` and heap
-  samples, the supervisor's own client sessions, its hang detector;
+  :mod:`~freshidx.spark_server.progress` – launching the JVM, its class archive (the primitives are the
+  engine's, :mod:`freshidx.spark.class_archive`), ``jcmd`` and heap samples, the supervisor's own client
+  sessions, its hang detector;
 * :mod:`~freshidx.spark_server.server_process` – one JVM started, warmed up, probed and stopped;
 * :mod:`~freshidx.spark_server.supervisor` – the watchdog (health, progress, planned restarts);
-* :mod:`~freshidx.spark_server.local_cds` – the class archive of local-mode JVMs (``freshidx spark-cds``);
+* :mod:`~freshidx.spark_server.local_cds` – making the class archive local-mode JVMs map (``freshidx spark-cds``);
 * :mod:`~freshidx.spark_server.server` – ``python -m freshidx.spark_server.server``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +69,3 @@ def server_ui_url(state_dir: str | Path) -> str | None:
     from freshidx.spark_server.server_state import read_state
 
     return (read_state(state_dir) or {}).get("ui_url") or None
-
-
-def local_class_archive(conf: Mapping[str, str]) -> dict[str, str]:
-    """A local session's conf with its JVM mapping the class archive ``freshidx spark-cds`` prepared, if
-    any (:func:`freshidx.spark_server.local_cds.with_archive`)."""
-    from freshidx.spark_server.local_cds import with_archive
-
-    return with_archive(conf)

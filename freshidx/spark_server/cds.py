@@ -12,18 +12,15 @@ to the first planned restart, while clients wait.) A JVM ignores an archive it c
 supervisor deletes an archive of its own in use by a start that fails.
 
 A server with no archive of its own maps the one ``freshidx spark-cds`` prepared for local sessions
-(:mod:`freshidx.spark_server.local_cds`: same JDK, same jars, so the same classes) and dumps none.
+(:mod:`freshidx.spark.local_archive`: same JDK, same jars, so the same classes) and dumps none. Which
+archive fits a JVM and how a JVM maps one is the engine's (:mod:`freshidx.spark.class_archive`); this
+module decides what the server's starts do about it and dumps the server's own.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import os
-import re
-import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Callable
@@ -31,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from freshidx.spark.class_archive import archive_name, cds_key, map_options
 from freshidx.spark_server.jvm import jcmd, run_jcmd
-from freshidx.spark_server.server_config import ServerConfig, spark_home
+from freshidx.spark_server.server_config import ServerConfig
 
 #: Files older than this next to an archive are temp files of dumps that never finished.
 _STALE_TMP_S = 3600
@@ -47,48 +45,6 @@ class ArchivePlan:
     in_use: Path | None = None  # the archive this start maps
 
 
-@functools.cache
-def cds_key() -> str | None:
-    """Identifies the JVM + Spark jars an archive belongs to; None if this JVM cannot do AppCDS."""
-    java_home = os.environ.get("JAVA_HOME")
-    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
-    if not java:
-        return None
-    try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, check=False).stderr
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
-    if not m:
-        return None
-    major = int(m.group(2) if m.group(1) == "1" else m.group(1))
-    if major < 17:  # jcmd VM.cds dynamic_dump (+RecordDynamicDumpInfo) arrived in JDK 17
-        return None
-    jars = sorted(p.name for p in (spark_home() / "jars").glob("*.jar"))
-    digest = hashlib.sha256("\n".join([os.path.realpath(java), out, *jars]).encode()).hexdigest()
-    return f"jdk{major}-{digest[:12]}"
-
-
-def jars_id() -> str:
-    """The Spark jars as a JVM checks them before it maps an archive dumped with them: their directory, and
-    each jar's size and modification time. A reinstall at the same path (a fresh virtualenv, a new CI
-    checkout) changes the times, and the JVM then starts without the old archive, silently
-    (``-Xshare:auto``): so an archive's name carries both, and a reinstall makes (and maps) a new one."""
-    jars = spark_home() / "jars"
-    where = hashlib.sha256(os.path.realpath(jars).encode()).hexdigest()[:8]
-    stamp = hashlib.sha256()
-    for jar in sorted(jars.glob("*.jar")):
-        st = jar.stat()
-        stamp.update(f"{jar.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return f"{where}-{stamp.hexdigest()[:8]}"
-
-
-def archive_name(kind: str, key: str, memory: str) -> str:
-    """``spark-<kind>-<cds_key>-<jars dir>-<jar stamp>-<heap>.jsa`` (:func:`jars_id`; compressed-pointer modes
-    depend on the heap)."""
-    return f"spark-{kind}-{key}-{jars_id()}-{memory.strip().lower()}.jsa"
-
-
 def remove_superseded(archive: Path) -> None:
     """Delete the archives next to ``archive`` made for the same JDK and jar directory but for jars since
     replaced (another stamp, or a name from before the stamp): no JVM maps them any more, and each is ~190 MB."""
@@ -101,15 +57,9 @@ def remove_superseded(archive: Path) -> None:
                 other.unlink()
 
 
-def map_options(archive: Path) -> list[str]:
-    """The JVM options that map ``archive``: ``-Xshare:auto`` starts a JVM that cannot use it (another JDK,
-    another classpath) without it; ``-Xlog``: otherwise a warning per signed jar."""
-    return [f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", "-Xlog:cds*=error"]
-
-
 def plan_archive(config: ServerConfig, prepared: Path | None = None) -> ArchivePlan:
     """Map the server's own archive if there is one; else map ``prepared`` (the archive ``freshidx
-    spark-cds`` made for this JDK and these jars, :func:`freshidx.spark_server.local_cds.find_archive`), which
+    spark-cds`` made for this JDK and these jars, :func:`freshidx.spark.local_archive.find_archive`), which
     starts the server as fast as its own (quiet 2-core box, 2g heap: 10.3-10.9 CPU-s to up against 11.2 with
     its own and 16.9-17.8 without) and costs no dump; else get ready to dump one, unless ``config.cds_dump``
     is off (nothing without jcmd or JDK 17)."""

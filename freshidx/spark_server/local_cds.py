@@ -1,26 +1,14 @@
-"""JDK AppCDS for local-mode Spark JVMs (the embedded default: Dagster runs, CLI commands, the demo's
-builds, the test suite): a class archive that every later JVM maps instead of loading and verifying
-Spark's ~10k classes again.
-
-Measured on the 2-core box (a local session's start and first job, C1 only, quiet box): 17–18 CPU-s
-and 14–15 s without the archive, 9–10 CPU-s and 7 s with it. A process that starts a local session pays
-its JVM start each time (each Dagster run is a process of its own), so that is the cost it cuts.
+"""``freshidx spark-cds``: make the class archive local-mode Spark JVMs map (JDK AppCDS; which archive a
+local session maps, and how, is the engine's: :mod:`freshidx.spark.local_archive`).
 
 The archive is made once per JDK + Spark jars + driver heap size (:func:`prepare`, ``freshidx
 spark-cds``, which ``scripts/test.sh`` runs; ~60 s, 67 CPU-s): a throw-away JVM runs the JVM side of
 a small build and dumps the classes it loaded when it exits (``-XX:ArchiveClassesAtExit``, which needs
 no JDK tools, unlike the Connect server's ``jcmd`` dump in :mod:`freshidx.spark_server.cds`).
-:func:`with_archive` then adds it to a local session's JVM options when it exists; ``-Xshare:auto``
-makes a JVM that cannot use it (another JDK, a changed classpath) start without it, as before.
-:func:`find_archive` picks it: a JVM with another heap under 32 GiB maps the default (1g) one. The
-same archive serves every JVM ``spark-class`` launches from these jars: a Connect server without an
-archive of its own (:func:`freshidx.spark_server.cds.plan_archive`), a standalone master, workers, executors.
 
 The cache stays bounded: making an archive deletes the same jar path's superseded ones and those no JVM
-was given for two weeks (:func:`remove_unused`).
-
-``FRESHIDX_SPARK_CDS_DIR`` moves the archives (default ``$XDG_CACHE_HOME/freshidx/cds``, else
-``~/.cache/freshidx/cds``); ``off`` turns sharing off.
+was given for two weeks (:func:`remove_unused`; :func:`freshidx.spark.local_archive.find_archive` marks the
+one it gives a JVM).
 """
 
 from __future__ import annotations
@@ -31,74 +19,23 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from freshidx.spark_server.cds import archive_name, cds_key, map_options, remove_stale_dumps, remove_superseded
-from freshidx.spark_server.server_config import parse_memory
+from freshidx.spark.local_archive import DEFAULT_MEMORY, archive_dir, archive_path
+from freshidx.spark_server.cds import remove_stale_dumps, remove_superseded
 
-CDS_DIR_ENV = "FRESHIDX_SPARK_CDS_DIR"
-JAVA_OPTIONS = "spark.driver.extraJavaOptions"
-#: The heap ``freshidx spark-cds`` prepares for by default (a local session's default heap).
-DEFAULT_MEMORY = "1g"
-#: Below this heap the JVM compresses pointers, and a dynamic archive maps at any heap size.
-_COMPRESSED_POINTERS_BELOW = 32 * 1024**3
-#: Options that already decide class data sharing: a caller that passes one keeps its own choice.
-_CDS_FLAGS = ("SharedArchiveFile", "ArchiveClassesAtExit", "-Xshare")
-_OFF = {"off", "none", "false", "0"}
-#: An archive's modification time is moved to "now" when a JVM is given it, at most this often.
-_USE_MARK_S = 3600
 #: Archives no JVM was given for this long are deleted when ``freshidx spark-cds`` makes one.
 UNUSED_AFTER_S = 14 * 24 * 3600
 
 
-def archive_dir(env: Mapping[str, str] | None = None) -> Path | None:
-    """Where local-mode archives live; None when ``FRESHIDX_SPARK_CDS_DIR=off``."""
-    env = os.environ if env is None else env
-    value = (env.get(CDS_DIR_ENV) or "").strip()
-    if not value:
-        return Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "freshidx" / "cds"
-    return None if value.lower() in _OFF else Path(value).expanduser().absolute()
-
-
-def archive_path(directory: Path, driver_memory: str) -> Path | None:
-    """The archive for this JDK, these Spark jars at this path as installed now (a JVM maps an archive only
-    with the classpath it was dumped with, jar times included: two checkouts sharing the cache each get
-    their own, and so does a reinstall) and this heap size; None where the JVM cannot use dynamic archives
-    (JDK < 17, no ``java``)."""
-    key = cds_key()
-    return None if key is None else directory / archive_name("local", key, driver_memory)
-
-
-def find_archive(driver_memory: str, env: Mapping[str, str] | None = None) -> Path | None:
-    """The prepared archive a JVM with this heap can map: the one made for its heap, else the one made
-    for the default heap (``freshidx spark-cds`` without ``--driver-memory``) when this heap is under
-    32 GiB, where the JVM uses compressed pointers and a dynamic archive maps whatever the heap's size
-    (checked with ``-Xshare:on`` at 768m, 1g and 2g). None when sharing is off or nothing was prepared."""
-    directory = archive_dir(env)
-    if directory is None or not directory.is_dir():
-        return None
-    candidates = [driver_memory]
-    with contextlib.suppress(ValueError):  # a heap Spark will refuse anyway: only its own archive
-        if parse_memory(driver_memory) < _COMPRESSED_POINTERS_BELOW:
-            candidates.append(DEFAULT_MEMORY)
-    for memory in candidates:
-        archive = archive_path(directory, memory)
-        if archive is not None and archive.is_file() and (st := archive.stat()).st_size > 0:
-            if time.time() - st.st_mtime > _USE_MARK_S:  # its time says when it was last used (at most hourly)
-                with contextlib.suppress(OSError):  # a read-only cache still maps
-                    os.utime(archive)
-            return archive
-    return None
-
-
 def remove_unused(directory: Path, keep: Path, max_idle_s: float = UNUSED_AFTER_S) -> list[Path]:
-    """Delete the archives in ``directory`` no JVM was given for ``max_idle_s`` (:func:`find_archive` marks
-    the one it picks): those of deleted checkouts and old installs elsewhere, ~190 MB each, which nothing
-    else can tell from a live checkout's. A JVM mapping one keeps its mapping; a checkout that comes back
-    gets a new one from ``freshidx spark-cds``. Returns what was deleted."""
+    """Delete the archives in ``directory`` no JVM was given for ``max_idle_s``
+    (:func:`freshidx.spark.local_archive.find_archive` marks the one it picks): those of deleted checkouts and
+    old installs elsewhere, ~190 MB each, which nothing else can tell from a live checkout's. A JVM mapping one
+    keeps its mapping; a checkout that comes back gets a new one from ``freshidx spark-cds``. Returns what was
+    deleted."""
     gone: list[Path] = []
     for other in directory.glob("spark-local-*.jsa"):
         with contextlib.suppress(OSError):
@@ -106,22 +43,6 @@ def remove_unused(directory: Path, keep: Path, max_idle_s: float = UNUSED_AFTER_
                 other.unlink()
                 gone.append(other)
     return gone
-
-
-def with_archive(conf: Mapping[str, str], env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``conf`` (a local session's Spark conf) with the driver JVM mapping the archive, if there is one.
-
-    Unchanged when sharing is off, when the caller's Java options already decide it, or when no prepared
-    archive fits its heap (:func:`find_archive`; the check costs a ``java -version`` once per process)."""
-    out = dict(conf)
-    options = out.get(JAVA_OPTIONS, "")
-    if any(flag in options for flag in _CDS_FLAGS):
-        return out
-    archive = find_archive(out.get("spark.driver.memory", DEFAULT_MEMORY), env)
-    if archive is None:
-        return out
-    out[JAVA_OPTIONS] = " ".join([options, *map_options(archive)]).strip()
-    return out
 
 
 @dataclass(frozen=True)

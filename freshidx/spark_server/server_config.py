@@ -8,12 +8,11 @@ without importing the machinery that runs it. What the supervisor does with thes
 
 from __future__ import annotations
 
-import os
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from freshidx.spark.class_archive import parse_memory
 from freshidx.spark.session import NO_CALL_SITES
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -137,21 +136,3 @@ class ServerConfig:
             conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf.update({str(k): str(v) for k, v in self.conf.items()})
         return conf
-
-
-def parse_memory(text: str) -> int:
-    """Bytes of a JVM/Spark memory string: ``2g``, ``512m``, ``1024k``, ``1t`` or plain bytes."""
-    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)b?\s*", text.lower())
-    if not m:
-        raise ValueError(f"not a memory size: {text!r}")
-    return int(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " ")
-
-
-def spark_home() -> Path:
-    """The Spark distribution inside the installed pyspark wheel (or ``$SPARK_HOME`` if set)."""
-    env = os.environ.get("SPARK_HOME")
-    if env and (Path(env) / "bin" / "spark-submit").exists():
-        return Path(env)
-    import pyspark
-
-    return Path(pyspark.__file__).parent

@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import IO
 
-from freshidx.spark_server.server_config import SERVER_CLASS, ServerConfig, spark_home
+from freshidx.spark.class_archive import spark_home
+from freshidx.spark_server.server_config import SERVER_CLASS, ServerConfig
 from freshidx.spark_server.server_state import now_iso
 
 # Run through this before spark-submit: the JVM gets SIGTERM (its shutdown hooks clean up; it exits

@@ -38,13 +38,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from freshidx import procs
+from freshidx.spark.class_archive import parse_memory
+from freshidx.spark.local_archive import find_archive
 from freshidx.spark.session import close_session
-from freshidx.spark_server import cds, local_cds
+from freshidx.spark_server import cds
 from freshidx.spark_server import server_launch as launch
 from freshidx.spark_server.connect_client import call_with_timeout, connect_session, select_one, warmup_batches
 from freshidx.spark_server.jvm import MemorySample, sample_memory
 from freshidx.spark_server.progress import SparkStatusClient, ui_port_from_log
-from freshidx.spark_server.server_config import SERVER_CLASS, ServerConfig, parse_memory
+from freshidx.spark_server.server_config import SERVER_CLASS, ServerConfig
 from freshidx.spark_server.server_state import HOSTNAME, STATE_FILE, atomic_write_json, now_iso, read_state
 
 #: After a stop request the JVM gets at most this long to exit on SIGTERM (callers such as the demo
@@ -213,7 +215,7 @@ class ServerProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         workdir = self.state_dir / "work"  # spark-warehouse etc. land here, not in the caller's cwd
         workdir.mkdir(exist_ok=True)
-        archive = cds.plan_archive(cfg, local_cds.find_archive(cfg.driver_memory) if cfg.class_data_sharing else None)
+        archive = cds.plan_archive(cfg, find_archive(cfg.driver_memory) if cfg.class_data_sharing else None)
         self._cds_pending, self._cds_in_use = archive.pending, archive.in_use
         launch.write_fair_scheduler(cfg.fair_scheduler_path)
         launch.write_properties(self.properties_path, cfg.spark_conf(), archive.options)

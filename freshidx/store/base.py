@@ -235,4 +235,10 @@ class ObjectStore(ABC):
 
 
 def dump_json(value: Any) -> bytes:
-    return (json.dumps(value, sort_keys=True, indent=1, default=str) + "\n").encode()
+    return (json.dumps(value, sort_keys=True, indent=1, default=_encode) + "\n").encode()
+
+
+def _encode(value: Any) -> Any:
+    # A store record (freshidx.store.records) is written in its serialized form, whoever hands it over.
+    to_json = getattr(value, "to_json", None)
+    return to_json() if callable(to_json) else str(value)

@@ -1,4 +1,7 @@
-"""Object-store key layout (DESIGN §3). Every key freshidx reads or writes is built here."""
+"""Object-store key layout (docs/architecture.md#object-store-layout).
+
+Every key freshidx reads or writes is built here.
+"""
 
 from __future__ import annotations
 

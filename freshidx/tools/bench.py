@@ -173,57 +173,61 @@ def bench_build(
         table = _conform_table(df.toArrow())
         per_round: list[dict[str, Any]] = []
         for r in range(warmup + rounds):  # the first `warmup` rounds are not counted
-            spark_s, spark_cpu, spark_quiet, spark_docs = _timed(
-                _spark_build, df, shards, workdir, f"r{r}-spark", trailing=True)
-            single_s, single_cpu, single_quiet, single_docs = _timed(_single_build, table, workdir, f"r{r}-single")
-            floor_s, floor_cpu, floor_quiet, floor_rows = _timed(_spark_floor, df, shards, trailing=True)
-            if spark_docs != single_docs:
-                raise RuntimeError(f"spark indexed {spark_docs} docs, single {single_docs}")
-            if floor_rows != rows:
-                raise RuntimeError(f"the hand-over floor saw {floor_rows} rows of {rows}")
+            numbers, indexed = _build_round(df, table, rows, shards, workdir, f"r{r}")
             if r >= warmup:
-                per_round.append({"spark_s": round(spark_s, 3), "single_s": round(single_s, 3),
-                                  "spark_cpu_s": _round(spark_cpu), "single_cpu_s": _round(single_cpu),
-                                  "floor_s": round(floor_s, 3), "floor_cpu_s": _round(floor_cpu),
-                                  "started_quiet": spark_quiet and single_quiet and floor_quiet})
-            shutil.rmtree(os.path.join(workdir, "store"), ignore_errors=True)
-            shutil.rmtree(os.path.join(workdir, f"r{r}-single"), ignore_errors=True)
+                per_round.append(numbers)
         df.unpersist()
-
-        def med(key: str) -> float | None:
-            vals = [x[key] for x in per_round if x[key] is not None]
-            return statistics.median(vals) if vals else None
-
-        spark_s, single_s = med("spark_s") or 0.0, med("single_s") or 0.0  # rounds >= 1: never None
-        spark_cpu, single_cpu, floor_cpu = med("spark_cpu_s"), med("single_cpu_s"), med("floor_cpu_s")
-        spark_rate, single_rate = rows / spark_s, rows / single_s
-        return {
-            "docs": rows,
-            "indexed_docs": spark_docs,
-            "shards": shards,
-            "spark_seconds": round(spark_s, 3),
-            "single_seconds": round(single_s, 3),
-            "spark_docs_per_s": round(spark_rate, 1),
-            "single_docs_per_s": round(single_rate, 1),
-            "ratio": round(spark_rate / single_rate, 3),
-            # CPU seconds of everything involved (driver, JVM, Python workers); cpu_ratio = single / spark
-            "spark_cpu_s": _round(spark_cpu),
-            "single_cpu_s": _round(single_cpu),
-            "cpu_ratio": _round(single_cpu / spark_cpu if spark_cpu and single_cpu else None),
-            # the Spark part alone (split + Arrow hand-over, no shard work), see _spark_floor
-            "floor_seconds": _round(med("floor_s")),
-            "floor_cpu_s": _round(floor_cpu),
-            "rounds": per_round,
-            "warmup_rounds": warmup,
-            "cores": os.cpu_count(),
-            "load_avg_1m": round(os.getloadavg()[0], 2),
-            "master": spark.conf.get("spark.master", None),
-            "jvm_options": spark.conf.get("spark.driver.extraJavaOptions", None),
-        }
+        return {"docs": rows, "indexed_docs": indexed, "shards": shards, **_medians(per_round, rows),
+                "rounds": per_round, "warmup_rounds": warmup, "cores": os.cpu_count(),
+                "load_avg_1m": round(os.getloadavg()[0], 2), "master": spark.conf.get("spark.master", None),
+                "jvm_options": spark.conf.get("spark.driver.extraJavaOptions", None)}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         if own:
             spark.stop()
+
+
+def _build_round(df: Any, table: Any, rows: int, shards: int, workdir: str, name: str) -> tuple[dict[str, Any], int]:
+    """One round of the three sides; returns its numbers and the docs indexed."""
+    spark_s, spark_cpu, spark_quiet, spark_docs = _timed(
+        _spark_build, df, shards, workdir, f"{name}-spark", trailing=True)
+    single_s, single_cpu, single_quiet, single_docs = _timed(_single_build, table, workdir, f"{name}-single")
+    floor_s, floor_cpu, floor_quiet, floor_rows = _timed(_spark_floor, df, shards, trailing=True)
+    if spark_docs != single_docs:
+        raise RuntimeError(f"spark indexed {spark_docs} docs, single {single_docs}")
+    if floor_rows != rows:
+        raise RuntimeError(f"the hand-over floor saw {floor_rows} rows of {rows}")
+    shutil.rmtree(os.path.join(workdir, "store"), ignore_errors=True)
+    shutil.rmtree(os.path.join(workdir, f"{name}-single"), ignore_errors=True)
+    return {"spark_s": round(spark_s, 3), "single_s": round(single_s, 3),
+            "spark_cpu_s": _round(spark_cpu), "single_cpu_s": _round(single_cpu),
+            "floor_s": round(floor_s, 3), "floor_cpu_s": _round(floor_cpu),
+            "started_quiet": spark_quiet and single_quiet and floor_quiet}, spark_docs
+
+
+def _medians(per_round: list[dict[str, Any]], rows: int) -> dict[str, Any]:
+    """The rates and CPU seconds of the median round (``per_round`` is never empty)."""
+    def med(key: str) -> float | None:
+        vals = [x[key] for x in per_round if x[key] is not None]
+        return statistics.median(vals) if vals else None
+
+    spark_s, single_s = med("spark_s") or 0.0, med("single_s") or 0.0  # rounds >= 1: never None
+    spark_cpu, single_cpu, floor_cpu = med("spark_cpu_s"), med("single_cpu_s"), med("floor_cpu_s")
+    spark_rate, single_rate = rows / spark_s, rows / single_s
+    return {
+        "spark_seconds": round(spark_s, 3),
+        "single_seconds": round(single_s, 3),
+        "spark_docs_per_s": round(spark_rate, 1),
+        "single_docs_per_s": round(single_rate, 1),
+        "ratio": round(spark_rate / single_rate, 3),
+        # CPU seconds of everything involved (driver, JVM, Python workers); cpu_ratio = single / spark
+        "spark_cpu_s": _round(spark_cpu),
+        "single_cpu_s": _round(single_cpu),
+        "cpu_ratio": _round(single_cpu / spark_cpu if spark_cpu and single_cpu else None),
+        # the Spark part alone (split + Arrow hand-over, no shard work), see _spark_floor
+        "floor_seconds": _round(med("floor_s")),
+        "floor_cpu_s": _round(floor_cpu),
+    }
 
 
 # --------------------------------------------------------------------------- CLI (options: freshidx.cli.bench)

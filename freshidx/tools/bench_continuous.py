@@ -29,8 +29,8 @@ from typing import Any
 
 from freshidx.store.partitions import PartitionId
 from freshidx.tools.bench_common import POLL_S, Deadline, Probe, Visibility, log
-from freshidx.tools.bench_measure import wait_searchable
 from freshidx.tools.bench_report import CONTINUOUS_EVENTS, CONTINUOUS_STAGES, fmt, sample_stages
+from freshidx.tools.bench_wait import wait_searchable
 from freshidx.tools.generate import GeneratorConfig, write_partition
 
 #: How long after ``searchable`` the micro-batch gets to log its end (the loop must be idle before the

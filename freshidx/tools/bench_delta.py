@@ -1,4 +1,4 @@
-"""``freshidx bench delta``: does a micro-batch cost the change or the window? (DESIGN §9)
+"""``freshidx bench delta``: does a micro-batch cost the change or the window? (docs/architecture.md#incremental-delta)
 
 For each window size D (100k, 400k and 1M documents unless ``--window-docs`` is given), in a fresh
 local store: write a 5 h window of raw partitions holding ~D distinct ads (one partition every 5

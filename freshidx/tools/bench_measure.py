@@ -13,7 +13,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ from freshidx.tools.bench_report import (
     mode_summary,
     sample_stages,
 )
+from freshidx.tools.bench_wait import iso_epoch, wait_searchable
 from freshidx.tools.generate import GeneratorConfig, write_partition
 
 _TAG_PARTITION = "freshidx/source_partition"
@@ -140,7 +141,7 @@ def _noticed_time(run: Any) -> float | None:
     from freshidx.defs.shared.assets import TAG_NOTICED
 
     text = run.tags.get(TAG_NOTICED)
-    return _iso_epoch(text) if text else None
+    return iso_epoch(text) if text else None
 
 
 def _build_stats(store: Any, version: str | None) -> dict[str, Any] | None:
@@ -157,46 +158,6 @@ def _build_stats(store: Any, version: str | None) -> dict[str, Any] | None:
     newest = (manifest.get("segments") or [{}])[-1]
     return {**{k: v for k, v in (manifest.get("stats") or {}).items() if isinstance(v, int | float)},
             "kind": newest.get("kind"), "attempts": [sh.get("attempt") for sh in newest.get("shards") or []]}
-
-
-def _iso_epoch(text: str) -> float:
-    from freshidx.publish.commit import parse_iso
-
-    return parse_iso(text).timestamp()
-
-
-def wait_searchable(
-    store: Any, vis: Visibility, partition: PartitionId, probe: Probe | None, timeout_s: float,
-    events: dict[str, float | None], sample: dict[str, Any], check: Callable[[bool], str | None],
-) -> None:
-    """Poll until the delta pointer covers ``partition`` (``published``) and ``vis`` serves it
-    (``searchable``); ``check()`` (about once a second) returns an error that ends the wait, or None.
-    Errors go to ``sample["error"]``."""
-    from freshidx.publish.commit import read_pointer
-
-    deadline = Deadline(timeout_s)
-    version: str | None = None
-    next_check = 0.0
-    while True:
-        if version is None:
-            ptr, _ = read_pointer(store, "delta")
-            if ptr is not None and ptr.source_partition and PartitionId.parse(ptr.source_partition) >= partition:
-                version = ptr.version
-                events["published"] = _iso_epoch(ptr.published_at)
-                sample.update(version=ptr.version, doc_count=ptr.doc_count, covered_partition=ptr.source_partition)
-        if version is not None and vis.visible(version, probe):
-            events["searchable"] = time.time()
-            return
-        if time.monotonic() >= next_check:
-            next_check = time.monotonic() + 1.0
-            if (err := check(version is not None)) is not None:
-                sample["error"] = err
-                return
-        if deadline.passed():
-            sample["error"] = (f"not {'searchable' if version else 'published'} after {timeout_s:.0f}s"
-                               + (f" ({vis.error})" if vis.error else ""))
-            return
-        time.sleep(POLL_S)
 
 
 def _measure_partition(

@@ -10,8 +10,7 @@ from typing import Any
 
 from freshidx.tools.bench_common import MODES
 
-#: Sensor mode, Connect, 100k-doc window: the incremental-delta issue's goal (an earlier issue asked for
-#: p50 ≤ 8 s, max ≤ 15 s; the verdict line used to print that one).
+#: Sensor mode, Connect, 100k-doc window: sensor mode's freshness goal (docs/benchmarks.md).
 GOAL_P50_S = 6.0
 GOAL_MAX_S = 10.0
 
@@ -148,7 +147,14 @@ def render_freshness(result: dict[str, Any]) -> str:
 
 def _render_section(result: dict[str, Any], stages: Stages, columns: Sequence[str], columns_label: str,
                     goals: tuple[float, float] = (GOAL_P50_S, GOAL_MAX_S)) -> list[str]:
+    """One delta mode's part of :func:`render_freshness`: each Spark mode's header, the stage table side by
+    side, the goal lines and the samples."""
     modes = [m for m in MODES if m in result and isinstance(result[m], dict)]
+    return [*_mode_headers(result, modes), *_stage_table(result, modes, stages), "",
+            *_goal_lines(result, modes, goals), *_sample_lines(result, modes, columns, columns_label)]
+
+
+def _mode_headers(result: dict[str, Any], modes: list[str]) -> list[str]:
     lines: list[str] = []
     for m in modes:
         r = result[m]
@@ -167,9 +173,13 @@ def _render_section(result: dict[str, Any], stages: Stages, columns: Sequence[st
                 f"(last: {srv.get('last_restart_reason')}); at the end {srv.get('session_processes')} processes, "
                 f"session RSS {mib(srv.get('session_rss_bytes')).strip()} MiB"
             )
+    return lines
+
+
+def _stage_table(result: dict[str, Any], modes: list[str], stages: Stages) -> list[str]:
     label_w = max(len(label) + 2 * max(depth, 0) for _, _, _, label, depth in STAGES + stages) + 2
     head = f"{'stage (seconds)':<{label_w}}" + "".join(f"| {m + ' p50':>12} {'p95':>6} {'max':>6} " for m in modes)
-    lines += ["", head, "-" * len(head)]
+    lines = ["", head, "-" * len(head)]
     for name, _, _, label, depth in stages:
         if depth < 0 and not lines[-1].startswith("-"):
             lines.append("-" * len(head))
@@ -179,7 +189,11 @@ def _render_section(result: dict[str, Any], stages: Stages, columns: Sequence[st
             st = (result[m].get("stages") or {}).get(name) or {}
             row += f"| {fmt(st.get('p50'), 12)} {fmt(st.get('p95'))} {fmt(st.get('max'))} "
         lines.append(row)
-    lines.append("")
+    return lines
+
+
+def _goal_lines(result: dict[str, Any], modes: list[str], goals: tuple[float, float]) -> list[str]:
+    lines: list[str] = []
     for m in modes:
         r = result[m]
         if r.get("error") or not r.get("completed"):
@@ -192,6 +206,11 @@ def _render_section(result: dict[str, Any], stages: Stages, columns: Sequence[st
                      f"max {a2s['max']:.2f} s  {goal}")
         lines.append(f"        dominant stage: {r.get('dominant_stage_p50')} (by p50); in the worst sample "
                      f"({r.get('worst_sample')}): {r.get('dominant_stage_worst_sample')}")
+    return lines
+
+
+def _sample_lines(result: dict[str, Any], modes: list[str], columns: Sequence[str], columns_label: str) -> list[str]:
+    lines: list[str] = []
     for m in modes:
         samples = result[m].get("samples") or []
         if not samples:

@@ -185,6 +185,47 @@ def _batch(i: int, batches: int, every: int, t_start: float, start: dt.datetime,
     return n_restarts
 
 
+def _seed_and_start(server: ConnectServer, store: Any, cfg: GeneratorConfig, window_minutes: int,
+                    result: dict[str, Any]) -> dt.datetime:
+    """Start the server and seed the window's history meanwhile; returns the minute batches count from."""
+    server.start_async()
+    start = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
+    for p in history_partitions(start, dt.timedelta(minutes=window_minutes)):
+        write_partition(store, cfg, p)
+    server.wait_up()
+    result["server_ready_s"] = server.ready_s
+    result["server_start_timings"] = server.timings
+    return start
+
+
+def _run_batches(batches: int, every: int, t_start: float, start: dt.datetime, cfg: GeneratorConfig,
+                 runner: _Batches, prog: _Progress, max_minutes: float | None, restart_every_batches: int,
+                 progress: Callable[[str], None]) -> bool:
+    """Run the batches, with the planned restarts between them, and end the timeline with the last one's
+    row; returns whether ``max_minutes`` stopped them early."""
+    stopped_early = False
+    for i in range(batches):
+        if max_minutes is not None and time.monotonic() - t_start > max_minutes * 60:
+            stopped_early = True
+            progress(f"soak: stopping after {i} batches (--max-minutes {max_minutes:g})")
+            break
+        n_restarts = _batch(i, batches, every, t_start, start, cfg, runner, prog, progress)
+        if restart_every_batches and (i + 1) % restart_every_batches == 0 and i + 1 < batches:
+            _planned_restart(runner.server, n_restarts)
+    if prog.timeline and prog.timeline[-1]["batch"] != prog.done - 1 and prog.done and prog.row is not None:
+        prog.timeline.append(prog.row)
+    return stopped_early
+
+
+def _totals(batches: int, prog: _Progress, stopped_early: bool) -> dict[str, Any]:
+    """The result's counts, batch times, restarts and curves."""
+    return {
+        "batches": batches, "ran": prog.done, "completed": len(prog.durations), "failed": len(prog.failures),
+        "stopped_early": stopped_early, "failures": prog.failures[:20], "batch_seconds": summarize(prog.durations),
+        "restarts": prog.restarts, "timeline": prog.timeline, "per_server": list(prog.per_server.values()),
+    }
+
+
 def bench_soak(
     batches: int = 500, *, window_docs: int = 2_000, window_minutes: int = WINDOW_MINUTES,
     restart_every_s: float = 600.0, restart_every_batches: int = 0, max_heap_fraction: float = 0.85,
@@ -228,37 +269,19 @@ def bench_soak(
     runner = _Batches(server, store, store_cfg, settings, shared_session)
     stopped_early = False
     try:
-        server.start_async()
-        start = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
-        for p in history_partitions(start, dt.timedelta(minutes=window_minutes)):
-            write_partition(store, cfg, p)
-        server.wait_up()
-        result["server_ready_s"] = server.ready_s
-        result["server_start_timings"] = server.timings
+        start = _seed_and_start(server, store, cfg, window_minutes, result)
         progress(f"soak: Spark Connect server up after {server.ready_s} s on {server.url}; {batches} batches, "
                  f"planned restart every {restart_every_s:.0f} s"
                  + (f" and every {restart_every_batches} batches" if restart_every_batches else "")
                  + ("; one shared session" if shared_session else "; one session per batch"))
         t_start = time.monotonic()
-        for i in range(batches):
-            if max_minutes is not None and time.monotonic() - t_start > max_minutes * 60:
-                stopped_early = True
-                progress(f"soak: stopping after {i} batches (--max-minutes {max_minutes:g})")
-                break
-            n_restarts = _batch(i, batches, every, t_start, start, cfg, runner, prog, progress)
-            if restart_every_batches and (i + 1) % restart_every_batches == 0 and i + 1 < batches:
-                _planned_restart(server, n_restarts)
-        if prog.timeline and prog.timeline[-1]["batch"] != prog.done - 1 and prog.done and prog.row is not None:
-            prog.timeline.append(prog.row)
+        stopped_early = _run_batches(batches, every, t_start, start, cfg, runner, prog, max_minutes,
+                                     restart_every_batches, progress)
         result["wall_s"] = round(time.monotonic() - t_start, 1)
     finally:
         runner.close()
         server.stop()
         if not keep and workdir is None:
             shutil.rmtree(root, ignore_errors=True)
-    result.update({
-        "batches": batches, "ran": prog.done, "completed": len(prog.durations), "failed": len(prog.failures),
-        "stopped_early": stopped_early, "failures": prog.failures[:20], "batch_seconds": summarize(prog.durations),
-        "restarts": prog.restarts, "timeline": prog.timeline, "per_server": list(prog.per_server.values()),
-    })
+    result.update(_totals(batches, prog, stopped_early))
     return result

@@ -1,4 +1,4 @@
-"""``freshidx bench soak --mode continuous``: continuous mode left running for a long time (issue 14).
+"""``freshidx bench soak --mode continuous``: continuous mode left running for a long time.
 
 It starts what ``freshidx bench freshness --delta-modes continuous`` starts (:mod:`~freshidx.tools.bench_measure`:
 a supervised Spark Connect server, ``dagster dev`` with ``FRESHIDX_DELTA_MODE=continuous``, so the

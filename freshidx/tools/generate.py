@@ -107,19 +107,7 @@ def generate(
     ``on_written`` is called after each partition. Returns the partitions written; with
     ``count=None`` nothing is kept (the loop only ends by an exception), use ``on_written``.
     """
-    if count is not None and (isinstance(count, bool) or count < 0):
-        raise ValueError(f"count must be None or >= 0, got {count!r}")
-    if not math.isfinite(every_s) or every_s < 0:
-        raise ValueError(f"every_s must be >= 0, got {every_s!r}")
-    if step is not None and start is None:
-        raise ValueError("step is only meaningful with start (simulated timeline)")
-    step = _DEFAULT_STEP if step is None else step
-    if step <= dt.timedelta(0) or step % dt.timedelta(minutes=1):
-        raise ValueError(f"step must be a positive whole number of minutes, got {step}")
-    if history is not None and history < dt.timedelta(0):
-        raise ValueError(f"history must be >= 0, got {history}")
-    first = PartitionId.from_datetime(start) if start is not None else None
-
+    first, step = _timeline(count, every_s, start, step, history)
     written: list[PartitionWritten] = []
     last: PartitionId | None = None
 
@@ -135,8 +123,7 @@ def generate(
     if history:
         # Live: before the clock's minute, which the first live write takes (else every later write
         # would be pushed a minute into the future by the "never twice" rule below).
-        now = first.at if first is not None else PartitionId.from_datetime(
-            dt.datetime.fromtimestamp(clock(), dt.UTC)).at
+        now = first.at if first is not None else _clock_minute(clock).at
         for partition in history_partitions(now, history):
             emit(partition)
 
@@ -145,14 +132,34 @@ def generate(
         if i:
             sleep(every_s)
         if first is not None:
-            partition = PartitionId(first.at + i * step)
+            emit(PartitionId(first.at + i * step))
         else:
-            partition = PartitionId.from_datetime(dt.datetime.fromtimestamp(clock(), dt.UTC))
-            if last is not None and partition <= last:
-                partition = PartitionId(last.at + dt.timedelta(minutes=1))
-        emit(partition)
+            partition = _clock_minute(clock)
+            emit(partition if last is None or partition > last else PartitionId(last.at + dt.timedelta(minutes=1)))
         i += 1
     return written
+
+
+def _timeline(count: int | None, every_s: float, start: dt.datetime | None, step: dt.timedelta | None,
+              history: dt.timedelta | None) -> tuple[PartitionId | None, dt.timedelta]:
+    """Check :func:`generate`'s arguments; return the simulated timeline's first partition (``None``:
+    live) and its step."""
+    if count is not None and (isinstance(count, bool) or count < 0):
+        raise ValueError(f"count must be None or >= 0, got {count!r}")
+    if not math.isfinite(every_s) or every_s < 0:
+        raise ValueError(f"every_s must be >= 0, got {every_s!r}")
+    if step is not None and start is None:
+        raise ValueError("step is only meaningful with start (simulated timeline)")
+    step = _DEFAULT_STEP if step is None else step
+    if step <= dt.timedelta(0) or step % dt.timedelta(minutes=1):
+        raise ValueError(f"step must be a positive whole number of minutes, got {step}")
+    if history is not None and history < dt.timedelta(0):
+        raise ValueError(f"history must be >= 0, got {history}")
+    return (PartitionId.from_datetime(start) if start is not None else None), step
+
+
+def _clock_minute(clock: Callable[[], float]) -> PartitionId:
+    return PartitionId.from_datetime(dt.datetime.fromtimestamp(clock(), dt.UTC))
 
 
 # ---------------------------------------------------------------------------------------------

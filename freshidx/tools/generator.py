@@ -7,9 +7,10 @@ upstream jobs do).
 
 The content of a partition is a pure function of ``(config, partition time)``: the random stream is
 ``random.Random(f"{seed}:{partition.compact}")`` and per-ad attributes (product, campaign, base
-title) come from hashes of the ad id and the seed. A restarted generator therefore rewrites a
-partition byte for byte, and versions need no state: ``version = partition_ms * 1000 + sequence``
-(partitions are 60 000 ms apart, so sequences never collide with the next partition's versions).
+title: :mod:`freshidx.tools.generator_ads`) come from hashes of the ad id and the seed. A restarted
+generator therefore rewrites a partition byte for byte, and versions need no state: ``version =
+partition_ms * 1000 + sequence`` (partitions are 60 000 ms apart, so sequences never collide with the
+next partition's versions).
 
 What a partition contains (see :class:`PartitionWritten` for the counts returned):
 
@@ -27,8 +28,6 @@ Lines of a partition are shuffled, so file order is not version order.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import math
 import random
@@ -36,7 +35,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from freshidx.records import (
     RAW_FIELDS,
@@ -49,48 +48,37 @@ from freshidx.records import (
 )
 from freshidx.store import layout
 from freshidx.store.partitions import PartitionId
-
-# ---------------------------------------------------------------------------------------------
-# Vocabulary (fixed, so titles and keywords look like real ads and searches have something to hit)
-# ---------------------------------------------------------------------------------------------
-
-BRANDS: tuple[str, ...] = (
-    "acme", "aurora", "bolt", "cascade", "cobalt", "crestline", "driftwood", "ember", "evergreen",
-    "falcon", "fjord", "granite", "harbor", "helix", "horizon", "ironwood", "juniper", "kestrel",
-    "lumen", "maple", "meridian", "monarch", "nimbus", "northwind", "oakridge", "onyx", "orbit",
-    "pioneer", "quartz", "redwood", "sable", "sierra", "solstice", "summit", "tundra", "vertex",
-    "willow", "zenith", "zephyr", "atlas",
+from freshidx.tools.generator_ads import (
+    ADJECTIVES,
+    BRANDS,
+    NOUNS,
+    QUALIFIERS,
+    VOCABULARY,
+    AdProfile,
+    ad_id,
+    random_title,
+    stable_profile,
 )
 
-NOUNS: tuple[str, ...] = (
-    "backpack", "blender", "boots", "camera", "chair", "charger", "coffee", "cookware", "desk",
-    "drone", "earbuds", "headphones", "helmet", "jacket", "kettle", "keyboard", "lamp", "laptop",
-    "mattress", "microphone", "monitor", "mouse", "notebook", "pillow", "printer", "projector",
-    "router", "sandals", "scooter", "sneakers", "sofa", "speaker", "sunglasses", "tablet", "tent",
-    "toaster", "treadmill", "umbrella", "vacuum", "watch", "bicycle", "blanket", "bottle", "cooler",
-    "grill", "hoodie", "luggage", "mixer", "phone", "rug", "skillet", "socks", "stroller", "suitcase",
-    "thermostat", "tripod", "wallet", "webcam", "yoga-mat", "jeans",
-)
-
-ADJECTIVES: tuple[str, ...] = (
-    "affordable", "compact", "cozy", "deluxe", "durable", "eco", "elegant", "ergonomic", "essential",
-    "fast", "foldable", "heavy-duty", "lightweight", "luxury", "modern", "portable", "premium", "pro",
-    "quiet", "rechargeable", "rugged", "sleek", "smart", "soft", "sturdy", "ultra", "vintage",
-    "waterproof", "wireless", "classic", "adjustable", "breathable", "cordless", "insulated",
-    "minimalist", "noise-cancelling", "organic", "padded", "stainless", "versatile", "handmade",
-    "slim", "bright", "warm", "cool", "quick-dry", "non-stick", "energy-saving", "high-speed",
-    "travel", "outdoor", "indoor", "kids", "family", "everyday", "limited", "new", "best-selling",
-    "refurbished", "professional",
-)
-
-QUALIFIERS: tuple[str, ...] = (
-    "black", "white", "silver", "blue", "red", "green", "grey", "navy", "olive", "beige", "walnut",
-    "bamboo", "leather", "cotton", "wool", "steel", "aluminum", "carbon", "ceramic", "glass",
-    "small", "medium", "large", "xl", "mini", "max", "plus", "lite", "2-pack", "set",
-    "bundle", "edition", "series", "v2", "gen3", "4k", "usb-c", "bluetooth", "5g", "hd",
-)
-
-VOCABULARY: tuple[str, ...] = BRANDS + NOUNS + ADJECTIVES + QUALIFIERS
+# The vocabulary and the ads' stable attributes are defined in generator_ads; callers use them here.
+__all__ = [
+    "ADJECTIVES",
+    "BRANDS",
+    "NOUNS",
+    "QUALIFIERS",
+    "REQUIRED_FIELDS",
+    "SOURCE_RE",
+    "VOCABULARY",
+    "AdProfile",
+    "GeneratorConfig",
+    "PartitionWritten",
+    "ad_id",
+    "ad_profile",
+    "partition_base_version",
+    "partition_keys",
+    "partition_records",
+    "split_lines",
+]
 
 REQUIRED_FIELDS: tuple[str, ...] = tuple(name for name, (_, required) in RAW_FIELDS.items() if required)
 
@@ -220,57 +208,9 @@ class PartitionWritten:
         }
 
 
-# ---------------------------------------------------------------------------------------------
-# Stable per-ad attributes
-# ---------------------------------------------------------------------------------------------
-
-
-def _stable_int(*parts: object) -> int:
-    """A process-independent hash (Python's ``hash`` of str is salted per process)."""
-    digest = hashlib.blake2b(":".join(str(p) for p in parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
-
-
-def ad_id(i: int) -> str:
-    return f"ad-{i:06d}"
-
-
-class AdProfile(NamedTuple):
-    """What never changes about an ad (for a given seed): its product, campaign and base title."""
-
-    product: int
-    campaign: int
-    brand: str
-    noun: str
-    qualifier: str
-    base_title: str
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _ad_profile(seed: int, products: int, campaigns: int, ad: int) -> AdProfile:
-    product = _stable_int(seed, "product-of", ad) % products
-    campaign = _stable_int(seed, "campaign-of", ad) % campaigns
-    h = _stable_int(seed, "product", product)
-    brand = BRANDS[h % len(BRANDS)]
-    noun = NOUNS[(h >> 16) % len(NOUNS)]
-    qualifier = QUALIFIERS[(h >> 32) % len(QUALIFIERS)]
-    title = _title(random.Random(f"{seed}:title:{ad}"), brand, noun, qualifier)
-    return AdProfile(product, campaign, brand, noun, qualifier, title)
-
-
 def ad_profile(cfg: GeneratorConfig, ad: int) -> AdProfile:
     """Stable attributes of ad number ``ad``; several ads share a product (``ads / products`` each)."""
-    return _ad_profile(cfg.seed, cfg.products, cfg.campaigns, ad)
-
-
-def _title(rng: random.Random, brand: str, noun: str, qualifier: str) -> str:
-    adjectives = rng.sample(ADJECTIVES, rng.randint(1, 3))
-    words = [*adjectives, brand, noun]
-    if rng.random() < 0.6:
-        words.append(qualifier)
-    if rng.random() < 0.3:
-        words.append(rng.choice(QUALIFIERS))
-    return " ".join(words)
+    return stable_profile(cfg.seed, cfg.products, cfg.campaigns, ad)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +245,7 @@ def _record(
     ad = _pick_ad(rng, cfg)
     profile = ad_profile(cfg, ad)
     brand, noun = profile.brand, profile.noun
-    title = profile.base_title if rng.random() < 0.4 else _title(rng, brand, noun, profile.qualifier)
+    title = profile.base_title if rng.random() < 0.4 else random_title(rng, brand, noun, profile.qualifier)
     r = rng.random()
     if r < cfg.delete_rate:
         status = "deleted"

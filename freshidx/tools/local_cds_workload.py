@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from freshidx.spark_server.local_cds import JAVA_OPTIONS
+from freshidx.spark.local_archive import JAVA_OPTIONS
 
 
 def main(argv: list[str]) -> int:

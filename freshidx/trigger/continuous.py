@@ -1,11 +1,12 @@
-"""Continuous mode (DESIGN §10, issue 14): the decisions of the long-lived micro-batch loop, without Dagster.
+"""Continuous mode: the decisions of the long-lived micro-batch loop, without Dagster
+(docs/architecture.md#continuous-mode).
 
 One run holds a warm Spark session and, every ``continuous_trigger_seconds``, evaluates the same
 latest-only rule the sensor evaluates (:func:`freshidx.trigger.latest_only.plan_tick`/``apply``: nothing newer
 than the watermark → idle; newer → ONE micro-batch for the newest, the partitions in between folded).
 This module decides what a tick means (:func:`decide`), when the run ends itself
 (:func:`stop_reason`: a planned restart on runtime or memory, or a stop request), what the loop knows
-about the micro-batches it ran (:class:`LoopRuns`, the ``RunIndex`` the planner asks, so attempts,
+about the micro-batches it ran (:class:`LoopRuns`, the ``DeltaRunIndex`` the planner asks, so attempts,
 retries and parking count exactly as for sensor runs) and what its heartbeat says
 (:func:`heartbeat`). The effects (store reads/writes, Spark, Dagster events) are
 ``freshidx.defs.delta.continuous``.
@@ -20,7 +21,8 @@ from typing import Any
 
 from freshidx.publish.commit import iso, parse_iso
 from freshidx.settings import PipelineSettings
-from freshidx.trigger.latest_only import Applied, Request, RunIndex, RunView
+from freshidx.store.records import Heartbeat
+from freshidx.trigger.latest_only import DeltaApplied, DeltaRequest, DeltaRun, DeltaRunIndex
 
 #: Tags of continuous runs (the watchdog's requests, and how the sensor tells them apart).
 TAG_MODE = "freshidx/delta_mode"
@@ -105,10 +107,10 @@ class TickKind(StrEnum):
 class TickAction:
     kind: TickKind
     reason: str
-    request: Request | None = None
+    request: DeltaRequest | None = None
 
 
-def decide(applied: Applied) -> TickAction:
+def decide(applied: DeltaApplied) -> TickAction:
     """What the loop does with one applied evaluation of the latest-only rule."""
     if applied.request is not None:
         r = applied.request
@@ -138,7 +140,7 @@ def batch_status(outcome: str, reason: str) -> BatchStatus:
 
 @dataclass
 class LoopRuns:
-    """The ``RunIndex`` the loop gives the latest-only planner.
+    """The ``DeltaRunIndex`` the loop gives the latest-only planner.
 
     The micro-batches of this loop are attempts like sensor runs, answered from memory under the
     same run keys (``delta:<P>:aN``); anything else (a sensor run from before the switch, a UI
@@ -147,26 +149,26 @@ class LoopRuns:
     """
 
     run_id: str
-    others: RunIndex
-    batches: dict[str, RunView] = field(default_factory=dict)
+    others: DeltaRunIndex
+    batches: dict[str, DeltaRun] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
 
     def record(self, run_key: str, status: BatchStatus, how: str = "") -> None:
         # RETRY is reported like a run a shutdown interrupted: ended, not a failed attempt.
-        self.batches[run_key] = RunView(self.run_id, status.value, False, None,
+        self.batches[run_key] = DeltaRun(self.run_id, status.value, False, None,
                                         interrupted=status is BatchStatus.RETRY)
         if status is BatchStatus.FAILURE:
             self.failures[run_key] = how
 
-    def in_flight(self) -> list[RunView]:
+    def in_flight(self) -> list[DeltaRun]:
         return [r for r in self.others.in_flight() if r.run_id != self.run_id]
 
-    def by_run_key(self, run_key: str) -> RunView | None:
+    def by_run_key(self, run_key: str) -> DeltaRun | None:
         # No run carries a claimed key: the claim was a micro-batch of a continuous run that ended (killed,
         # planned restart) before finishing it. Sensor runs exist as soon as they are requested, so it is
         # not a request still on its way: an ended attempt at once, not after LOST_REQUEST_GRACE.
         return (self.batches.get(run_key) or self.others.by_run_key(run_key)
-                or RunView("", LOST, False))
+                or DeltaRun("", LOST, False))
 
     def ended_how(self, run_key: str) -> str | None:
         if run_key in self.batches:
@@ -206,48 +208,47 @@ def heartbeat_due(state: LoopState, now: dt.datetime, acted: bool) -> bool:
     return acted or state.heartbeat_at is None or now - state.heartbeat_at >= HEARTBEAT_EVERY
 
 
-def heartbeat(state: LoopState, now: dt.datetime, *, ended: Stop | None = None) -> dict[str, Any]:
+def heartbeat(state: LoopState, now: dt.datetime, *, ended: Stop | None = None) -> Heartbeat:
     """The small object ``freshidx status`` reads (overwritten in place; not history)."""
-    return {
-        "run_id": state.run_id,
-        "started_at": iso(state.started_at),
-        "planned_restart_at": iso(state.limits.restart_at(state.started_at)),
-        "trigger_seconds": state.limits.trigger_seconds,
-        "max_rss_mb": state.limits.max_rss_mb,
-        "last_tick": iso(state.last_tick or now),
-        "written_at": iso(now),
-        "ticks": state.ticks,
-        "micro_batches": state.batches,
-        "published": state.published,
-        "last_action": state.last_action,
-        "last_version": state.last_version,
-        "rss_mb": None if state.rss_mb is None else round(state.rss_mb, 1),
-        "ended": None if ended is None else {"reason": ended.reason.value, "detail": ended.detail},
-    }
+    return Heartbeat(
+        run_id=state.run_id,
+        started_at=iso(state.started_at),
+        planned_restart_at=iso(state.limits.restart_at(state.started_at)),
+        trigger_seconds=state.limits.trigger_seconds,
+        max_rss_mb=state.limits.max_rss_mb,
+        last_tick=iso(state.last_tick or now),
+        written_at=iso(now),
+        ticks=state.ticks,
+        micro_batches=state.batches,
+        published=state.published,
+        last_action=state.last_action,
+        last_version=state.last_version,
+        rss_mb=None if state.rss_mb is None else round(state.rss_mb, 1),
+        ended=None if ended is None else {"reason": ended.reason.value, "detail": ended.detail},
+    )
 
 
-def describe_heartbeat(hb: dict[str, Any] | None, now: dt.datetime) -> dict[str, Any] | None:
+def describe_heartbeat(hb: Heartbeat | None, now: dt.datetime) -> dict[str, Any] | None:
     """``freshidx status``'s view of a heartbeat: the live run, its age, its next planned restart, and
     whether it looks alive (its last write is recent; an ended run says why it ended)."""
-    if not hb:
+    if hb is None:
         return None
     try:
-        started = parse_iso(hb["started_at"])
-        written = parse_iso(hb.get("written_at") or hb["last_tick"])
-    except (KeyError, ValueError, TypeError):
+        started = parse_iso(hb.started_at)
+        written = parse_iso(hb.written_at or hb.last_tick)
+    except ValueError:
         return None
     silent = (now - written).total_seconds()
-    ended = hb.get("ended")
-    state = "ended" if ended else "live" if silent <= HEARTBEAT_EVERY.total_seconds() * 3 + 30 else "silent"
+    state = "ended" if hb.ended else "live" if silent <= HEARTBEAT_EVERY.total_seconds() * 3 + 30 else "silent"
     return {
-        "run_id": hb.get("run_id"),
+        "run_id": hb.run_id,
         "state": state,
         "age_seconds": round((now - started).total_seconds(), 1),
-        "planned_restart_at": hb.get("planned_restart_at"),
-        "last_tick": hb.get("last_tick"),
+        "planned_restart_at": hb.planned_restart_at,
+        "last_tick": hb.last_tick,
         "seconds_since_heartbeat": round(silent, 1),
-        "micro_batches": hb.get("micro_batches"),
-        "published": hb.get("published"),
-        "rss_mb": hb.get("rss_mb"),
-        "ended": ended,
+        "micro_batches": hb.micro_batches,
+        "published": hb.published,
+        "rss_mb": hb.rss_mb,
+        "ended": hb.ended,
     }

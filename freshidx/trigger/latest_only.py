@@ -1,11 +1,14 @@
-"""Latest-only triggering of the delta index (DESIGN §7), without Dagster: observe → plan → act.
+"""Latest-only triggering of the delta index, without Dagster: observe → plan → act
+(docs/architecture.md#latest-only-delta).
 
 :func:`plan_tick` reads the store (pointer, bounded listing, the newest partition's ledger entries)
-and a :class:`RunIndex` that answers questions about runs, and returns a :class:`TickPlan`: the
+and a :class:`DeltaRunIndex` that answers questions about runs, and returns a :class:`DeltaPlan`: the
 ledger entries to create, the observations each created entry earns, and either ONE run request
 (for the newest visible partition, as attempt ``N``) or the reason for skipping. :func:`apply`
 writes the plan (create-once, so a racing evaluation loses cleanly). The sensor
-(``freshidx.defs.delta.sensor``) only adapts both to Dagster, like ``freshidx.sla.checks`` and ``defs/sla.py``.
+(``freshidx.defs.delta.sensor``) only adapts both to Dagster, like ``freshidx.sla.checks`` and
+``freshidx.defs.sla.checks``. The types are the vocabulary the catch-up planner speaks too
+(:mod:`freshidx.trigger.plan`), with what only this rule needs.
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ from freshidx.store.partitions import PartitionId
 from freshidx.trigger import ledger
 from freshidx.trigger.lifecycle import LOST_REQUEST_GRACE, Decision, Mark, TriggerId, attempt_state
 from freshidx.trigger.listing import Ignored, Listing, partitions_after
+from freshidx.trigger.plan import Record, RunIndex, TickPlan, claims_won
 
 PIPELINE = "delta"
 
 
 @dataclass(frozen=True)
-class RunView:
-    """What the planner needs of one run (the sensor answers from the Dagster instance)."""
+class DeltaRun:
+    """What the planner needs of one run (a :class:`freshidx.trigger.plan.RunView`; the sensor answers from
+    the Dagster instance)."""
 
     run_id: str
     status: str  # as Dagster spells it ("STARTED", "QUEUED", …): shown in skip reasons
@@ -38,12 +43,10 @@ class RunView:
     interrupted: bool = False  # ended by a shutdown: not a failed attempt
 
 
-class RunIndex(Protocol):
-    def in_flight(self) -> list[RunView]:
+class DeltaRunIndex(RunIndex[DeltaRun], Protocol):
+    def in_flight(self) -> list[DeltaRun]:
         """In-flight runs that build ``delta_index`` (sensor, UI, CLI), newest first."""
         ...
-
-    def by_run_key(self, run_key: str) -> RunView | None: ...
 
     def ended_how(self, run_key: str) -> str | None:
         """For a run key whose run failed or was canceled: how it ended (one line); else None."""
@@ -56,19 +59,18 @@ class RunIndex(Protocol):
 
 
 @dataclass(frozen=True)
-class Record:
-    """A create-once ledger entry to write; ``observe`` is the observation it earns if created."""
+class PartitionRecord(Record[PartitionId]):
+    """A create-once ledger entry of a raw partition; ``observe`` is the observation it earns if created."""
 
-    partition: PartitionId
-    tid: TriggerId
-    decision: Decision
-    reason: str
-    fields: Mapping[str, Any] = field(default_factory=dict)
     observe: Mapping[str, Any] | None = None
+
+    @property
+    def partition(self) -> PartitionId:
+        return self.subject
 
 
 @dataclass(frozen=True)
-class Request:
+class DeltaRequest:
     partition: PartitionId
     attempt: int
     skipped: int
@@ -79,30 +81,34 @@ class Request:
 
 
 @dataclass
-class TickPlan:
-    records: list[Record] = field(default_factory=list)
+class DeltaPlan(TickPlan[PartitionRecord, DeltaRequest]):
+    """``claims``: the accepted attempt (one at most); the request stands only if it is created."""
+
+    records: list[PartitionRecord] = field(default_factory=list)
     gap: tuple[PartitionId, PartitionId | None, str] | None = None  # (before, after, why)
-    claim: Record | None = None  # the accepted attempt; the request stands only if it is created
-    request: Request | None = None
-    skip_reason: str | None = None
     ignored: list[Ignored] = field(default_factory=list)  # malformed keys to report (set changed)
     cursor: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
-class Applied:
+class DeltaApplied:
     observations: list[tuple[PartitionId, dict[str, Any]]]
-    request: Request | None
+    request: DeltaRequest | None
     skip_reason: str | None
 
+    @property
+    def requests(self) -> list[DeltaRequest]:
+        """As :class:`freshidx.trigger.plan.Applied` has it: this rule requests one run at most."""
+        return [] if self.request is None else [self.request]
 
-def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.datetime,
-              cursor: Mapping[str, Any] | None = None) -> TickPlan:
+
+def plan_tick(store: ObjectStore, settings: Settings, runs: DeltaRunIndex, now: dt.datetime,
+              cursor: Mapping[str, Any] | None = None) -> DeltaPlan:
     """One evaluation of the latest-only rule. Reads only; :func:`apply` writes."""
     pointer, _ = read_pointer(store, PIPELINE)
     watermark = PartitionId.parse(pointer.source_partition) if pointer and pointer.source_partition else None
     found = partitions_after(store, settings.source, watermark, max_scan_hours=settings.scan_hours)
-    plan = TickPlan(cursor=dict(cursor or {}))
+    plan = DeltaPlan(cursor=dict(cursor or {}))
     if found.ignored:
         digest = hashlib.sha1("\n".join(sorted(i.key for i in found.ignored)).encode()).hexdigest()
         if plan.cursor.get("ignored") != digest:  # report a changed set once, not every 5 s
@@ -122,8 +128,8 @@ def plan_tick(store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.da
     return plan
 
 
-def _plan_overlap(plan: TickPlan, settings: Settings, found: Listing, newest: PartitionId,
-                  in_flight: list[RunView]) -> None:
+def _plan_overlap(plan: DeltaPlan, settings: Settings, found: Listing, newest: PartitionId,
+                  in_flight: list[DeltaRun]) -> None:
     """Overlap policy: serialize (wait, then jump to the newest), skip (drop triggers that arrive
     while a run is in flight, with a durable reason); queue never gets here (dagster.yaml's
     freshidx/pipeline=delta limit runs its requests one at a time)."""
@@ -132,7 +138,7 @@ def _plan_overlap(plan: TickPlan, settings: Settings, found: Listing, newest: Pa
     unknown = None in targets  # a UI/CLI run that picks the newest partition itself when it starts
     if settings.delta_overlap == "skip" and r.target != newest.path and not unknown:
         why = f"skipped: run {r.run_id[:8]} for {r.target} was in flight (overlap policy skip)"
-        plan.records += [Record(p, TriggerId(p.compact), Decision.SUPERSEDED, why, {"run_id": r.run_id},
+        plan.records += [PartitionRecord(p, TriggerId(p.compact), Decision.SUPERSEDED, why, {"run_id": r.run_id},
                                 {"decision": "skipped_overlap"})
                          for p in found.partitions if p.path not in targets]
     what = ("will jump to the newest when it ends" if settings.delta_overlap != "skip"
@@ -142,7 +148,7 @@ def _plan_overlap(plan: TickPlan, settings: Settings, found: Listing, newest: Pa
                         f"newest visible is {newest.path}, {what}")
 
 
-def _plan_skipped(plan: TickPlan, runs: RunIndex, settings: Settings, found: Listing, newest: PartitionId,
+def _plan_skipped(plan: DeltaPlan, runs: DeltaRunIndex, settings: Settings, found: Listing, newest: PartitionId,
                   watermark: PartitionId | None, targets: set[str | None]) -> list[PartitionId]:
     """Durable reasons for everything skipped on purpose. Under overlap "queue" a partition whose run
     is still in flight is not ours to decide: its run publishes it, or the publication that passes it
@@ -155,7 +161,7 @@ def _plan_skipped(plan: TickPlan, runs: RunIndex, settings: Settings, found: Lis
     how = runs.ended_how(last) if last and last.startswith(f"{PIPELINE}:") else None
     ended_for = last.split(":")[1] if how else None
     for p in skipped:
-        plan.records.append(Record(
+        plan.records.append(PartitionRecord(
             p, TriggerId(p.compact), Decision.FOLDED, f"{why}; {how}" if p.compact == ended_for else why,
             {"extra": {"folded_into": newest.path}},
             {"decision": Decision.FOLDED.value, "folded_into": newest.path}))
@@ -167,56 +173,57 @@ def _plan_skipped(plan: TickPlan, runs: RunIndex, settings: Settings, found: Lis
     return skipped
 
 
-def _plan_attempt(plan: TickPlan, store: ObjectStore, settings: Settings, runs: RunIndex, now: dt.datetime,
+def _plan_attempt(plan: DeltaPlan, store: ObjectStore, settings: Settings, runs: DeltaRunIndex, now: dt.datetime,
                   newest: PartitionId, skipped: list[PartitionId]) -> None:
     """Which attempt is this? Explicit attempt numbers make retries visible and idempotent."""
     state = attempt_state(ledger.partition_entries(store, PIPELINE, newest), newest.compact)
     if state.final is not None:  # a final decision (e.g. skipped under overlap policy skip) is never revisited
-        plan.skip_reason = (f"{newest.path} already decided: {state.final['decision']} "
-                            f"({state.final['reason']}); waiting for a newer partition")
+        plan.skip_reason = (f"{newest.path} already decided: {state.final.decision} "
+                            f"({state.final.reason}); waiting for a newer partition")
         return
     failed = 0  # attempts that count towards parking: not those a shutdown interrupted
     for n in state.numbers:
         e = state.claims[n]
-        run = runs.by_run_key(e["run_key"])
+        run = runs.by_run_key(e.run_key or "")
         if n == state.last and run is not None and run.in_flight:  # overlap policy queue: never twice
-            plan.skip_reason = f"attempt {e['attempt']} for {newest.path} is {run.status}"
+            plan.skip_reason = f"attempt {e.attempt} for {newest.path} is {run.status}"
             return
-        if n == state.last and run is None and now - parse_iso(e["at"]) < LOST_REQUEST_GRACE:
-            plan.skip_reason = f"attempt {e['attempt']} for {newest.path} requested, waiting for its run"
+        if n == state.last and run is None and now - parse_iso(e.at) < LOST_REQUEST_GRACE:
+            plan.skip_reason = f"attempt {e.attempt} for {newest.path} requested, waiting for its run"
             return
         if not (run is not None and run.interrupted):
             failed += 1
     attempt = state.next_attempt
     if failed >= state.allowed(settings.max_attempts):
-        plan.records.append(Record(
+        plan.records.append(PartitionRecord(
             newest, TriggerId(newest.compact).then(Mark.PARKED, attempt - 1), Decision.PARKED,
             f"{failed} attempts failed; waiting for a newer partition or `freshidx ledger retry`",
             observe={"decision": Decision.PARKED.value}))
         plan.skip_reason = f"{newest.path} parked after {failed} failed attempts"
         return
-    request = Request(newest, attempt, len(skipped))
-    plan.claim = Record(
+    request = DeltaRequest(newest, attempt, len(skipped))
+    plan.claims = [PartitionRecord(
         newest, TriggerId(newest.compact).claim(attempt), Decision.ACCEPTED,
         f"newest visible partition (skipped {len(skipped)})",
         {"run_key": request.run_key, "attempt": attempt, "extra": {"skipped": [p.path for p in skipped]}},
-        {"decision": Decision.ACCEPTED.value, "attempt": attempt, "skipped": len(skipped)})
+        {"decision": Decision.ACCEPTED.value, "attempt": attempt, "skipped": len(skipped)})]
     plan.request = request
 
 
-def apply(store: ObjectStore, plan: TickPlan) -> Applied:
+def apply(store: ObjectStore, plan: DeltaPlan) -> DeltaApplied:
     """Write the plan (create-once): an entry already written by another evaluation earns nothing;
     a claim already written means another evaluation requested the run."""
     observations = [(r.partition, dict(r.observe)) for r in plan.records if _write(store, r) and r.observe]
     if plan.gap is not None:
         ledger.record_gap(store, PIPELINE, *plan.gap)
-    if plan.claim is None or plan.request is None:
-        return Applied(observations, None, plan.skip_reason)
-    if not _write(store, plan.claim):
-        return Applied(observations, None, f"{plan.request.run_key} already accepted by another evaluation")
+    if not plan.claims or plan.request is None:
+        return DeltaApplied(observations, None, plan.skip_reason)
+    if not claims_won(plan, lambda r: _write(store, r)):
+        return DeltaApplied(observations, None, f"{plan.request.run_key} already accepted by another evaluation")
     plan.cursor["last_requested"] = plan.request.run_key
-    return Applied([*observations, (plan.claim.partition, dict(plan.claim.observe or {}))], plan.request, None)
+    won = [(c.partition, dict(c.observe or {})) for c in plan.claims]
+    return DeltaApplied([*observations, *won], plan.request, None)
 
 
-def _write(store: ObjectStore, r: Record) -> bool:
+def _write(store: ObjectStore, r: PartitionRecord) -> bool:
     return ledger.record_partition(store, PIPELINE, r.partition, r.decision, r.reason, tid=r.tid, **r.fields)

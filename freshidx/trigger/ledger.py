@@ -1,6 +1,7 @@
 """The trigger ledger: one create-once object per trigger decision, in the object store.
 
-It lives next to the data (``ledger/<pipeline>/<date>/<trigger-id>.json``, DESIGN §3) so it
+It lives next to the data (``ledger/<pipeline>/<date>/<trigger-id>.json``,
+docs/architecture.md#object-store-layout) so it
 survives a wiped Dagster instance, and create-once writes make run creation idempotent: two
 sensors (or a sensor and a retry) racing on the same trigger cannot both win.
 
@@ -22,8 +23,8 @@ grammar, the decisions and the attempt state are :mod:`freshidx.trigger.lifecycl
 The full index writes one ``<cutoff minute>-<version>`` per built version; the catch-up's hour
 entries are listed in :mod:`freshidx.catchup.planner`.
 
-**Every visible partition is explained** (issue 18.5): it has a final decision ``P``, is parked, or
-lies in a gap. Whoever moves the delta's pointer settles what the sensor did not see
+**Every visible partition is explained** (docs/architecture.md#nothing-visible-is-lost): it has a final
+decision ``P``, is parked, or lies in a gap. Whoever moves the delta's pointer settles what the sensor did not see
 (:func:`settle_publication`: partitions a manual or queued run jumped over, late partitions inside
 its window); the full index settles late partitions no delta window can read any more
 (:func:`settle_full`). :func:`unexplained` is the check (the end-to-end tests use it on the output
@@ -36,13 +37,13 @@ import datetime as dt
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from freshidx.publish.commit import iso, utcnow
 from freshidx.store import NotFound, ObjectInfo, ObjectStore, PreconditionFailed, layout
 from freshidx.store.partitions import PartitionError, PartitionId
+from freshidx.store.records import LedgerEntry
 from freshidx.trigger.lifecycle import FINAL, Decision, Mark, TriggerId, attempt_state, parse_suffix
 from freshidx.trigger.listing import partitions_after
 
@@ -59,22 +60,8 @@ UNLISTED = Decision.NOT_LISTED
 __all__ = ["FINAL", "Decision", "TriggerId"]  # re-exported for callers of the ledger API
 
 
-@dataclass
-class Entry:
-    pipeline: str
-    trigger_id: str
-    decision: str
-    reason: str
-    partition: str | None = None  # partition path as written upstream
-    scope: str | None = None  # for triggers that are not a single partition
-    run_id: str | None = None
-    run_key: str | None = None
-    attempt: int | None = None
-    at: str = field(default_factory=lambda: iso(utcnow()))
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "decision": str(self.decision)}  # a Decision is stored as its plain value
+#: A ledger entry (the record model; ``Entry`` is its name in the ledger's API).
+Entry = LedgerEntry
 
 
 def partition_key(pipeline: str, partition: PartitionId, suffix: str | TriggerId = "") -> str:
@@ -86,7 +73,7 @@ def partition_key(pipeline: str, partition: PartitionId, suffix: str | TriggerId
 def record(store: ObjectStore, key: str, entry: Entry) -> bool:
     """Create-once. Returns False if a decision for this trigger was already recorded."""
     try:
-        store.create_json(key, entry.to_dict())
+        entry.create(store, key)
     except PreconditionFailed:
         return False
     return True
@@ -108,33 +95,33 @@ def partition_entries(store: ObjectStore, pipeline: str, partition: PartitionId)
 #: Entries are create-once, so one read under a listed ``(store, key, etag)`` stays true: a sensor that
 #: re-lists a waiting trigger every tick (the catch-up scans up to ``hourly_lookahead_hours`` hours)
 #: does not GET its entries again. Per process (a code server keeps it across ticks), bounded.
-_ENTRY_CACHE: OrderedDict[tuple[str, str, str], dict[str, Any]] = OrderedDict()
+_ENTRY_CACHE: OrderedDict[tuple[str, str, str], Entry] = OrderedDict()
 _ENTRY_CACHE_SIZE = 4096
 _ENTRY_CACHE_LOCK = threading.Lock()
 
 
-def _read_entry(store: ObjectStore, obj: ObjectInfo) -> dict[str, Any]:
+def _read_entry(store: ObjectStore, obj: ObjectInfo) -> Entry:
     """``obj``'s entry (raises NotFound), from the cache when this version of it was read before."""
     cache_key = (store.uri, obj.key, obj.etag)
     with _ENTRY_CACHE_LOCK:
         hit = _ENTRY_CACHE.get(cache_key)
         if hit is not None:
             _ENTRY_CACHE.move_to_end(cache_key)
-            return dict(hit)
-    entry = dict(store.get_json(obj.key)[0])
+            return hit
+    entry = Entry.read(store, obj.key)[0]
     if obj.etag:
         with _ENTRY_CACHE_LOCK:
-            _ENTRY_CACHE[cache_key] = dict(entry)
+            _ENTRY_CACHE[cache_key] = entry
             while len(_ENTRY_CACHE) > _ENTRY_CACHE_SIZE:
                 _ENTRY_CACHE.popitem(last=False)
     return entry
 
 
-def trigger_entries(store: ObjectStore, pipeline: str, date: str, trigger_id: str) -> dict[str, dict[str, Any]]:
+def trigger_entries(store: ObjectStore, pipeline: str, date: str, trigger_id: str) -> dict[str, Entry]:
     """Every entry whose trigger id is ``trigger_id`` or ``trigger_id.<suffix>``, keyed by suffix: one LIST
     (and a GET of each entry not read before)."""
     base = layout.ledger_key(pipeline, date, trigger_id)[: -len(".json")]
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Entry] = {}
     for obj in store.list(base).objects:
         rest = obj.key[len(base):].removesuffix(".json")
         if rest and not rest.startswith("."):
@@ -159,15 +146,12 @@ def grant_retry(store: ObjectStore, pipeline: str, partition: PartitionId, reaso
     return str(TriggerId(partition.compact).then(Mark.GRANT, n))
 
 
-def decision(store: ObjectStore, pipeline: str, partition: PartitionId) -> dict[str, Any] | None:
-    try:
-        return dict(store.get_json(partition_key(pipeline, partition))[0])
-    except NotFound:
-        return None
+def decision(store: ObjectStore, pipeline: str, partition: PartitionId) -> Entry | None:
+    return Entry.read_if_exists(store, partition_key(pipeline, partition))[0]
 
 
 def read(store: ObjectStore, pipeline: str, since: dt.date | None = None,
-         until: dt.date | None = None) -> Iterator[dict[str, Any]]:
+         until: dt.date | None = None) -> Iterator[Entry]:
     """Entries of a pipeline, in key order, limited to dates in [since, until] when given."""
     root = f"ledger/{pipeline}/"
     start_after = f"{root}{(since - dt.timedelta(days=1)).isoformat()}~" if since else None
@@ -176,7 +160,7 @@ def read(store: ObjectStore, pipeline: str, since: dt.date | None = None,
         if until is not None and date > until.isoformat():
             return
         try:
-            yield dict(store.get_json(obj.key)[0])
+            yield Entry.read(store, obj.key)[0]
         except NotFound:
             continue
 
@@ -275,7 +259,7 @@ class Explained:
             return True
         return any((after is None or p.path > after) and p.path < before for after, before in self.gaps)
 
-    def add(self, trigger_id: str, body: dict[str, Any] | None = None) -> None:
+    def add(self, trigger_id: str, body: Entry | None = None) -> None:
         compact, _, suffix = trigger_id.partition(".")
         tid = parse_suffix(compact, suffix)
         if not suffix:
@@ -290,20 +274,21 @@ class Explained:
                 self.gaps.append(gap)
 
     @classmethod
-    def from_rows(cls, rows: Iterable[dict[str, Any]]) -> Explained:
+    def from_rows(cls, rows: Iterable[Mapping[str, Any]]) -> Explained:
         """From ledger entries as ``freshidx ledger --json`` prints them."""
         out = cls()
         for r in rows:
-            out.add(str(r.get("trigger_id", "")), r)
+            entry = Entry.from_json(r)
+            out.add(entry.trigger_id, entry)
         return out
 
 
-def gap_range(entry: dict[str, Any]) -> tuple[str | None, str] | None:
+def gap_range(entry: Entry) -> tuple[str | None, str] | None:
     """``(after, before)`` partition paths of a ``.gap`` entry (older entries only have the scope text)."""
-    extra = entry.get("extra") or {}
-    if extra.get("before"):
-        return extra.get("after"), str(extra["before"])
-    m = _GAP_SCOPE.match(str(entry.get("scope") or ""))
+    recorded = entry.gap()
+    if recorded is not None:
+        return recorded
+    m = _GAP_SCOPE.match(entry.scope or "")
     if m is None:
         return None
     return (None if m["after"] == "-" else m["after"]), m["before"]
@@ -323,7 +308,7 @@ def explained(store: ObjectStore, pipeline: str, since: dt.date | None, until: d
         body = None
         if trigger_id.endswith(f".{Mark.GAP}"):
             try:
-                body = dict(store.get_json(obj.key)[0])
+                body = Entry.read(store, obj.key)[0]
             except NotFound:
                 continue
         out.add(trigger_id, body)

@@ -26,7 +26,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Literal
+
+from freshidx.store.records import LedgerEntry
 
 #: An accepted attempt with no run after this long was lost (the daemon never created the run): the
 #: planner settles it and moves on. 90 s was the catch-up value (the delta sensor used 60 s); the
@@ -223,11 +225,11 @@ def remediation_trigger_id(of_version: str, attempt: int) -> str:
 class AttemptState:
     """Attempts of one trigger (or one correction of it) as its ledger entries tell them."""
 
-    claims: Mapping[int, Mapping[str, Any]]  # attempt number → its accepted entry
+    claims: Mapping[int, LedgerEntry]  # attempt number → its accepted entry
     ended: frozenset[int]  # settled by an ending entry (failed / expired / interrupted)
     interrupted: frozenset[int]
     grants: int  # operator grants (``.grant-K``): each allows one more attempt
-    final: Mapping[str, Any] | None = None  # the trigger's final decision, if any
+    final: LedgerEntry | None = None  # the trigger's final decision, if any
     numbers: tuple[int, ...] = field(default=())
 
     @property
@@ -251,7 +253,7 @@ class AttemptState:
         return max_attempts + self.grants
 
 
-def attempt_state(entries: Mapping[str, Mapping[str, Any]], base: str = "",
+def attempt_state(entries: Mapping[str, LedgerEntry], base: str = "",
                   correction: int | None = None) -> AttemptState:
     """From the entries of one trigger keyed by suffix (:func:`freshidx.trigger.ledger.trigger_entries`).
 

@@ -1,4 +1,4 @@
-"""Discovering upstream partitions without listing history (DESIGN §4.6).
+"""Discovering upstream partitions without listing history (docs/architecture.md#listing-costs-what-is-recent).
 
 Keys are ``raw/<source>/year=YYYY/month=MM/day=DD/hour=HH/minute=mm/<file>``; zero padding makes
 key order chronological. Two bounded operations:

@@ -118,7 +118,7 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
 
 
 class DagsterRunIndex:
-    """:class:`freshidx.catchup.planner.RunIndex` answered from the Dagster instance (bounded queries),
+    """:class:`freshidx.catchup.planner.CatchupRunIndex` answered from the Dagster instance (bounded queries),
     and the :class:`freshidx.catchup.planner.Canceller` that :func:`freshidx.catchup.planner.apply` cancels
     stuck runs with."""
 
@@ -126,7 +126,7 @@ class DagsterRunIndex:
         self.instance = instance
         self._in_flight: list | None = None
 
-    def by_run_key(self, run_key: str) -> catchup.RunView | None:
+    def by_run_key(self, run_key: str) -> catchup.CatchupRun | None:
         records = self.instance.get_run_records(RunsFilter(tags={"dagster/run_key": run_key}), limit=1)
         if not records:
             return None
@@ -134,8 +134,8 @@ class DagsterRunIndex:
         status = rec.dagster_run.status
         view = (catchup.IN_FLIGHT if status in IN_FLIGHT else catchup.SUCCESS if status == DagsterRunStatus.SUCCESS
                 else catchup.CANCELED if status == DagsterRunStatus.CANCELED else catchup.FAILURE)
-        return catchup.RunView(rec.dagster_run.run_id, view, rec.create_timestamp.timestamp(), rec.start_time,
-                               interrupted=run_health.is_interrupted(rec.dagster_run.tags))
+        return catchup.CatchupRun(rec.dagster_run.run_id, view, rec.create_timestamp.timestamp(), rec.start_time,
+                                  interrupted=run_health.is_interrupted(rec.dagster_run.tags))
 
     def _runs(self) -> list:
         if self._in_flight is None:
@@ -179,7 +179,7 @@ def _run_hours(tags: dict) -> list[dt.datetime]:
     return []
 
 
-def run_request(req: catchup.Request) -> dg.RunRequest:
+def run_request(req: catchup.CatchupRequest) -> dg.RunRequest:
     keys = [catchup.dagster_key(h) for h in req.hours]
     tags = {
         TAG_PIPELINE: catchup.ASSET, TAG_TRIGGER: "sensor", catchup.TAG_KIND: req.kind,

@@ -78,10 +78,10 @@ def _hour_metadata(store: ObjectStore, pub: HourPublication, run_id: str) -> dic
     meta.update(
         version=hb.draft.version,
         rows=dg.MetadataValue.int(hb.draft.doc_count),
-        invalid_records=dg.MetadataValue.int(int(hb.draft.invalid.get("count", 0))),
-        inputs=dg.MetadataValue.int(len(hb.draft.inputs.get("files", []))),
+        invalid_records=dg.MetadataValue.int(hb.draft.invalid_count),
+        inputs=dg.MetadataValue.int(hb.draft.input_file_count),
         publish_seconds=dg.MetadataValue.float(round(pub.result.seconds, 3)),
-        build_seconds=dg.MetadataValue.float(round(float(hb.draft.stats.get("build_seconds") or 0.0), 3)),
+        build_seconds=dg.MetadataValue.float(round(hb.draft.build_seconds, 3)),
         manifest=manifest_link(store, hb.draft),
     )
     if pub.outcome == "published":
@@ -125,7 +125,7 @@ class BucketIOManager(PublishingIOManager):
         assert draft is not None
         hour, trigger, claim = hb.hour, hb.trigger, hb.claim_id
         extra = {"version": draft.version, "kind": hb.kind, "doc_count": draft.doc_count,
-                 "inputs": len(draft.inputs.get("files", []))}
+                 "inputs": draft.input_file_count}
         published = result.outcome == "published"
         if result.outcome == "invalid":
             catchup.record(store, self.asset, hour, trigger.by_run(Mark.INVALID, run_id),
@@ -155,13 +155,13 @@ class BucketIOManager(PublishingIOManager):
             "hours": dg.MetadataValue.int(len(publications)),
             "published": dg.MetadataValue.int(sum(1 for p in publications if p.outcome == "published")),
             "rows": dg.MetadataValue.int(sum(d.doc_count for _, d, _ in attempted)),
-            "invalid_records": dg.MetadataValue.int(sum(int(d.invalid.get("count", 0)) for _, d, _ in attempted)),
+            "invalid_records": dg.MetadataValue.int(sum(d.invalid_count for _, d, _ in attempted)),
             "outcomes": dg.MetadataValue.json({p.subject.hour_id: p.outcome for p in publications}),
             "versions": dg.MetadataValue.json(versions),
             "kind": publications[0].subject.kind if publications else "none",
             # hours built in one Spark pass share its time: keep the largest, not a sum
             "build_seconds": dg.MetadataValue.float(round(max(
-                (float(d.stats.get("build_seconds") or 0.0) for _, d, _ in attempted), default=0.0), 3)),
+                (d.build_seconds for _, d, _ in attempted), default=0.0), 3)),
             "publish_seconds": dg.MetadataValue.float(round(sum((r.seconds for _, _, r in attempted), 0.0), 3)),
         }
         if versions:  # how long after its hour closed the newest bucket became visible

@@ -6,7 +6,8 @@ pool (one heavy Spark build at a time beside the delta, :mod:`freshidx.defs.runs
 index and the ads_hourly catch-up: it competes with them for the same two cores, not with the
 delta. A micro-batch that publishes while a compaction builds wins; the compaction then republishes
 its merged segment over the newer version (:mod:`freshidx.delta.compact`), and a micro-batch that
-loses to a compaction appends its segment to the compacted version (``publish.rebase_after_compaction``).
+loses to a compaction appends its segment to the compacted version (its publication's ``rebase``,
+:func:`freshidx.delta.compact.rebase_onto_compaction`).
 """
 # No `from __future__ import annotations` here: Dagster inspects these annotations at definition time.
 

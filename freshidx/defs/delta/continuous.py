@@ -1,4 +1,4 @@
-"""Continuous mode in Dagster (DESIGN §10, issue 14): the ``delta_continuous`` job and its watchdog.
+"""Continuous mode in Dagster (docs/architecture.md#continuous-mode): the ``delta_continuous`` job and its watchdog.
 
 ``delta_continuous`` is one long-lived run (one op) that holds ONE Spark session and, every
 ``FRESHIDX_CONTINUOUS_TRIGGER_SECONDS``, evaluates the latest-only rule of the sensor
@@ -43,7 +43,7 @@ from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.delta.build import DeltaPlan, build_delta
 from freshidx.publish.commit import read_pointer, utcnow
 from freshidx.settings import Settings
-from freshidx.store import ObjectStore, layout
+from freshidx.store import ObjectStore
 from freshidx.store.partitions import PartitionId
 from freshidx.trigger import continuous, ledger, run_health
 from freshidx.trigger.continuous import (
@@ -59,7 +59,7 @@ from freshidx.trigger.continuous import (
     StopReason,
     TickKind,
 )
-from freshidx.trigger.latest_only import PIPELINE, Request, apply, plan_tick
+from freshidx.trigger.latest_only import PIPELINE, DeltaRequest, apply, plan_tick
 from freshidx.trigger.lifecycle import Decision, Mark, TriggerId
 
 TAG_STOP = "freshidx/stop_requested"
@@ -218,7 +218,7 @@ def _stop_tag(context: dg.OpExecutionContext) -> str | None:
     return f"run tag {TAG_STOP}={value}" if value else None
 
 
-def _run_info(context: dg.OpExecutionContext, settings: Settings, req: Request,
+def _run_info(context: dg.OpExecutionContext, settings: Settings, req: DeltaRequest,
               policy: PublishPolicy) -> dict[str, Any]:
     """The draft's run record, as ``delta_index`` writes it (``assets._run_info``), for this micro-batch."""
     return {
@@ -231,7 +231,7 @@ def _run_info(context: dg.OpExecutionContext, settings: Settings, req: Request,
 
 
 def _micro_batch(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectStoreResource,
-                 spark: SparkResource, settings: Settings, runs: LoopRuns, req: Request,
+                 spark: SparkResource, settings: Settings, runs: LoopRuns, req: DeltaRequest,
                  state: LoopState) -> BatchStatus:
     """One accepted attempt, built and published as a sensor-triggered ``delta_index`` run does it."""
     p = req.partition
@@ -280,7 +280,7 @@ def _micro_batch(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectS
     return status
 
 
-def failed_attempt(context: dg.OpExecutionContext, runs: LoopRuns, req: Request, exc: Exception) -> BatchStatus:
+def failed_attempt(context: dg.OpExecutionContext, runs: LoopRuns, req: DeltaRequest, exc: Exception) -> BatchStatus:
     """A failed micro-batch attempt: its error line (``micro-batch for <P> (attempt N) failed: …``, the
     line ``freshidx bench soak --mode continuous`` counts) and the attempt recorded as a failure."""
     text = str(exc).strip()
@@ -293,7 +293,7 @@ def failed_attempt(context: dg.OpExecutionContext, runs: LoopRuns, req: Request,
 def _write_heartbeat(context: dg.OpExecutionContext, st: ObjectStore, state: LoopState, now: dt.datetime,
                      ended: Stop | None = None) -> None:
     try:
-        st.put_json(layout.continuous_heartbeat_key(PIPELINE), continuous.heartbeat(state, now, ended=ended))
+        continuous.heartbeat(state, now, ended=ended).write(st, PIPELINE)
         state.heartbeat_at = now
     except Exception as exc:  # status only: never a reason to stop publishing
         context.log.warning(f"heartbeat not written: {exc}")

@@ -31,7 +31,7 @@ from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.publish.commit import utcnow
 from freshidx.store.partitions import PartitionError, PartitionId
 from freshidx.trigger import ledger, run_health
-from freshidx.trigger.latest_only import PIPELINE, RunView, apply, plan_tick
+from freshidx.trigger.latest_only import PIPELINE, DeltaRun, apply, plan_tick
 
 DELTA_KEY = dg.AssetKey("delta_index")
 
@@ -67,22 +67,22 @@ def _run_target(run: dg.DagsterRun) -> str | None:
 
 
 class DagsterDeltaRuns:
-    """:class:`freshidx.trigger.latest_only.RunIndex` answered from the Dagster instance (bounded queries)."""
+    """:class:`freshidx.trigger.latest_only.DeltaRunIndex` answered from the Dagster instance (bounded queries)."""
 
     def __init__(self, instance: dg.DagsterInstance) -> None:
         self.instance = instance
 
     @staticmethod
-    def _view(run: dg.DagsterRun) -> RunView:
-        return RunView(run.run_id, run.status.value, run.status in IN_FLIGHT, _run_target(run),
+    def _view(run: dg.DagsterRun) -> DeltaRun:
+        return DeltaRun(run.run_id, run.status.value, run.status in IN_FLIGHT, _run_target(run),
                        run_health.is_interrupted(run.tags))
 
-    def in_flight(self) -> list[RunView]:
+    def in_flight(self) -> list[DeltaRun]:
         # Any in-flight run that builds delta_index counts, including UI "Materialize" runs.
         return [self._view(r) for r in in_flight_runs(self.instance, 50)
                 if r.tags.get(TAG_PIPELINE) == PIPELINE or DELTA_KEY in (r.asset_selection or ())]
 
-    def by_run_key(self, run_key: str) -> RunView | None:
+    def by_run_key(self, run_key: str) -> DeltaRun | None:
         run = run_for_key(self.instance, run_key)
         return None if run is None else self._view(run)
 

@@ -25,6 +25,7 @@ from freshidx.defs.shared.publishing_io_manager import (
     running_step,
     serving_pointer,
 )
+from freshidx.delta.compact import rebase_onto_compaction
 from freshidx.publish.commit import (
     DraftManifest,
     Pointer,
@@ -50,13 +51,14 @@ class IndexIOManager(PublishingIOManager):
     """Stages are already written; this publishes them atomically and records the outcome."""
 
     #: The fixed part of the gate; force and the drop guard come with the draft's run record.
-    #: Not a config field: nobody sets it per run, and a field would pre-fill the launchpad.
-    policy: ClassVar[PublishPolicy] = PublishPolicy(allow_empty=False)
+    #: Not a config field: nobody sets it per run, and a field would pre-fill the launchpad. A delta
+    #: micro-batch whose base a compaction replaced is moved onto it (nothing else is ever rebased).
+    policy: ClassVar[PublishPolicy] = PublishPolicy(allow_empty=False, rebase=rebase_onto_compaction)
 
     def publications(self, obj: DraftManifest) -> list[Publication[DraftManifest]]:
         if not isinstance(obj, DraftManifest):
             raise dg.Failure(f"index assets must return a DraftManifest, got {type(obj).__name__}")
-        return [Publication(obj, obj, self.policy.with_run_record(obj.run))]
+        return [Publication(obj, obj, self.policy.with_run_record(obj))]
 
     def record(self, store: ObjectStore, pub: Publication[DraftManifest], result: PublishResult,
                run_id: str) -> None:
@@ -92,7 +94,7 @@ class IndexIOManager(PublishingIOManager):
             and context.upstream_output.asset_key else "delta"
         store = self.store.open()
         pointer = serving_pointer(store, index, f"no published {index} index yet")
-        return {"pointer": pointer.to_dict(), "manifest": read_manifest(store, index, pointer.version)}
+        return {"pointer": pointer.to_dict(), "manifest": read_manifest(store, index, pointer.version).to_dict()}
 
 
 def refusal_unless_newer(store: ObjectStore, draft: DraftManifest, run_id: str) -> PublishResult | None:
@@ -113,7 +115,7 @@ def refusal_unless_newer(store: ObjectStore, draft: DraftManifest, run_id: str) 
 def publish_index_draft(store: ObjectStore, draft: DraftManifest, run_id: str) -> PublishResult:
     """What :class:`IndexIOManager` does with a draft: the gate → manifest → compare-and-swap of
     ``CURRENT`` under its policy and the draft's run record, then the ledger (:func:`record_outcome`)."""
-    result = IndexIOManager.policy.with_run_record(draft.run).publish(store, draft)
+    result = IndexIOManager.policy.with_run_record(draft).publish(store, draft)
     record_outcome(store, draft, result, run_id)
     return result
 
@@ -143,14 +145,14 @@ def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResu
         "doc_count": dg.MetadataValue.int(obj.doc_count),
         "covered_ids": dg.MetadataValue.int(obj.covered_count),
         "shards": dg.MetadataValue.int(len(obj.shards)),
-        "invalid_records": dg.MetadataValue.int(int(obj.invalid.get("count", 0))),
-        "invalid_reasons": dg.MetadataValue.json(obj.invalid.get("reasons", {})),
+        "invalid_records": dg.MetadataValue.int(obj.invalid_count),
+        "invalid_reasons": dg.MetadataValue.json(obj.invalid_reasons),
         # (ad_id, version) read with different contents: valid records, reported in the quarantine.
-        "version_conflicts": dg.MetadataValue.int(int((obj.invalid.get("conflicts") or {}).get("ads", 0))),
-        "input_partitions": dg.MetadataValue.int(_count(obj.inputs.get("partitions"))),
-        "input_files": dg.MetadataValue.int(_count(obj.inputs.get("files"))),
-        "ignored_keys": dg.MetadataValue.int(len(obj.inputs.get("ignored", []))),
-        "build_seconds": dg.MetadataValue.float(float(obj.stats.get("total_build_seconds", 0.0))),
+        "version_conflicts": dg.MetadataValue.int(obj.conflicting_ads),
+        "input_partitions": dg.MetadataValue.int(obj.input_partition_count),
+        "input_files": dg.MetadataValue.int(obj.input_file_count),
+        "ignored_keys": dg.MetadataValue.int(obj.ignored_count),
+        "build_seconds": dg.MetadataValue.float(obj.total_build_seconds),
         "publish_seconds": dg.MetadataValue.float(round(result.seconds, 3)),
         "cas_attempts": dg.MetadataValue.int(result.cas_attempts),
     }
@@ -161,34 +163,34 @@ def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResu
             round((utcnow() - parse_iso(obj.position)).total_seconds(), 3)
         )
     if obj.segments:  # a segment-built delta: how it was built and what each step cost (plottable)
-        meta["build"] = str(obj.inputs.get("build") or "")
-        if obj.inputs.get("rebuild_reason"):
-            meta["rebuild_reason"] = str(obj.inputs["rebuild_reason"])
+        meta["build"] = obj.build or ""
+        if obj.rebuild_reason:
+            meta["rebuild_reason"] = obj.rebuild_reason
         meta["segments"] = dg.MetadataValue.int(len(obj.segments))
         # Partitions this micro-batch read besides its own: bursts folded into it and late arrivals.
-        meta["folded_partitions"] = dg.MetadataValue.int(max(0, _count(obj.inputs.get("partitions")) - 1))
+        meta["folded_partitions"] = dg.MetadataValue.int(max(0, obj.input_partition_count - 1))
         meta.update({f"step_{k}": dg.MetadataValue.float(round(float(v), 3)) for k, v in obj.stats.items()
                      if k.endswith("_seconds") and k not in ("build_seconds", "total_build_seconds")
                      and isinstance(v, int | float)})
     if obj.cutoff:
         meta["cutoff"] = obj.cutoff
-        if obj.inputs.get("build"):  # a full version: from state (segments over the serving full) or raw
-            meta["build"] = str(obj.inputs["build"])
-            if obj.inputs.get("raw_reason"):
-                meta["raw_reason"] = str(obj.inputs["raw_reason"])
-            meta["segments_used"] = dg.MetadataValue.int(len(obj.inputs.get("segments_used") or []))
+        if obj.build:  # a full version: from state (segments over the serving full) or raw
+            meta["build"] = obj.build
+            if obj.raw_reason:
+                meta["raw_reason"] = obj.raw_reason
+            meta["segments_used"] = dg.MetadataValue.int(len(obj.segments_used))
         meta["cutoff_age_seconds"] = dg.MetadataValue.float(
             round((utcnow() - parse_iso(obj.cutoff)).total_seconds(), 3)
         )
     if result.pointer is not None:
         meta["serving_version"] = result.pointer.version
-    # The run manifest (seed 002): what this run owned and why it exists.
-    meta["trigger"] = str(obj.run.get("trigger") or "manual")
-    if obj.run.get("run_key"):
-        meta["trigger_id"] = str(obj.run["run_key"])
+    # The run manifest: what this run owned and why it exists.
+    meta["trigger"] = obj.trigger or "manual"
+    if obj.run_key:
+        meta["trigger_id"] = obj.run_key
     if manifest_written:
         meta["manifest"] = dg.MetadataValue.path(f"{store.uri}/{layout.manifest_key(obj.index, obj.version)}")
-    meta["code_version"] = str(obj.run.get("code_version", "unknown"))
+    meta["code_version"] = obj.code_version
     if skipped is not None:
         meta["skipped_partitions"] = dg.MetadataValue.int(int(skipped))
     return meta
@@ -222,11 +224,12 @@ def record_outcome(store: ObjectStore, obj: DraftManifest, result: PublishResult
                 and result.outcome == "published":
             # A decision was taken before this run published the partition (e.g. the sensor skipped it
             # while this UI run was in flight): the final entry cannot change, so say what happened.
-            earlier = ledger.decision(store, pipeline, partition) or {}
-            if earlier.get("decision") != Decision.PUBLISHED:
+            earlier = ledger.decision(store, pipeline, partition)
+            earlier_decision = earlier.decision if earlier is not None else None
+            if earlier_decision != Decision.PUBLISHED:
                 ledger.record_partition(
                     store, pipeline, partition, Decision.PUBLISHED,
-                    f"{result.reason} (after the decision {earlier.get('decision')!r} was recorded)",
+                    f"{result.reason} (after the decision {earlier_decision!r} was recorded)",
                     tid=trigger.by_run(Mark.PUBLISHED, run_id), run_id=run_id, extra={"version": obj.version})
     if obj.cutoff:
         cut = parse_iso(obj.cutoff)
@@ -246,14 +249,14 @@ def record_outcome(store: ObjectStore, obj: DraftManifest, result: PublishResult
 
 def _scan_hours(obj: DraftManifest) -> int:
     # The sensor's default (FRESHIDX_MAX_SCAN_HOURS unset): the window plus one hour.
-    window = int((obj.run.get("settings") or {}).get("window_minutes") or 300)
+    window = obj.window_minutes or 300
     return (window + 59) // 60 + 1
 
 
 def settle_after_publication(store: ObjectStore, obj: DraftManifest, pointer: Pointer, run_id: str) -> list[str]:
     """Partitions the sensor can no longer see get their decision from the run that hid them
-    (issue 18.5: whatever triggered the run, every visible partition is explained)."""
-    source = str(obj.inputs.get("source") or "")
+    (whatever triggered the run, every visible partition is explained: docs/architecture.md#nothing-visible-is-lost)."""
+    source = obj.source or ""
     if not source:
         return []
     if obj.index == "delta" and obj.source_partition:
@@ -262,26 +265,19 @@ def settle_after_publication(store: ObjectStore, obj: DraftManifest, pointer: Po
         previous: PartitionId | None = None
         if pointer.seq > 1:
             try:
-                before, _ = store.get_json(layout.history_key(obj.index, pointer.seq - 1))
-                previous = PartitionId.parse(before["source_partition"]) if before.get("source_partition") else None
-            except (NotFound, KeyError):
+                before = Pointer.history(store, obj.index, pointer.seq - 1)
+                previous = PartitionId.parse(before.source_partition) if before.source_partition else None
+            except NotFound:
                 # No history entry (a crash lost it): settle the window only, never claim a first start.
                 previous = PartitionId(window_start) if window_start else published
         return ledger.settle_publication(store, "delta", source, published, previous, window_start,
                                          scan_hours=_scan_hours(obj), version=obj.version, run_id=run_id)
-    if obj.index == "full" and obj.cutoff and obj.inputs.get("listed_at"):
+    if obj.index == "full" and obj.cutoff and obj.listed_at:
         delta, _ = read_pointer(store, "delta")
         watermark = PartitionId.parse(delta.source_partition) if delta and delta.source_partition else None
-        window = dt.timedelta(minutes=int((obj.run.get("settings") or {}).get("window_minutes") or 300))
+        window = dt.timedelta(minutes=obj.window_minutes or 300)
         cutoff = PartitionId(parse_iso(obj.cutoff))
         return ledger.settle_full(store, source, cutoff=cutoff, delta_watermark=watermark, window=window,
-                                  listed_at=parse_iso(str(obj.inputs["listed_at"])), version=obj.version,
+                                  listed_at=parse_iso(obj.listed_at), version=obj.version,
                                   run_id=run_id)
     return []
-
-
-def _count(value: Any) -> int:
-    """Manifests list inputs (delta) or, for the full index, count them."""
-    if value is None:
-        return 0
-    return value if isinstance(value, int) else len(value)

@@ -9,14 +9,14 @@ Dagster's blocking asset checks run only after ``handle_output``, so the gate mu
 
 import dataclasses
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import dagster as dg
 
 from freshidx.defs.shared.resources import ObjectStoreResource, SparkResource
-from freshidx.publish.commit import DraftManifest, Pointer, PublishResult, publish, read_pointer
+from freshidx.publish.commit import DraftManifest, Pointer, PublishResult, Rebase, publish, read_pointer
 from freshidx.store import ObjectStore, layout
 
 S = TypeVar("S")
@@ -36,6 +36,8 @@ class PublishPolicy:
     force: bool = False
     #: Create-once of ``CURRENT``: a catch-up hour is processed exactly once.
     only_if_absent: bool = False
+    #: How the pipeline moves its draft onto a version published meanwhile (publication knows no pipeline).
+    rebase: Rebase | None = None
 
     @property
     def drop_guard(self) -> float | None:
@@ -45,15 +47,13 @@ class PublishPolicy:
         """The policy as a draft's ``run`` record carries it to the IO manager (and the manifest keeps it)."""
         return {"force": self.force, "max_drop_fraction": self.max_drop_fraction}
 
-    def with_run_record(self, run: Mapping[str, Any]) -> "PublishPolicy":
-        """This policy with the per-run part (:meth:`run_record`) of a draft's ``run`` record."""
-        guard = run.get("max_drop_fraction")
-        return dataclasses.replace(self, force=bool(run.get("force")),
-                                   max_drop_fraction=None if guard is None else float(guard))
+    def with_run_record(self, draft: DraftManifest) -> "PublishPolicy":
+        """This policy with the per-run part (:meth:`run_record`) of the draft's ``run`` record."""
+        return dataclasses.replace(self, force=draft.forced, max_drop_fraction=draft.max_drop_fraction)
 
     def publish(self, store: ObjectStore, draft: DraftManifest) -> PublishResult:
         return publish(store, draft, allow_empty=self.allow_empty, max_drop_fraction=self.drop_guard,
-                       only_if_absent=self.only_if_absent)
+                       only_if_absent=self.only_if_absent, rebase=self.rebase)
 
 
 @dataclass

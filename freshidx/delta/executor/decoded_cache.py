@@ -1,4 +1,4 @@
-"""Decoded parts of immutable store files, kept by a Python worker between tasks (DESIGN §9).
+"""Decoded parts of immutable store files, kept by a Python worker between tasks (docs/architecture.md#state-as-built).
 
 A micro-batch's segment task reads the key columns of every state file and the row groups that hold
 the rows it needs (:mod:`freshidx.delta.executor.state_lookup`). Those files never change: every key carries its

@@ -1,4 +1,4 @@
-"""A segment built by several Spark tasks at once: which task owns which products (DESIGN §9).
+"""A segment built by several Spark tasks at once: which task owns which products (docs/architecture.md#state-as-built).
 
 A micro-batch's segment is every ad of every product the batch touched. With ``delta_segment_shards``
 N > 1 the segment is built by N tasks, each owning the touched products whose :func:`part_of` is its

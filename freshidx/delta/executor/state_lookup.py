@@ -1,11 +1,11 @@
 """An incremental micro-batch's segment in one executor task: read what the batch needs from the published
-state, merge, write the shard (DESIGN §9).
+state, merge, write the shard (docs/architecture.md#state-as-built).
 
 Of everything the serving full version and the kept segments know, a micro-batch
 (``segment_merge.segment_rows``) needs only the rows of
 
 * the batch's ads (their highest known version, and the product an ad that moved leaves), and
-* every ad that has a row in a product the batch touches (its features are computed over all of them, seed 000;
+* every ad that has a row in a product the batch touches (its product's features are computed over all of them;
   the segment holds them all as state and re-indexes those whose document changes).
 
 Reading every state row into Spark and joining there costs the window on every micro-batch (measured:

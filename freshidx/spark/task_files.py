@@ -1,0 +1,113 @@
+"""Executor-side file helpers every Spark writer shares (the shard jobs of :mod:`freshidx.spark.shards`,
+the quarantine of :mod:`freshidx.spark.quarantine`, :mod:`freshidx.catchup.bucket_writer`): the task's
+ids, key-segment names, zstd Parquet written in row groups, and uploads hashed on the way
+(:class:`ShardFile`, the description a commit message lists)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from freshidx.store import StoreConfig
+from freshidx.store.base import check_key
+
+ROW_GROUP_ROWS = 128 * 1024
+COPY_CHUNK_BYTES = 8 * 1024 * 1024
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,199}$")
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    key: str  # relative to the store root
+    bytes: int
+    sha256: str
+    rows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShardFile:
+        return cls(key=str(d["key"]), bytes=int(d["bytes"]), sha256=str(d["sha256"]), rows=int(d["rows"]))
+
+
+def check_name(what: str, value: str) -> str:
+    if not _NAME_RE.match(value) or ".." in value:
+        raise ValueError(f"{what} must match {_NAME_RE.pattern} (one key segment), got {value!r}")
+    return value
+
+
+def task_ids() -> tuple[int, int]:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:  # pragma: no cover - only outside Spark
+        raise RuntimeError("not running inside a Spark task")
+    return int(ctx.partitionId()), int(ctx.attemptNumber())
+
+
+def ensure_parent(fs: Any, config: StoreConfig, path: str) -> None:
+    # Only local directories need creating; on S3 a "directory" would be a stray marker object.
+    if not config.is_s3:
+        fs.create_dir(os.path.dirname(path), recursive=True)
+
+
+def upload_file(fs: Any, config: StoreConfig, local_path: str, key: str, rows: int) -> ShardFile:
+    """Copy a local file to ``key`` in the store, hashing it on the way. Returns its description."""
+    check_key(key)
+    path = config.arrow_path(key)
+    ensure_parent(fs, config, path)
+    digest = hashlib.sha256()
+    size = 0
+    with open(local_path, "rb") as src, fs.open_output_stream(path) as dst:
+        while chunk := src.read(COPY_CHUNK_BYTES):
+            digest.update(chunk)
+            dst.write(chunk)
+            size += len(chunk)
+    if size != os.path.getsize(local_path):  # pragma: no cover - defensive
+        raise OSError(f"short copy of {local_path} to {key}")
+    return ShardFile(key=key, bytes=size, sha256=digest.hexdigest(), rows=rows)
+
+
+class BufferedParquet:
+    """A zstd Parquet file written in row groups of about :data:`ROW_GROUP_ROWS` rows."""
+
+    def __init__(self, path: str, schema: pa.Schema) -> None:
+        self.path = path
+        self.schema = schema
+        self.writer = pq.ParquetWriter(path, schema, compression="zstd")
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_rows = 0
+        self.rows = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        self.pending.append(batch)
+        self.pending_rows += batch.num_rows
+        self.rows += batch.num_rows
+        if self.pending_rows >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            table = pa.Table.from_batches(self.pending, schema=self.schema)
+            self.writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+            self.pending, self.pending_rows = [], 0
+
+    def close(self) -> None:
+        self._flush()
+        self.writer.close()
+
+
+def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """Select and cast the columns of ``schema`` (Spark may hand us other list/timestamp flavours)."""
+    arrays = [batch.column(f.name).cast(f.type) for f in schema]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
