@@ -194,10 +194,11 @@ def test_write_quarantine(spark: SparkSession, store_config: StoreConfig, store:
     }
     assert (by_p[P[2]].records, by_p[P[2]].reasons) == (1, {R.REASON_MALFORMED_JSON: 1})
     lines = [json.loads(x) for x in store.get(by_p[P[1]].key).data.decode().splitlines()]
+    v = {"format_version": 1}  # each line is a versioned store record (freshidx.store.records)
     assert lines == [  # file, line order
-        {"file": "raw/a/1.jsonl", "line": 1, "raw": "[1]", "reason": R.REASON_MALFORMED_JSON},
-        {"file": "raw/a/1.jsonl", "line": 2, "raw": '{"x": "é"}', "reason": f"{R.REASON_MISSING_FIELD}:ad_id"},
-        {"file": "raw/a/2.jsonl", "line": 9, "raw": '{"bid": "abc"}', "reason": R.REASON_BAD_BID},
+        {**v, "file": "raw/a/1.jsonl", "line": 1, "raw": "[1]", "reason": R.REASON_MALFORMED_JSON},
+        {**v, "file": "raw/a/1.jsonl", "line": 2, "raw": '{"x": "é"}', "reason": f"{R.REASON_MISSING_FIELD}:ad_id"},
+        {**v, "file": "raw/a/2.jsonl", "line": 9, "raw": '{"bid": "abc"}', "reason": R.REASON_BAD_BID},
     ]
     assert json.loads(store.get(by_p[P[3]].key).data)["raw"] == "x\ufffd"
     # nothing written for the partition at or before after_partition

@@ -17,9 +17,10 @@ and the number of continuous runs so far. At the end it reads each run's logs (s
 published micro-batches, as :mod:`~freshidx.tools.bench_continuous` reads them), its status and
 ``freshidx/ended`` tag, each partition's ledger decision and the pointer history (arrival → published).
 
-The verdict (exit 0) is :func:`verdict`: no error, at least one partition written, no
-``micro-batch for … failed:`` line in any continuous run, every written partition explained in the
-ledger. Numbers only otherwise: nothing here asserts on timings.
+The decisions (pure) are :mod:`~freshidx.tools.bench_soak_decisions`. The verdict (exit 0) is
+:func:`verdict`: no error, at least one partition written, no ``micro-batch for … failed:`` line in any
+continuous run, every written partition explained in the ledger. Numbers only otherwise: nothing here
+asserts on timings.
 """
 
 from __future__ import annotations
@@ -28,16 +29,13 @@ import contextlib
 import datetime as dt
 import math
 import os
-import re
 import shutil
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from freshidx.defs.runs.status import IN_FLIGHT
 from freshidx.store.partitions import PartitionId
 from freshidx.tools.bench_common import (
     WINDOW_MINUTES,
@@ -48,7 +46,34 @@ from freshidx.tools.bench_common import (
     seed_history,
     session_usage,
 )
-from freshidx.tools.bench_report import clock, fmt, mib, summarize
+from freshidx.tools.bench_report import clock, fmt, mib
+from freshidx.tools.bench_soak_decisions import (
+    explain,
+    first_publication,
+    next_partition,
+    run_end,
+    sample_lag,
+    scan_run_log,
+    soak_summary,
+    summarize_runs,
+    verdict,
+)
+from freshidx.tools.generator import GeneratorConfig
+
+# The decisions are defined in bench_soak_decisions; callers and tests use them here.
+__all__ = [
+    "DRAIN_TIMEOUT_S",
+    "bench_soak_continuous",
+    "explain",
+    "first_publication",
+    "next_partition",
+    "run_end",
+    "sample_lag",
+    "scan_run_log",
+    "soak_summary",
+    "summarize_runs",
+    "verdict",
+]
 
 DEFAULT_MINUTES = 120.0
 DEFAULT_INTERVAL_S = 30.0
@@ -57,130 +82,6 @@ DEFAULT_MAX_RSS_MB = 2048  # the pipeline's default
 DEFAULT_SAMPLE_EVERY_S = 10.0
 #: After the last drop: how long every written partition gets to reach a ledger decision.
 DRAIN_TIMEOUT_S = 600.0
-
-_STARTED = re.compile(r"^micro-batch for (\S+) \(attempt (\d+), ")
-_FAILED = re.compile(r"^micro-batch for (\S+) \(attempt (\d+)\) failed: (.*)")
-_PUBLISHED = re.compile(r"^published delta (\S+) for (\S+) \(")
-_ENDS = re.compile(r"^continuous delta ends: (.*)")
-_ENDED_BY_TAG = {"max_runtime": "planned restart (runtime)", "max_memory": "planned restart (memory)",
-                 "stop_requested": "stop requested"}
-#: Run statuses of a run that has not ended: the sensors' own vocabulary (freshidx.defs.runs.status.IN_FLIGHT).
-_UNFINISHED = frozenset(status.value for status in IN_FLIGHT)
-
-
-# ================================================================================ pure decisions
-
-
-def next_partition(last: PartitionId | None, now: dt.datetime) -> PartitionId:
-    """The partition of the next drop: the current minute, or one after the last drop if that is later."""
-    at = PartitionId.from_datetime(now)
-    return at if last is None or at > last else PartitionId(last.at + dt.timedelta(minutes=1))
-
-
-def sample_lag(at: float, written: list[dict[str, Any]], covered: str | None) -> float | None:
-    """Data lag at epoch ``at``: how long the oldest written partition the pointer (source partition
-    ``covered``) does not cover has waited; 0 when it covers them all, None before the first drop."""
-    if not written:
-        return None
-    edge = PartitionId.parse(covered) if covered else None
-    waiting = [w["arrival"] for w in written if edge is None or PartitionId.parse(w["partition"]) > edge]
-    return round(max(0.0, at - min(waiting)), 3) if waiting else 0.0
-
-
-def run_end(status: str | None, ended_tag: str | None) -> str:
-    """Why a continuous run ended, from its status and the ``freshidx/ended`` tag the loop sets."""
-    if ended_tag in _ENDED_BY_TAG:
-        return _ENDED_BY_TAG[ended_tag]
-    if status in _UNFINISHED:
-        return "running at the end of the soak"
-    if status == "FAILURE":
-        return "crash"
-    return "canceled" if status == "CANCELED" else f"ended {status} without a reason tag"
-
-
-def scan_run_log(messages: Iterable[tuple[float, str]]) -> dict[str, Any]:
-    """A continuous run's micro-batches from its log lines ``(timestamp, message)``."""
-    out: dict[str, Any] = {"micro_batches": 0, "published": 0, "failures": [], "end_message": None}
-    for ts, msg in messages:
-        if _STARTED.match(msg):
-            out["micro_batches"] += 1
-        elif m := _FAILED.match(msg):
-            out["failures"].append({"partition": m[1], "attempt": int(m[2]), "error": m[3][:300], "at": ts})
-        elif _PUBLISHED.match(msg):
-            out["published"] += 1
-        elif m := _ENDS.match(msg):
-            out["end_message"] = m[1][:300]
-    return out
-
-
-def first_publication(partition: str, history: list[tuple[str, float]]) -> float | None:
-    """When the pointer first covered ``partition``: the earliest ``(source_partition, published_at)``
-    publication whose source partition is at or after it."""
-    p = PartitionId.parse(partition)
-    times = [at for source, at in history if source and PartitionId.parse(source) >= p]
-    return min(times) if times else None
-
-
-def explain(written: list[dict[str, Any]], decisions: dict[str, dict[str, Any] | None], explained: set[str],
-            history: list[tuple[str, float]]) -> list[dict[str, Any]]:
-    """Per written partition: its ledger decision and reason, whether the ledger explains it (a final
-    decision, parked, or in a recorded gap: ``explained``), and arrival → published (pointer)."""
-    rows = []
-    for w in written:
-        d = decisions.get(w["partition"]) or {}
-        published = first_publication(w["partition"], history)
-        rows.append({**w, "decision": d.get("decision"), "reason": d.get("reason"),
-                     "explained": w["partition"] in explained, "published_at": published,
-                     "lag_s": round(published - w["arrival"], 3) if published is not None else None})
-    return rows
-
-
-def summarize_runs(runs: list[dict[str, Any]], samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each run (oldest first) with why it ended and its largest sampled process-tree RSS."""
-    peak: dict[str, int] = {}
-    for s in samples:
-        if s.get("run_id") and s.get("run_rss_bytes"):
-            peak[s["run_id"]] = max(peak.get(s["run_id"], 0), s["run_rss_bytes"])
-    return [{**r, "ended": run_end(r.get("status"), r.get("ended_tag")),
-             "max_rss_bytes": peak.get(r["run_id"]), "samples": sum(s.get("run_id") == r["run_id"] for s in samples)}
-            for r in sorted(runs, key=lambda r: r.get("start") or math.inf)]
-
-
-def soak_summary(partitions: list[dict[str, Any]], runs: list[dict[str, Any]],
-                 samples: list[dict[str, Any]]) -> dict[str, Any]:
-    failures = [f for r in runs for f in r.get("failures", [])]
-    ended = Counter(r["ended"] for r in runs)
-    servers = [s["server_rss_bytes"] for s in samples if s.get("server_rss_bytes")]
-    return {
-        "written": len(partitions),
-        "published": sum(p["decision"] == "published" for p in partitions),
-        "covered_by_pointer": sum(p["published_at"] is not None for p in partitions),
-        "decisions": dict(Counter(str(p["decision"]) for p in partitions)),
-        "not_published": [{k: p[k] for k in ("partition", "decision", "reason")}
-                          for p in partitions if p["decision"] != "published"],
-        "unexplained": [p["partition"] for p in partitions if not p["explained"]],
-        "arrival_to_published": summarize([p["lag_s"] for p in partitions]),
-        "micro_batches": sum(r.get("micro_batches", 0) for r in runs),
-        "failed_micro_batches": len(failures),
-        "failures": failures[:50],
-        "runs": len(runs),
-        "ended": dict(ended),
-        "planned_restarts": ended[_ENDED_BY_TAG["max_runtime"]] + ended[_ENDED_BY_TAG["max_memory"]],
-        "crashes": ended["crash"],
-        "max_run_rss_bytes": max((r["max_rss_bytes"] or 0 for r in runs), default=0) or None,
-        "max_server_rss_bytes": max(servers) if servers else None,
-        "data_lag": summarize([s.get("lag_s") for s in samples]),
-    }
-
-
-def verdict(summary: dict[str, Any], error: str | None) -> dict[str, Any]:
-    """Passed iff no error, something was written, 0 failed micro-batches, every partition explained."""
-    why = ([f"error: {error}"] if error else []) + (["no partition written"] if not summary.get("written") else [])
-    if summary.get("failed_micro_batches"):
-        why.append(f"{summary['failed_micro_batches']} failed micro-batches")
-    if summary.get("unexplained"):
-        why.append(f"{len(summary['unexplained'])} partitions not explained in the ledger")
-    return {"passed": not why, "why": why}
 
 
 def _next_slot(due: float, every: float, now: float) -> float:
@@ -288,10 +189,8 @@ def bench_soak_continuous(
 
     from freshidx.settings import parse_duration
     from freshidx.store import StoreConfig, open_store
-    from freshidx.tools.bench_measure import dev_env, server_snapshot, start_dev, warm_up
+    from freshidx.tools.bench_measure import dev_env, start_dev, warm_up
     from freshidx.tools.devserver import DagsterDev, packaged_dagster_yaml, prepare_home
-    from freshidx.tools.generate import write_partition
-    from freshidx.trigger.listing import newest_partition
 
     parse_duration(max_runtime)  # a bad value fails here, not at dagster dev's load
     if minutes <= 0 or interval_s <= 0 or sample_every_s <= 0:
@@ -326,61 +225,98 @@ def bench_soak_continuous(
         result["phase"] = "warm-up"
         warm_up(dev, instance, store, 300.0, full_warmup)
         obs = _Observer(instance, store, server)
-        result["phase"] = "soak"
-        progress(f"soak: warm; one partition every {interval_s:g} s for {minutes:g} min, a sample every "
-                 f"{sample_every_s:g} s")
-        t0 = time.monotonic()
-        drops_end = t0 + minutes * 60.0
-        next_drop = next_sample = t0
-        drain: Deadline | None = None
-        last = newest_partition(store, cfg.source)[0]
-        while True:
-            now = time.monotonic()
-            if drain is None and now >= next_drop and now < drops_end:
-                last = next_partition(last, dt.datetime.now(dt.UTC))
-                n = write_partition(store, cfg, last).records
-                written.append({"partition": last.path, "arrival": round(time.time(), 3), "records": n})
-                next_drop = _next_slot(next_drop, interval_s, time.monotonic())
-            if now >= next_sample:
-                try:
-                    s = obs.sample(now - t0, written)
-                except Exception as exc:  # one unreadable sample (a busy SQLite, …) does not end the soak
-                    s = {"t": round(now - t0, 1), "error": f"{type(exc).__name__}: {exc}"[:300]}
-                samples.append(s)
-                next_sample = _next_slot(next_sample, sample_every_s, time.monotonic())
-                progress(f"soak {clock(s['t']).strip()}: {len(written)} written, run {(s.get('run_id') or '–')[:8]} "
-                         f"{mib(s.get('run_rss_bytes')).strip()} MiB, server {mib(s.get('server_rss_bytes')).strip()} "
-                         f"MiB, seq {s.get('seq')}, lag {fmt(s.get('lag_s'), 0)} s, runs {s.get('runs')}"
-                         + (f" (sample error: {s['error']})" if s.get("error") else ""))
-            if not dev.is_running:
-                raise RuntimeError(f"dagster dev exited during the soak; see {dev.log_path}")
-            if drain is None and now >= drops_end:
-                result["phase"] = "drain"
-                drain = Deadline(DRAIN_TIMEOUT_S)
-            if drain is not None:
-                left, _ = obs.unexplained(written)
-                if not left or drain.passed():
-                    break
-            # Pacing, not synchronisation: the next drop or sample is due then (the drain polls every second).
-            due = min(next_sample, next_drop if drain is None else now + 1.0, now + 1.0)
-            time.sleep(max(0.0, due - time.monotonic()))
-        result["wall_s"] = round(time.monotonic() - t0, 1)
-        result["phase"] = "collect"
-        result["runs"] = summarize_runs(obs.runs(), samples)
-        result["partitions"] = obs.partitions(written)
-        result["spark_server"] = server_snapshot(server)
+        result["wall_s"] = _soak(dev, obs, store, cfg, result, written, samples, minutes, interval_s,
+                                 sample_every_s, progress)
+        _collect(result, obs, written, samples, server)
         result["phase"] = "done"
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         progress(f"soak: FAILED during {result['phase']}: {result['error']}")
     finally:
-        if instance is not None:
-            with contextlib.suppress(Exception):
-                instance.dispose()
-        dev.stop()
-        server.stop()
-        if not keep and workdir is None:
-            shutil.rmtree(root, ignore_errors=True)
+        _stop(instance, dev, server, None if keep or workdir is not None else root)
+    return _conclude(result, written, samples)
+
+
+def _soak(dev: Any, obs: _Observer, store: Any, cfg: GeneratorConfig, result: dict[str, Any],
+          written: list[dict[str, Any]], samples: list[dict[str, Any]], minutes: float, interval_s: float,
+          sample_every_s: float, progress: Callable[[str], None]) -> float:
+    """Drop a partition every ``interval_s`` for ``minutes`` and sample every ``sample_every_s``, then drain
+    until the ledger explains every written partition (or :data:`DRAIN_TIMEOUT_S` passed); returns the
+    seconds it took."""
+    from freshidx.tools.generate import write_partition
+    from freshidx.trigger.listing import newest_partition
+
+    result["phase"] = "soak"
+    progress(f"soak: warm; one partition every {interval_s:g} s for {minutes:g} min, a sample every "
+             f"{sample_every_s:g} s")
+    t0 = time.monotonic()
+    drops_end = t0 + minutes * 60.0
+    next_drop = next_sample = t0
+    drain: Deadline | None = None
+    last = newest_partition(store, cfg.source)[0]
+    while True:
+        now = time.monotonic()
+        if drain is None and now >= next_drop and now < drops_end:
+            last = next_partition(last, dt.datetime.now(dt.UTC))
+            n = write_partition(store, cfg, last).records
+            written.append({"partition": last.path, "arrival": round(time.time(), 3), "records": n})
+            next_drop = _next_slot(next_drop, interval_s, time.monotonic())
+        if now >= next_sample:
+            samples.append(_sample(obs, now - t0, written, progress))
+            next_sample = _next_slot(next_sample, sample_every_s, time.monotonic())
+        if not dev.is_running:
+            raise RuntimeError(f"dagster dev exited during the soak; see {dev.log_path}")
+        if drain is None and now >= drops_end:
+            result["phase"] = "drain"
+            drain = Deadline(DRAIN_TIMEOUT_S)
+        if drain is not None:
+            left, _ = obs.unexplained(written)
+            if not left or drain.passed():
+                break
+        # Pacing, not synchronisation: the next drop or sample is due then (the drain polls every second).
+        due = min(next_sample, next_drop if drain is None else now + 1.0, now + 1.0)
+        time.sleep(max(0.0, due - time.monotonic()))
+    return round(time.monotonic() - t0, 1)
+
+
+def _collect(result: dict[str, Any], obs: _Observer, written: list[dict[str, Any]], samples: list[dict[str, Any]],
+             server: ConnectServer) -> None:
+    """After the soak: each continuous run, each written partition's decision and the server's state."""
+    from freshidx.tools.bench_measure import server_snapshot
+
+    result["phase"] = "collect"
+    result["runs"] = summarize_runs(obs.runs(), samples)
+    result["partitions"] = obs.partitions(written)
+    result["spark_server"] = server_snapshot(server)
+
+
+def _stop(instance: Any, dev: Any, server: ConnectServer, workdir: Path | None) -> None:
+    """Stop what the soak started, and remove ``workdir`` unless it is ``None`` (kept)."""
+    if instance is not None:
+        with contextlib.suppress(Exception):
+            instance.dispose()
+    dev.stop()
+    server.stop()
+    if workdir is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _sample(obs: _Observer, t: float, written: list[dict[str, Any]], progress: Callable[[str], None]) -> dict[str, Any]:
+    """One point of the curve, and its progress line."""
+    try:
+        s = obs.sample(t, written)
+    except Exception as exc:  # one unreadable sample (a busy SQLite, …) does not end the soak
+        s = {"t": round(t, 1), "error": f"{type(exc).__name__}: {exc}"[:300]}
+    progress(f"soak {clock(s['t']).strip()}: {len(written)} written, run {(s.get('run_id') or '–')[:8]} "
+             f"{mib(s.get('run_rss_bytes')).strip()} MiB, server {mib(s.get('server_rss_bytes')).strip()} "
+             f"MiB, seq {s.get('seq')}, lag {fmt(s.get('lag_s'), 0)} s, runs {s.get('runs')}"
+             + (f" (sample error: {s['error']})" if s.get("error") else ""))
+    return s
+
+
+def _conclude(result: dict[str, Any], written: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The result with its samples, the partitions (unexplained when the soak failed before reading
+    them), the summary and the verdict."""
     result["samples"] = samples
     result.setdefault("runs", [])
     result.setdefault("partitions", [{**w, "decision": None, "reason": None, "explained": False,
