@@ -39,7 +39,7 @@ def _from_spark_job(session: str) -> tuple[Stage, ...]:
 
 STAGES: Stages = (
     ("arrival_to_run_created", "arrival", "run_created", "arrival → run created (sensor)", 0),
-    ("arrival_to_noticed", "arrival", "noticed", "arrival → noticed (sensor watch)", 1),
+    ("arrival_to_noticed", "arrival", "noticed", "arrival → noticed (sensor tick)", 1),
     ("noticed_to_run_created", "noticed", "run_created", "noticed → run created (plan, ledger)", 1),
     ("run_created_to_start", "run_created", "run_start", "run created → run start (queue, worker)", 0),
     ("run_start_to_spark_job", "run_start", "body_start", "run start → Spark job start (step)", 0),
