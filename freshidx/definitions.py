@@ -15,19 +15,13 @@ from dagster_aws.s3 import S3Resource
 
 from freshidx.defs.catchup.assets import make_ads_hourly, make_ads_hourly_job, make_hourly_sensor
 from freshidx.defs.catchup.io_manager import BucketIOManager
+from freshidx.defs.delta.assets import delta_index, delta_index_job
 from freshidx.defs.delta.compaction import delta_compaction, delta_compaction_job, make_compaction_sensor
 from freshidx.defs.delta.continuous import delta_continuous, make_continuous_watchdog
 from freshidx.defs.delta.sensor import make_delta_sensor
+from freshidx.defs.full.assets import full_index, full_index_job, full_index_schedule
 from freshidx.defs.runs.health import make_run_health_sensor
-from freshidx.defs.shared.assets import (
-    delta_index,
-    delta_index_job,
-    full_index,
-    full_index_job,
-    full_index_schedule,
-    hourly_partitions,
-    raw_ad_updates_spec,
-)
+from freshidx.defs.shared.assets import hourly_partitions, raw_ad_updates_spec
 from freshidx.defs.shared.io_manager import IndexIOManager
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.defs.sla.checks import make_sla_sensor, sla_checks

@@ -182,7 +182,7 @@ def test_commands_exist_in_the_project() -> None:
             module = cmd[cmd.index("--module-name") + 1]
             assert importlib.util.find_spec(module) is not None, module
         elif cmd[:3] == ["dagster", "instance", "concurrency"]:
-            from freshidx.defs.runs.lanes import POOL_LIMITS
+            from freshidx.defs.shared.lanes import POOL_LIMITS
 
             assert pool_limits_set(name) == POOL_LIMITS, "the limits of the pools the assets use"
         elif cmd[0] in ("dagster-webserver", "dagster-daemon"):

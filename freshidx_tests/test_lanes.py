@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from freshidx.defs.runs.lanes import POOL_DELTA, POOL_HEAVY
+from freshidx.defs.shared.lanes import POOL_DELTA, POOL_HEAVY
 from freshidx.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]

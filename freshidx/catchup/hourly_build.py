@@ -261,17 +261,39 @@ def build_buckets(
     :func:`dedupe_versions` keeps.
     """
     t0 = time.monotonic()
+    todo = _hours_to_build(source, hours, parts)
+    if not todo:
+        return []
+    quarantined, conflicts, commits = _spark_pass(spark, store_config, todo, asset, source, run_id, parts, quarantine,
+                                                  quarantine_once, max_future_skew_seconds)
+    build_seconds = round(time.monotonic() - t0, 3)
+    hour_of_quarantine = [(PartitionId.parse(q.partition).hour_start, q) for q in quarantined]
+    return [
+        _result(h, c, [q for qh, q in hour_of_quarantine if qh == h.hour], asset=asset, source=source,
+                run_id=run_id, parts=parts, run_info=run_info, kind=kind, build_seconds=build_seconds,
+                conflicts=conflicts, group=str(i))
+        for i, (h, c) in enumerate(zip(todo, commits, strict=True))
+    ]
+
+
+def _hours_to_build(source: str, hours: list[HourInput], parts: int) -> list[_Hour]:
+    """The input hours checked (whole, distinct hours; ``parts`` >= 1), each with a new version."""
     if parts < 1:
         raise ValueError(f"parts must be >= 1, got {parts}")
     todo = [_check_hour_input(source, h) for h in hours]
     if len({h.hour for h in todo}) != len(todo):
         raise ValueError(f"an hour is listed twice: {sorted(iso(h.hour) for h in todo)}")
-    if not todo:
-        return []
     for h in todo:
         h.version = new_version(h.hour)
-    file_list = sorted(pair for h in todo for pair in h.file_list)
+    return todo
 
+
+def _spark_pass(spark: SparkSession, store_config: StoreConfig, todo: list[_Hour], asset: str, source: str,
+                run_id: str, parts: int, quarantine: bool, quarantine_once: bool, max_future_skew_seconds: int,
+                ) -> tuple[list[QuarantineCommit], ConflictReport, list[list[ShardCommit]]]:
+    """One read and parse of every hour's files: the lines counted per hour (into ``todo``), the invalid
+    records quarantined, the version conflicts reported, and each hour's bucket parts written."""
+    file_list = sorted(pair for h in todo for pair in h.file_list)
     lines = read_raw_lines(spark, store_config, file_list, max_partitions=_read_task_limit(spark))
     # Parsed once, used three times (counts, quarantine, bucket parts). A checkpoint, not persist():
     # under Spark Connect a persisted plan never matches and every action re-read (see build.py).
@@ -290,15 +312,7 @@ def build_buckets(
                                       bucket_col=_BUCKET)
     finally:
         parsed.unpersist()
-
-    build_seconds = round(time.monotonic() - t0, 3)
-    hour_of_quarantine = [(PartitionId.parse(q.partition).hour_start, q) for q in quarantined]
-    return [
-        _result(h, c, [q for qh, q in hour_of_quarantine if qh == h.hour], asset=asset, source=source,
-                run_id=run_id, parts=parts, run_info=run_info, kind=kind, build_seconds=build_seconds,
-                conflicts=conflicts, group=str(i))
-        for i, (h, c) in enumerate(zip(todo, commits, strict=True))
-    ]
+    return quarantined, conflicts, commits
 
 
 def _count_lines(parsed: DataFrame, todo: list[_Hour]) -> None:

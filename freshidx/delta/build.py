@@ -11,6 +11,7 @@ Window rebuild (the fallback, :class:`freshidx.delta.segments.RebuildReason` say
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from freshidx.spark.index_shards import read_version_state, write_index_shards
 from freshidx.spark.shards import ShardCommit
 from freshidx.store import ObjectInfo, ObjectStore, StoreConfig
 from freshidx.store.partitions import PartitionId
+from freshidx.store.records import Manifest
 from freshidx.trigger import listing
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,58 @@ def build_delta(
     *,
     on_stage: Callable[[str, float], None] | None = None,
 ) -> DraftManifest:
+    """Stage one delta version for ``plan.partition``: a new segment over the kept ones (or a window
+    rebuild) and the draft manifest that lists them, ready for publication."""
+    batch = _list_batch(store, settings, plan)
+    if on_stage:
+        on_stage("list_seconds", batch.list_seconds)
+    crash_point("delta_listed")  # tests: a kill -9 here (nothing written yet)
+
+    mb, full, full_manifest = batch.mb, batch.full, batch.full_manifest
+    version = new_version(plan.partition.at)
+    # What is known before this micro-batch: the full version, then the kept segments (none for a rebuild).
+    known: list[StateLayer] | None = None
+    if full is not None and full_manifest is not None:
+        known = [StateLayer(full_manifest.shards),
+                 *(StateLayer(s.shards, over_full=s.full_version == full.version) for s in mb.kept)]
+    num_shards = settings.delta_shards if mb.kind is BuildKind.REBUILD else segments.segment_shard_count(
+        batch.input_bytes, max_shards=settings.delta_segment_shards, shard_mb=settings.delta_segment_shard_mb)
+    result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, batch.file_list,
+                                   known, num_shards)
+    # An incremental build reads its state inside the index step (the same task merges and writes).
+    build_seconds = round(result.seconds + state_seconds, 3)
+    if on_stage:
+        on_stage("build_seconds", build_seconds)
+    crash_point("delta_staged")  # tests: a kill -9 here (segment shards staged, no manifest)
+    return _draft(settings, plan, batch, version, result, build_seconds, state_seconds)
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """What one micro-batch reads: its plan, the serving state it rests on and the files listed."""
+
+    mb: segments.MicroBatchPlan
+    full: FullBase | None
+    full_manifest: Manifest | None
+    serving: str | None  # the serving delta version
+    listed: int  # partitions listed in the window
+    to_read: dict[PartitionId, list[ObjectInfo]]
+    ignored: list[Any]
+    listed_at: dt.datetime
+    list_seconds: float
+
+    @property
+    def file_list(self) -> list[tuple[str, str]]:
+        return [(o.key, pid.path) for pid, objs in self.to_read.items() for o in objs]
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(o.size for objs in self.to_read.values() for o in objs)
+
+
+def _list_batch(store: ObjectStore, settings: Settings, plan: DeltaPlan) -> _Batch:
+    """Plan the micro-batch over the serving state (:func:`freshidx.delta.segments.plan`) and list what it
+    reads: the window's files, less what the full version and the kept segments hold (incremental)."""
     p = plan.partition
     full, full_manifest = serving_state.full_base(store)
     delta_pointer, previous = serving_state.delta_segments(store, "delta: window rebuild")
@@ -76,40 +130,28 @@ def build_delta(
         to_read = segments.files_to_read(files, full, mb.kept)
     else:
         to_read = files
-    list_seconds = round(time.monotonic() - t0, 3)
-    file_list = [(o.key, pid.path) for pid, objs in to_read.items() for o in objs]
+    batch = _Batch(mb, full, full_manifest, serving, len(files), to_read, ignored, listed_at,
+                   list_seconds=round(time.monotonic() - t0, 3))
     log.info("delta %s (%s%s): %d of %d partitions, %d files to read, %d segments kept", p.path, mb.kind,
-             f": {mb.reason}" if mb.reason else "", len(to_read), len(files), len(file_list), len(mb.kept))
-    if on_stage:
-        on_stage("list_seconds", list_seconds)
-    crash_point("delta_listed")  # tests: a kill -9 here (nothing written yet)
+             f": {mb.reason}" if mb.reason else "", len(to_read), len(files), len(batch.file_list), len(mb.kept))
+    return batch
 
-    version = new_version(p.at)
-    # What is known before this micro-batch: the full version, then the kept segments (none for a rebuild).
-    known: list[StateLayer] | None = None
-    if full is not None and full_manifest is not None:
-        known = [StateLayer(full_manifest.shards),
-                 *(StateLayer(s.shards, over_full=s.full_version == full.version) for s in mb.kept)]
-    input_bytes = sum(o.size for objs in to_read.values() for o in objs)
-    num_shards = settings.delta_shards if mb.kind is BuildKind.REBUILD else segments.segment_shard_count(
-        input_bytes, max_shards=settings.delta_segment_shards, shard_mb=settings.delta_segment_shard_mb)
-    result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, file_list, known,
-                                   num_shards)
-    # An incremental build reads its state inside the index step (the same task merges and writes).
-    build_seconds = round(result.seconds + state_seconds, 3)
-    stages = result.stages
-    if on_stage:
-        on_stage("build_seconds", build_seconds)
-    crash_point("delta_staged")  # tests: a kill -9 here (segment shards staged, no manifest)
+
+def _draft(settings: Settings, plan: DeltaPlan, batch: _Batch, version: str, result: BuildResult,
+           build_seconds: float, state_seconds: float) -> DraftManifest:
+    """The draft manifest: the kept segments and the new one, with what was read and what it cost."""
+    p, mb, full = plan.partition, batch.mb, batch.full
+    file_list = batch.file_list
     shards = [c.to_dict() for c in result.commits]
     new_segment = Segment(
         version=version, position=iso(p.at), kind=str(mb.kind), shards=shards, doc_count=result.doc_count,
-        covered_count=result.covered_count, files=[k for k, _ in file_list], listed_at=iso(listed_at),
-        extra={"partitions": len(to_read), "reason": mb.reason},
+        covered_count=result.covered_count, files=[k for k, _ in file_list], listed_at=iso(batch.listed_at),
+        extra={"partitions": len(batch.to_read), "reason": mb.reason},
         # Both kinds read the serving full version's state and never let a row beat a higher one it holds.
         full_version=full.version if full is not None else None,
     )
     all_segments = [*mb.kept, new_segment]
+    list_seconds = batch.list_seconds
     return DraftManifest(
         index=INDEX,
         version=version,
@@ -123,12 +165,12 @@ def build_delta(
         window_end=iso(p.at),
         covered_count=sum(s.covered_count for s in all_segments),
         segments=[s.to_dict() for s in all_segments],
-        inputs=_inputs(settings.source, mb, serving, full, to_read, len(files), ignored),
+        inputs=_inputs(settings.source, mb, batch.serving, full, batch.to_read, batch.listed, batch.ignored),
         invalid=result.invalid_summary(),
         stats={"list_seconds": list_seconds, "build_seconds": build_seconds, "state_seconds": state_seconds,
                "total_build_seconds": round(list_seconds + build_seconds, 3),
-               "files_read": len(file_list), "bytes_read": input_bytes, "segments": len(all_segments),
-               **{f"{k}_seconds": v for k, v in stages.items()},
+               "files_read": len(file_list), "bytes_read": batch.input_bytes, "segments": len(all_segments),
+               **{f"{k}_seconds": v for k, v in result.stages.items()},
                **{f"task_{k}_seconds": v for k, v in _slowest_task(result.commits).items()}},
         run=_run_record(plan.run_info, mb.kind),
     )

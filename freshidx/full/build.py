@@ -24,12 +24,13 @@ from pyspark.sql import SparkSession
 
 from freshidx.delta import serving_state
 from freshidx.full.executor import bucket_shards
-from freshidx.full.plan import FullBuildKind, ServingFull, plan_full
+from freshidx.full.plan import FullBuildKind, FullPlan, ServingFull, plan_full
 from freshidx.publish.commit import DraftManifest, iso, new_version, parse_iso, utcnow
 from freshidx.settings import Settings
 from freshidx.spark.build import FORMAT, BuildResult, build_version
 from freshidx.store import ObjectInfo, ObjectStore, StoreConfig, layout
 from freshidx.store.partitions import PartitionError, PartitionId
+from freshidx.store.records import Manifest
 from freshidx.trigger.listing import Ignored
 
 log = logging.getLogger(__name__)
@@ -87,15 +88,8 @@ def build_full(
     # lets a same-cutoff rebuild count as newer than the serving one (publish.compare_to_serving).
     listed_at = iso(utcnow())
     files, ignored = files_up_to(store, settings.source, cutoff)
-    base, full_manifest = serving_state.full_base(store)
-    full = ServingFull.from_manifest(base, full_manifest) if base is not None and full_manifest is not None else None
-    delta, segs = serving_state.delta_segments(store, "full: raw build")
-    delta_position = parse_iso(delta.position) if delta is not None else None
-    if delta is None:
-        segs = []  # no delta yet: nothing to lay over the full version (not an unreadable one)
-    plan = plan_full(cutoff, cutoff_configured, full, delta_position, segs, files,
-                     num_shards=settings.full_shards, index_format=FORMAT, raw_every=settings.full_raw_every,
-                     force_raw=force_raw)
+    plan, full, full_manifest = _plan(store, settings, cutoff, files, cutoff_configured=cutoff_configured,
+                                      force_raw=force_raw)
     cutoff = plan.cutoff
     files = {pid: objs for pid, objs in files.items() if pid <= cutoff}
     list_seconds = round(time.monotonic() - t0, 3)
@@ -103,22 +97,8 @@ def build_full(
     log.info("full up to %s (%s%s): %d partitions, %d files", cutoff.path, plan.kind,
              f": {plan.reason}" if plan.reason else "", len(files), len(file_list))
     version = new_version(cutoff.at)
-    if plan.kind is FullBuildKind.STATE:
-        assert full_manifest is not None
-        t1 = time.monotonic()
-        commits = bucket_shards(spark, store_config, full_manifest.shards, plan.segments, index=INDEX,
-                                version=version)
-        result = BuildResult(commits, {}, seconds=round(time.monotonic() - t1, 3))
-    else:
-        result = build_version(
-            spark, store_config, index=INDEX, version=version, files=file_list,
-            num_shards=settings.full_shards, source=settings.source, run_id=run_id,
-            # Whatever no earlier build quarantined (late partitions, history before the first delta);
-            # files already quarantined are skipped (freshidx.spark.quarantine_once).
-            quarantine_after=None,
-            max_read_tasks=max(4, settings.full_shards * 4),
-            max_future_skew_seconds=settings.max_future_skew_seconds,
-        )
+    result = _build(spark, store_config, settings, plan, full_manifest, version=version, file_list=file_list,
+                    run_id=run_id)
     return DraftManifest(
         index=INDEX,
         version=version,
@@ -130,20 +110,7 @@ def build_full(
         cutoff=iso(cutoff.at),
         source_partition=None,
         covered_count=result.covered_count,
-        inputs={
-            "source": settings.source,
-            "cutoff_partition": cutoff.path,
-            "format": FORMAT,
-            "partitions": len(files),
-            "files": len(file_list),
-            "first_partition": next(iter(files)).path if files else None,
-            # Every input object with its ETag would make the manifest O(history); a digest over
-            # (key, etag, size) in listing order still says exactly which object versions were read.
-            "files_sha256": inputs_digest(objs for objs in files.values()),
-            "listed_at": listed_at,
-            "ignored": [{"key": i.key, "reason": i.reason} for i in ignored[:100]],
-            **plan.inputs(full),
-        },
+        inputs={**_inputs(settings.source, cutoff, files, listed_at, ignored), **plan.inputs(full)},
         invalid=result.invalid_summary(),
         stats={"list_seconds": list_seconds, "build_seconds": result.seconds,
                "total_build_seconds": round(list_seconds + result.seconds, 3),
@@ -151,3 +118,58 @@ def build_full(
         run=run_info,
     )
 
+
+def _plan(store: ObjectStore, settings: Settings, cutoff: PartitionId, files: dict[PartitionId, list[ObjectInfo]],
+          *, cutoff_configured: bool, force_raw: bool) -> tuple[FullPlan, ServingFull | None, Manifest | None]:
+    """What the serving state offers (the full version, the delta's segments) and the plan made of it
+    (:func:`freshidx.full.plan.plan_full`), with the serving full version and its manifest."""
+    base, full_manifest = serving_state.full_base(store)
+    full = ServingFull.from_manifest(base, full_manifest) if base is not None and full_manifest is not None else None
+    delta, segs = serving_state.delta_segments(store, "full: raw build")
+    delta_position = parse_iso(delta.position) if delta is not None else None
+    if delta is None:
+        segs = []  # no delta yet: nothing to lay over the full version (not an unreadable one)
+    plan = plan_full(cutoff, cutoff_configured, full, delta_position, segs, files,
+                     num_shards=settings.full_shards, index_format=FORMAT, raw_every=settings.full_raw_every,
+                     force_raw=force_raw)
+    return plan, full, full_manifest
+
+
+def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, plan: FullPlan,
+           full_manifest: Manifest | None, *, version: str, file_list: list[tuple[str, str]], run_id: str,
+           ) -> BuildResult:
+    """The Spark part: the serving full version with the segments laid over it per product bucket, or
+    every raw file up to the cutoff read again."""
+    if plan.kind is FullBuildKind.STATE:
+        assert full_manifest is not None
+        t1 = time.monotonic()
+        commits = bucket_shards(spark, store_config, full_manifest.shards, plan.segments, index=INDEX,
+                                version=version)
+        return BuildResult(commits, {}, seconds=round(time.monotonic() - t1, 3))
+    return build_version(
+        spark, store_config, index=INDEX, version=version, files=file_list,
+        num_shards=settings.full_shards, source=settings.source, run_id=run_id,
+        # Whatever no earlier build quarantined (late partitions, history before the first delta);
+        # files already quarantined are skipped (freshidx.spark.quarantine_once).
+        quarantine_after=None,
+        max_read_tasks=max(4, settings.full_shards * 4),
+        max_future_skew_seconds=settings.max_future_skew_seconds,
+    )
+
+
+def _inputs(source: str, cutoff: PartitionId, files: dict[PartitionId, list[ObjectInfo]], listed_at: str,
+            ignored: list[Ignored]) -> dict[str, Any]:
+    """The manifest's ``inputs`` about what was read (the plan adds how it was built)."""
+    return {
+        "source": source,
+        "cutoff_partition": cutoff.path,
+        "format": FORMAT,
+        "partitions": len(files),
+        "files": sum(len(objs) for objs in files.values()),
+        "first_partition": next(iter(files)).path if files else None,
+        # Every input object with its ETag would make the manifest O(history); a digest over
+        # (key, etag, size) in listing order still says exactly which object versions were read.
+        "files_sha256": inputs_digest(objs for objs in files.values()),
+        "listed_at": listed_at,
+        "ignored": [{"key": i.key, "reason": i.reason} for i in ignored[:100]],
+    }

@@ -141,6 +141,15 @@ def plan_full(
         bases = {c.full_version for c in constituents(s)}
         if not bases <= held:
             return raw(RawReason.FOREIGN_SEGMENT, f"segment {s.version} rests on {sorted(map(str, bases))}")
+    uncovered = _first_uncovered(full, used, cutoff, listing)
+    if uncovered is not None:
+        return raw(RawReason.UNCOVERED_FILES, f"{uncovered.key} (modified {uncovered.last_modified.isoformat()})")
+    return FullPlan(FullBuildKind.STATE, "", cutoff, used)
+
+
+def _first_uncovered(full: ServingFull, used: Sequence[Segment], cutoff: PartitionId,
+                     listing: Mapping[PartitionId, Sequence[ObjectInfo]]) -> ObjectInfo | None:
+    """The first raw file up to ``cutoff`` that neither ``full`` nor a segment of ``used`` holds, if any."""
     # Each consumed file with the latest time it can have been listed (a compacted segment: its newest
     # original's listing): a file written again clearly after that (a repair in place) holds records no
     # segment read.
@@ -158,5 +167,5 @@ def plan_full(
             read_at = consumed.get(o.key)
             in_segment = read_at is not None and o.last_modified <= read_at + CLOCK_SKEW
             if not in_full and not in_segment:
-                return raw(RawReason.UNCOVERED_FILES, f"{o.key} (modified {o.last_modified.isoformat()})")
-    return FullPlan(FullBuildKind.STATE, "", cutoff, used)
+                return o
+    return None

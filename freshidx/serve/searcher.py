@@ -30,9 +30,7 @@ One ``cache_dir`` per Searcher: it deletes what it does not serve.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
-import heapq
 import json
 import logging
 import os
@@ -42,7 +40,6 @@ import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +47,8 @@ import pyarrow.parquet as pq
 import tantivy
 
 from freshidx.publish.commit import Pointer, read_manifest, read_pointer
+from freshidx.serve.topk import search_set
+from freshidx.serve.versions import Hit, LoadedVersion, Part, ServingError, Shard, VersionSet
 from freshidx.spark.index_format import COVERED_FILE, INDEX_DIR, SEARCH_FIELDS, is_lock_file, open_index, schema
 from freshidx.store import ObjectStore, layout
 
@@ -59,116 +58,6 @@ INDEXES = ("full", "delta")
 DOWNLOAD_THREADS = 8
 _TMP_PREFIX = ".tmp-"
 _WORD_RE = re.compile(r"[^\W_]+")
-
-
-class ServingError(RuntimeError):
-    """A published version cannot be served (missing index files, checksum mismatch, ...)."""
-
-
-@dataclass(frozen=True)
-class Hit:
-    ad_id: str
-    score: float
-    index: str  # "full" | "delta"
-    version: str  # the index version the hit comes from
-    title: str
-    product_id: str
-    bid: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class Shard:
-    shard: int
-    index: tantivy.Index
-    searcher: tantivy.Searcher
-    doc_count: int
-
-
-@dataclass
-class Part:
-    """The shards one version wrote, downloaded and opened: a full version, or one delta segment."""
-
-    version: str  # the version that wrote the files (the cache directory's name)
-    position: str
-    path: Path
-    shards: list[Shard]
-    covered: frozenset[str]  # the kill-list (loaded for the delta only)
-
-
-@dataclass
-class LoadedVersion:
-    """One published version, downloaded and opened: its parts, oldest first (one for a full version
-    or a delta built before segments)."""
-
-    index: str
-    version: str
-    position: str
-    parts: list[Part]
-    pointer: Pointer
-
-    @property
-    def shards(self) -> list[Shard]:
-        return [sh for part in self.parts for sh in part.shards]
-
-
-
-@dataclass(eq=False)
-class VersionSet:
-    """What one search sees: at most one version of each index. Never mutated after the swap,
-    except the bookkeeping of who is still using it."""
-
-    full: LoadedVersion | None
-    delta: LoadedVersion | None
-    users: int = 0
-    retired: bool = False
-    _cleaned: bool = field(default=False, repr=False)
-
-    @property
-    def active_delta(self) -> LoadedVersion | None:
-        """The delta, unless a full version at least as new makes it obsolete (module docstring)."""
-        if self.delta is None:
-            return None
-        if self.full is not None and self.delta.position <= self.full.position:
-            return None
-        return self.delta
-
-    @functools.cached_property
-    def applied_segments(self) -> list[Part]:
-        """The delta's segments newer than the full version, oldest first."""
-        delta = self.active_delta
-        if delta is None:
-            return []
-        return [p for p in delta.parts if self.full is None or p.position > self.full.position]
-
-    @functools.cached_property
-    def kill_list(self) -> frozenset[str]:
-        """What hides full-index hits: every applied segment's kill-list."""
-        return frozenset().union(*(p.covered for p in self.applied_segments))
-
-    @functools.cached_property
-    def searched(self) -> list[tuple[str, str, Part, frozenset[str]]]:
-        """(index, version, part, kill-list of the part) for every part a search reads. Computed once per
-        version set (it never changes after the swap), not per query."""
-        out: list[tuple[str, str, Part, frozenset[str]]] = []
-        hidden: frozenset[str] = frozenset()
-        delta = self.active_delta
-        if delta is not None:
-            for part in reversed(self.applied_segments):  # newest first: each is hidden by the newer ones
-                out.append(("delta", delta.version, part, hidden))
-                hidden = hidden | part.covered
-        if self.full is not None:
-            for part in self.full.parts:
-                out.append(("full", self.full.version, part, hidden))
-        return out
-
-    def versions(self) -> dict[str, str | None]:
-        return {
-            "full": self.full.version if self.full else None,
-            "delta": self.delta.version if self.delta else None,
-        }
 
 
 class Searcher:
@@ -418,78 +307,7 @@ class Searcher:
         if q is None:
             return []
         with self.snapshot() as snap:
-            return _search_set(snap, q, k)
-
-
-def _search_set(snap: VersionSet, q: tantivy.Query, k: int) -> list[Hit]:
-    """Lazy k-way merge of per-shard top lists; stored docs are fetched only for hits we may return."""
-    streams: list[_Stream] = []
-    for index, version, part, kill in snap.searched:
-        for sh in part.shards:
-            if sh.doc_count:
-                streams.append(_Stream(index, version, sh, q, k, kill))
-    heap: list[tuple[float, int, int]] = []
-    for i, st in enumerate(streams):
-        top = st.peek()
-        if top is not None:
-            heap.append((-top, i, st.pos))
-    heapq.heapify(heap)
-    out: list[Hit] = []
-
-    def take_next() -> None:
-        _, i, _ = heapq.heappop(heap)
-        st = streams[i]
-        hit = st.take()
-        if hit is not None:
-            out.append(hit)
-        nxt = st.peek()
-        if nxt is not None:
-            heapq.heappush(heap, (-nxt, i, st.pos))
-
-    while heap and len(out) < k:
-        take_next()
-    # Ties at the k-th score: take every hit with that score, so the cut by (score, ad_id) below does
-    # not depend on shard order (results are reproducible across builds and stores).
-    while heap and len(out) >= k and -heap[0][0] >= out[-1].score:
-        take_next()
-    out.sort(key=lambda h: (-h.score, h.ad_id))
-    return out[:k]
-
-
-class _Stream:
-    """The hits of one shard in score order, fetched ``limit`` at a time (growing if the kill-list
-    eats into them)."""
-
-    def __init__(self, index: str, version: str, shard: Shard, q: tantivy.Query, k: int,
-                 kill: frozenset[str]) -> None:
-        self.index, self.version, self.shard, self.q, self.kill = index, version, shard, q, kill
-        self.limit = k
-        self.pos = 0
-        self.hits = self._run()
-
-    def _run(self) -> list[tuple[float, Any]]:
-        return list(self.shard.searcher.search(self.q, limit=self.limit, count=False).hits)
-
-    def peek(self) -> float | None:
-        if self.pos >= len(self.hits) and len(self.hits) == self.limit:
-            self.limit *= 4  # more may exist: fetch a longer list, keep our place
-            self.hits = self._run()
-        if self.pos >= len(self.hits):
-            return None
-        return float(self.hits[self.pos][0])
-
-    def take(self) -> Hit | None:
-        score, addr = self.hits[self.pos]
-        self.pos += 1
-        doc = self.shard.searcher.doc(addr)
-        ad_id = doc.get_first("ad_id")
-        if ad_id in self.kill:
-            return None
-        return Hit(
-            ad_id=str(ad_id), score=float(score), index=self.index, version=self.version,
-            title=str(doc.get_first("title") or ""), product_id=str(doc.get_first("product_id") or ""),
-            bid=float(doc.get_first("bid") or 0.0),
-        )
+            return search_set(snap, q, k)
 
 
 # ---------------------------------------------------------------------- CLI (freshidx.cli.search)

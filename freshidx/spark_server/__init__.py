@@ -20,7 +20,8 @@ The modules, one job each:
   :mod:`~freshidx.spark_server.progress` – launching the JVM, its class archive (the primitives are the
   engine's, :mod:`freshidx.spark.class_archive`), ``jcmd`` and heap samples, the supervisor's own client
   sessions, its hang detector;
-* :mod:`~freshidx.spark_server.server_process` – one JVM started, warmed up, probed and stopped;
+* :mod:`~freshidx.spark_server.server_process` – one JVM started, warmed up, probed and stopped
+  (:mod:`~freshidx.spark_server.state_dir`: who owns the state dir; :mod:`~freshidx.spark_server.warm_up`);
 * :mod:`~freshidx.spark_server.supervisor` – the watchdog (health, progress, planned restarts);
 * :mod:`~freshidx.spark_server.local_cds` – making the class archive local-mode JVMs map (``freshidx spark-cds``);
 * :mod:`~freshidx.spark_server.server` – ``python -m freshidx.spark_server.server``.

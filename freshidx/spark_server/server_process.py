@@ -27,7 +27,6 @@ spawned the JVM: start and supervise from one long-lived thread.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
 import subprocess
@@ -43,11 +42,13 @@ from freshidx.spark.local_archive import find_archive
 from freshidx.spark.session import close_session
 from freshidx.spark_server import cds
 from freshidx.spark_server import server_launch as launch
-from freshidx.spark_server.connect_client import call_with_timeout, connect_session, select_one, warmup_batches
+from freshidx.spark_server.connect_client import call_with_timeout, connect_session, select_one
 from freshidx.spark_server.jvm import MemorySample, sample_memory
 from freshidx.spark_server.progress import SparkStatusClient, ui_port_from_log
-from freshidx.spark_server.server_config import SERVER_CLASS, ServerConfig
+from freshidx.spark_server.server_config import ServerConfig
 from freshidx.spark_server.server_state import HOSTNAME, STATE_FILE, atomic_write_json, now_iso, read_state
+from freshidx.spark_server.state_dir import kill_leftover_jvm, lock_state_dir, unlock_state_dir
+from freshidx.spark_server.warm_up import WarmUpFailed, warm_up
 
 #: After a stop request the JVM gets at most this long to exit on SIGTERM (callers such as the demo
 #: SIGKILL the supervisor ~30 s after their SIGTERM; the JVM must be gone well before).
@@ -123,45 +124,25 @@ class ServerProcess:
                 self._on_state(snapshot)
         return snapshot
 
-    # ---- ownership of the state dir ----------------------------------------------------------
+    # ---- ownership of the state dir (freshidx.spark_server.state_dir) -----------------------
 
     def _take_lock(self) -> None:
         if self._lock_file is not None:
             return
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        f = open(self.state_dir / "supervisor.lock", "a+", encoding="utf-8")  # noqa: SIM115
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
+        lock = lock_state_dir(self.state_dir)
+        if lock is None:
             other = read_state(self.state_dir) or {}
-            raise StateDirBusy(
-                f"another supervisor owns {self.state_dir} (pid {other.get('supervisor_pid')})"
-            ) from None
-        self._lock_file = f
+            raise StateDirBusy(f"another supervisor owns {self.state_dir} (pid {other.get('supervisor_pid')})")
+        self._lock_file = lock
 
     def _release_lock(self) -> None:
         if self._lock_file is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
-            self._lock_file.close()
+            unlock_state_dir(self._lock_file)
             self._lock_file = None
 
     def kill_leftover(self) -> None:
         """A JVM recorded by a previous supervisor of this state dir that was killed itself."""
-        old = read_state(self.state_dir) or {}
-        pid = old.get("pid")
-        if (
-            isinstance(pid, int)
-            and old.get("hostname") == HOSTNAME
-            and procs.pid_alive(pid)
-            and SERVER_CLASS in procs.cmdline(pid)
-            and str(self.properties_path) in procs.cmdline(pid)
-        ):
-            procs.signal_session(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 30  # the new JVM needs its port: wait for the old one to be gone
-            while procs.pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
+        kill_leftover_jvm(self.state_dir, self.properties_path)
 
     # ---- start / stop ------------------------------------------------------------------------
 
@@ -294,34 +275,10 @@ class ServerProcess:
 
     def _warm_up(self, deadline: float) -> dict[str, float]:
         """The first query on a fresh server takes seconds (JIT, class loading): pay it here."""
-        url = self.config.url
-        box: dict[str, Any] = {}
-
-        def work() -> dict[str, float]:
-            t = time.monotonic()
-            box["session"] = session = connect_session(url, quick_retries=False)
-            rows = session.range(1000).selectExpr("sum(id) AS s").collect()
-            if rows[0]["s"] != 499500:
-                raise ServerStartError(f"warm-up SQL returned {rows!r}")
-            t_sql = time.monotonic()
-            # One Python task: it proves the workers import freshidx and warms the JVM's Arrow/Python path;
-            # Connect pools Python workers per session, so no run would ever reuse a second warm one.
-            df = session.range(4, numPartitions=1).mapInArrow(warmup_batches, "module string, python string")
-            got = df.distinct().collect()
-            if not got or not all(r["module"] for r in got):
-                raise ServerStartError(f"warm-up Python job returned {got!r}")
-            t_py = time.monotonic()
-            box.pop("session")
-            close_session(session, release=True)  # still inside the timeout
-            return {"warmup_sql_s": round(t_sql - t, 3), "warmup_python_s": round(t_py - t_sql, 3)}
-
-        def abort() -> None:
-            close_session(box.get("session"), release=False)
-
         try:
-            return call_with_timeout(work, max(1.0, deadline - time.monotonic()), abort, self._stopping)
-        finally:
-            close_session(box.get("session"), release=False)
+            return warm_up(self.config.url, deadline, self._stopping)
+        except WarmUpFailed as exc:
+            raise ServerStartError(str(exc)) from exc
 
     def _terminate(self) -> None:
         """SIGTERM the JVM's whole session, SIGKILL after ``stop_timeout_s``; reap."""

@@ -38,7 +38,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from freshidx import procs
 from freshidx.spark_server.jvm import run_jcmd
@@ -143,61 +144,16 @@ class SparkConnectSupervisor(ServerProcess):
         stop = stop_event or threading.Event()
         self._run_stop = stop
         cfg = self.config
-        failed_starts = 0
-        tracker = ProgressTracker(cfg.hang_timeout_s)
-        next_health = time.monotonic() + cfg.health_interval_s
-        next_heap = time.monotonic() + min(cfg.heap_check_interval_s, cfg.health_interval_s)
-
-        def fresh_jvm() -> None:
-            nonlocal next_health
-            self._health_failures, self._busy_since, self._busy_failures = 0, None, 0
-            # the probes' record describes the running JVM: a new one starts without the old one's failures
-            self._update_state(consecutive_health_failures=0, health_busy_since=None, health_busy_failures=0)
-            tracker.reset(time.monotonic())
-            next_health = time.monotonic() + cfg.health_interval_s
-
+        now = time.monotonic()
+        watch = _Watch(ProgressTracker(cfg.hang_timeout_s), next_health=now + cfg.health_interval_s,
+                       next_heap=now + min(cfg.heap_check_interval_s, cfg.health_interval_s))
         try:
             while not self._stopping():
                 try:
-                    proc = self._proc
-                    if proc is None:  # first start, or a restart that failed: retry with backoff
-                        try:
-                            if self._pending_reason:
-                                self._restart(self._pending_reason)
-                            else:
-                                self._start()
-                            failed_starts = 0
-                        except StateDirBusy:
-                            raise
-                        except ServerStartError as exc:
-                            if self._stopping():
-                                break
-                            failed_starts += 1
-                            self._update_state(status="down", last_error=str(exc)[:4000])
-                            stop.wait(min(60.0, 2.0**failed_starts))
-                        fresh_jvm()
-                        continue
-                    if proc.poll() is not None:  # dead: restarted at once, nothing to drain
-                        self._update_state(last_exit_code=proc.returncode)
-                        self._restart_or_mark_down("crash")
-                        fresh_jvm()
-                        continue
-                    now = time.monotonic()
-                    reason: str | None = None
-                    if now >= next_health:
-                        reason = self._health_tick(tracker)
-                        next_health = time.monotonic() + cfg.health_interval_s
-                    if reason is None:
-                        check_heap = now >= next_heap
-                        if check_heap:
-                            next_heap = now + cfg.heap_check_interval_s
-                        reason = self.planned_restart_reason(check_heap=check_heap)
-                    if reason is not None:  # every restart of a live JVM drains first
-                        if not self._drain(reason):
-                            break
-                        dead = self._proc is None or self._proc.poll() is not None
-                        self._restart_or_mark_down("crash" if dead else reason)
-                        fresh_jvm()
+                    step = self._tick(stop, watch)
+                    if step == "stop":
+                        break
+                    if step == "again":  # a JVM was (re)started, or its start failed: no pause
                         continue
                 except StateDirBusy:
                     raise
@@ -206,6 +162,72 @@ class SparkConnectSupervisor(ServerProcess):
                 stop.wait(cfg.poll_interval_s)
         finally:
             self._run_stop = None
+
+    def _tick(self, stop: threading.Event, watch: _Watch) -> Literal["stop", "again", "wait"]:
+        """One look at the JVM: start it if there is none, restart it if it died or a restart is due
+        (draining first), else nothing (``wait``)."""
+        proc = self._proc
+        if proc is None:  # first start, or a restart that failed: retry with backoff
+            if not self._start_with_backoff(stop, watch):
+                return "stop"
+            self._fresh_jvm(watch)
+            return "again"
+        if proc.poll() is not None:  # dead: restarted at once, nothing to drain
+            self._update_state(last_exit_code=proc.returncode)
+            self._restart_or_mark_down("crash")
+            self._fresh_jvm(watch)
+            return "again"
+        reason = self._restart_due(watch)
+        if reason is None:
+            return "wait"
+        if not self._drain(reason):  # every restart of a live JVM drains first
+            return "stop"
+        dead = self._proc is None or self._proc.poll() is not None
+        self._restart_or_mark_down("crash" if dead else reason)
+        self._fresh_jvm(watch)
+        return "again"
+
+    def _start_with_backoff(self, stop: threading.Event, watch: _Watch) -> bool:
+        """Start (or retry the pending restart); after a failure wait 2^n s (at most 60). False if a stop
+        was requested meanwhile."""
+        try:
+            if self._pending_reason:
+                self._restart(self._pending_reason)
+            else:
+                self._start()
+            watch.failed_starts = 0
+        except StateDirBusy:
+            raise
+        except ServerStartError as exc:
+            if self._stopping():
+                return False
+            watch.failed_starts += 1
+            self._update_state(status="down", last_error=str(exc)[:4000])
+            stop.wait(min(60.0, 2.0**watch.failed_starts))
+        return True
+
+    def _fresh_jvm(self, watch: _Watch) -> None:
+        self._health_failures, self._busy_since, self._busy_failures = 0, None, 0
+        # the probes' record describes the running JVM: a new one starts without the old one's failures
+        self._update_state(consecutive_health_failures=0, health_busy_since=None, health_busy_failures=0)
+        watch.tracker.reset(time.monotonic())
+        watch.next_health = time.monotonic() + self.config.health_interval_s
+
+    def _restart_due(self, watch: _Watch) -> str | None:
+        """The reason of a (drained) restart if one is due: the health probe's when it is time for one,
+        else a planned one (the heap checked when it is time for that)."""
+        cfg = self.config
+        now = time.monotonic()
+        reason: str | None = None
+        if now >= watch.next_health:
+            reason = self._health_tick(watch.tracker)
+            watch.next_health = time.monotonic() + cfg.health_interval_s
+        if reason is None:
+            check_heap = now >= watch.next_heap
+            if check_heap:
+                watch.next_heap = now + cfg.heap_check_interval_s
+            reason = self.planned_restart_reason(check_heap=check_heap)
+        return reason
 
     def _health_tick(self, tracker: ProgressTracker) -> str | None:
         """Probe, sample progress, record both; ``hung`` / ``health`` if a (drained) restart is due.
@@ -264,3 +286,13 @@ class SparkConnectSupervisor(ServerProcess):
             self._pending_reason = reason
             self._update_state(status="down", last_error=str(exc)[:4000])
 
+
+@dataclass
+class _Watch:
+    """:meth:`SparkConnectSupervisor.run_forever`'s clock: when the next probe and heap check are due
+    (monotonic), the hang detector, and the starts that failed in a row."""
+
+    tracker: ProgressTracker
+    next_health: float
+    next_heap: float
+    failed_starts: int = 0

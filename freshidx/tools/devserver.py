@@ -34,7 +34,7 @@ from typing import Self
 
 import requests
 
-from freshidx.defs.runs.lanes import POOL_LIMITS
+from freshidx.defs.shared.lanes import POOL_LIMITS
 from freshidx.procs import group_members
 from freshidx.tools.devserver_graphql import (
     ASSET_JOB_NAME,

@@ -46,6 +46,7 @@ from freshidx.store.partitions import PartitionError, PartitionId
 from freshidx.store.records import LedgerEntry
 from freshidx.trigger.lifecycle import FINAL, Decision, Mark, TriggerId, attempt_state, parse_suffix
 from freshidx.trigger.listing import partitions_after
+from freshidx.trigger.partition_selector import PARTITION_FORMS, PartitionSelector, parse_partition
 
 # Short names for the decisions this module's callers (and tests) use most; the values are
 # :class:`~freshidx.trigger.lifecycle.Decision`'s.
@@ -57,7 +58,8 @@ REFUSED = Decision.REFUSED
 INVALID = Decision.VALIDATION_FAILED
 PARKED = Decision.PARKED
 UNLISTED = Decision.NOT_LISTED
-__all__ = ["FINAL", "Decision", "TriggerId"]  # re-exported for callers of the ledger API
+# Re-exported for callers of the ledger API (the CLI reads entries by a partition selector).
+__all__ = ["FINAL", "PARTITION_FORMS", "Decision", "PartitionSelector", "TriggerId", "parse_partition"]
 
 
 #: A ledger entry (the record model; ``Entry`` is its name in the ledger's API).
@@ -163,81 +165,6 @@ def read(store: ObjectStore, pipeline: str, since: dt.date | None = None,
             yield Entry.read(store, obj.key)[0]
         except NotFound:
             continue
-
-
-# ------------------------------------------------------------------ partition selectors (CLI)
-
-PARTITION_FORMS = (
-    "20261124T0148 (compact minute)",
-    "year=2026/month=11/day=24/hour=01/minute=48 (path)",
-    "2026-11-24-01:00 (Dagster hour key: every partition of that hour)",
-    "20261124T01 or year=2026/month=11/day=24/hour=01 (hour)",
-)
-
-
-@dataclass(frozen=True)
-class PartitionSelector:
-    """What ``--partition`` names: one minute partition, or every partition of one UTC hour.
-
-    Entries store ``partition`` as a path (a minute for the delta, an hour for ``ads_hourly``), so
-    matching is on paths; ``date`` is the ledger date directory every matching entry lives under
-    (entries are keyed by their partition's date), which bounds the read to one day.
-    """
-
-    at: dt.datetime
-    hour: bool  # True: the whole hour (its minutes and the hour's own entries)
-
-    @property
-    def date(self) -> dt.date:
-        return self.at.date()
-
-    @property
-    def path(self) -> str:
-        p = PartitionId(self.at)
-        return p.hour_path if self.hour else p.path
-
-    def matches(self, entry_partition: str | None) -> bool:
-        if not entry_partition:
-            return False
-        text = entry_partition.rstrip("/")
-        if self.hour:
-            return text == self.path or text.startswith(self.path + "/")
-        return text == self.path
-
-    def minute(self) -> PartitionId:
-        if self.hour:
-            raise PartitionError(f"{self.path} is an hour; a single minute partition is needed here")
-        return PartitionId(self.at)
-
-
-def parse_partition(text: str) -> PartitionSelector:
-    """Parse any accepted ``--partition`` form (:data:`PARTITION_FORMS`); PartitionError otherwise."""
-    value = text.strip()
-    formats = (("%Y%m%dT%H%M", False, 13), ("%Y%m%dT%H", True, 11), ("%Y-%m-%d-%H:%M", True, 16))
-    for fmt, hour, width in formats:
-        # strptime accepts unpadded fields ("2026111T1"); the fixed width keeps the forms strict.
-        if len(value) != width:
-            continue
-        try:
-            at = dt.datetime.strptime(value, fmt).replace(tzinfo=dt.UTC)
-        except ValueError:
-            continue
-        if fmt == "%Y-%m-%d-%H:%M" and at.minute:
-            break  # a Dagster hourly key always ends in :00
-        return PartitionSelector(at, hour)
-    if value.startswith("year="):
-        stripped = value.rstrip("/")
-        if stripped.count("/") == 3:  # year/month/day/hour: an hour path (ads_hourly entries)
-            try:
-                return PartitionSelector(PartitionId.parse(stripped + "/minute=00").at, True)
-            except PartitionError:
-                pass
-        else:
-            try:
-                return PartitionSelector(PartitionId.parse(stripped).at, False)
-            except PartitionError:
-                pass
-    raise PartitionError(f"cannot read partition {text!r}; accepted forms: " + "; ".join(PARTITION_FORMS))
 
 
 # ------------------------------------------------------------------ every partition explained

@@ -11,7 +11,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 from dagster import DagsterRunStatus, RunsFilter
@@ -19,15 +19,19 @@ from dagster import DagsterRunStatus, RunsFilter
 from freshidx.catchup import planner as catchup
 from freshidx.catchup.readiness import check_ready, list_hour
 from freshidx.defs.catchup.io_manager import HourBucket
-from freshidx.defs.runs.lanes import POOL_HEAVY, PRIORITY_CATCHUP, priority_tag
 from freshidx.defs.runs.status import IN_FLIGHT
 from freshidx.defs.shared.assets import OWNERS, TAG_PIPELINE, TAG_TRIGGER, code_version, hourly_partitions
+from freshidx.defs.shared.lanes import POOL_HEAVY, PRIORITY_CATCHUP, priority_tag
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.publish.commit import crash_point, utcnow
 from freshidx.settings import Settings
+from freshidx.store import ObjectStore
 from freshidx.trigger import run_health
 from freshidx.trigger.lifecycle import Decision, Mark, TriggerId
 from freshidx.trigger.listing import newest_partition
+
+if TYPE_CHECKING:
+    from freshidx.catchup.hourly_build import HourInput
 
 ADS_HOURLY_KEY = dg.AssetKey(catchup.ASSET)
 ADS_HOURLY_JOB = "ads_hourly_job"
@@ -54,7 +58,7 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
         owners=OWNERS,
         deps=["raw_ad_updates"],
         tags={"freshidx/lane": "catchup"},
-        pool=POOL_HEAVY,  # one heavy build at a time beside the delta (freshidx.defs.runs.lanes)
+        pool=POOL_HEAVY,  # one heavy build at a time beside the delta (freshidx.defs.shared.lanes)
     )
     def ads_hourly(
         context: dg.AssetExecutionContext,
@@ -62,59 +66,76 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
         spark: SparkResource,
         freshidx: FreshidxSettings,
     ) -> list:
-        from freshidx.catchup.hourly_build import HourInput, build_buckets
-
         cfg = freshidx.settings(store.uri, store.endpoint_url)
         st = store.open()
         tags = context.run.tags
         claims: dict[str, str] = json.loads(tags.get(catchup.TAG_CLAIMS) or "{}")
         kind = tags.get(catchup.TAG_KIND) or ("backfill" if "dagster/backfill" in tags else "manual")
-        policy = cfg.readiness_for(cfg.source)
-        newest, _ = newest_partition(st, cfg.source)
-        run_info = {"run_id": context.run_id, "trigger": kind, "run_key": tags.get("dagster/run_key"),
-                    "backfill": tags.get("dagster/backfill"), "code_version": code_version(),
-                    "readiness": policy, "claims": claims}
-        out: list[HourBucket] = []
-        todo: list[HourInput] = []  # ready hours; id and claim follow from .hour
-        for key in context.partition_keys:
-            hour = catchup.hour_from_dagster_key(key)
-            hid = catchup.layout.hour_id(hour)
-            claim = claims.get(hid)
-            if claim:
-                tid = TriggerId.from_suffix(hid, claim).then(Mark.RUN)
-                catchup.record(st, catchup.ASSET, hour, tid, Decision.STARTED, "run started for the claim",
-                               run_id=context.run_id, run_key=tags.get("dagster/run_key"))
-            listed_at = utcnow()
-            listing = list_hour(st, cfg.source, hour)
-            ready = check_ready(st, listing, policy, now=listed_at, quiet_seconds=cfg.quiet_seconds,
-                                close_grace_seconds=cfg.close_grace_seconds,
-                                newer_data_visible=newest is not None and newest.at >= hour + catchup.HOUR)
-            if not ready.ready:
-                # Publishing a partial hour would close it for good; a backfill must wait like the sensor.
-                context.log.warning(f"{hid} not ready ({policy}): {ready.reason}")
-                out.append(HourBucket(hid, kind, claim, None, [f"not ready ({policy}): {ready.reason}"]))
-                continue
-            todo.append(HourInput(hour=hour, files=listing.files, listed_at=listed_at,
-                                  expected_rows=ready.expected_rows))
+        out, todo = _ready_hours(context, st, cfg, claims, kind)
         if todo:
-            crash_point("bucket_build")  # tests: the run dies mid-hour like a kill -9 (claim taken, run STARTED)
-            hids = [catchup.layout.hour_id(i.hour) for i in todo]
-            context.log.info(f"building {catchup.ASSET} {', '.join(hids)} in one Spark pass: "
-                             f"{sum(len(i.files) for i in todo)} file(s), {kind}")
-            # A failure drops the session, so a step retry reconnects.
-            with spark.session(keep_as=catchup.ASSET) as session:
-                built = build_buckets(session, store.store_config(), asset=catchup.ASSET, source=cfg.source,
-                                      hours=todo, run_id=context.run_id,
-                                      parts=cfg.hourly_parts, run_info=run_info, kind=kind,
-                                      max_future_skew_seconds=cfg.max_future_skew_seconds,
-                                      quarantine_once=True)  # a bad record is quarantined by its first reader
-            for hid, b in zip(hids, built, strict=True):
-                out.append(HourBucket(hid, kind, claims.get(hid), b.draft,
-                                      [f"manifest rows: {m}" for m in b.row_mismatches]))
+            out += _build_hours(context, store, spark, cfg, todo, claims, kind)
         out.sort(key=lambda hb: hb.hour_id)
         return out
 
     return ads_hourly
+
+
+def _ready_hours(context: dg.AssetExecutionContext, st: ObjectStore, cfg: Settings, claims: dict[str, str],
+                 kind: str) -> tuple[list[HourBucket], list["HourInput"]]:
+    """The run's hours, each linked to its claim: the ready ones to build, and a bucket without a draft
+    (its reason) for each hour not ready yet."""
+    from freshidx.catchup.hourly_build import HourInput
+
+    policy = cfg.readiness_for(cfg.source)
+    newest, _ = newest_partition(st, cfg.source)
+    tags = context.run.tags
+    out: list[HourBucket] = []
+    todo: list[HourInput] = []  # ready hours; id and claim follow from .hour
+    for key in context.partition_keys:
+        hour = catchup.hour_from_dagster_key(key)
+        hid = catchup.layout.hour_id(hour)
+        claim = claims.get(hid)
+        if claim:
+            tid = TriggerId.from_suffix(hid, claim).then(Mark.RUN)
+            catchup.record(st, catchup.ASSET, hour, tid, Decision.STARTED, "run started for the claim",
+                           run_id=context.run_id, run_key=tags.get("dagster/run_key"))
+        listed_at = utcnow()
+        listing = list_hour(st, cfg.source, hour)
+        ready = check_ready(st, listing, policy, now=listed_at, quiet_seconds=cfg.quiet_seconds,
+                            close_grace_seconds=cfg.close_grace_seconds,
+                            newer_data_visible=newest is not None and newest.at >= hour + catchup.HOUR)
+        if not ready.ready:
+            # Publishing a partial hour would close it for good; a backfill must wait like the sensor.
+            context.log.warning(f"{hid} not ready ({policy}): {ready.reason}")
+            out.append(HourBucket(hid, kind, claim, None, [f"not ready ({policy}): {ready.reason}"]))
+            continue
+        todo.append(HourInput(hour=hour, files=listing.files, listed_at=listed_at,
+                              expected_rows=ready.expected_rows))
+    return out, todo
+
+
+def _build_hours(context: dg.AssetExecutionContext, store: ObjectStoreResource, spark: SparkResource,
+                 cfg: Settings, todo: list["HourInput"], claims: dict[str, str], kind: str) -> list[HourBucket]:
+    """The ready hours' buckets, built in one Spark pass (drafts for the bucket IO manager to publish)."""
+    from freshidx.catchup.hourly_build import build_buckets
+
+    tags = context.run.tags
+    run_info = {"run_id": context.run_id, "trigger": kind, "run_key": tags.get("dagster/run_key"),
+                "backfill": tags.get("dagster/backfill"), "code_version": code_version(),
+                "readiness": cfg.readiness_for(cfg.source), "claims": claims}
+    crash_point("bucket_build")  # tests: the run dies mid-hour like a kill -9 (claim taken, run STARTED)
+    hids = [catchup.layout.hour_id(i.hour) for i in todo]
+    context.log.info(f"building {catchup.ASSET} {', '.join(hids)} in one Spark pass: "
+                     f"{sum(len(i.files) for i in todo)} file(s), {kind}")
+    # A failure drops the session, so a step retry reconnects.
+    with spark.session(keep_as=catchup.ASSET) as session:
+        built = build_buckets(session, store.store_config(), asset=catchup.ASSET, source=cfg.source,
+                              hours=todo, run_id=context.run_id,
+                              parts=cfg.hourly_parts, run_info=run_info, kind=kind,
+                              max_future_skew_seconds=cfg.max_future_skew_seconds,
+                              quarantine_once=True)  # a bad record is quarantined by its first reader
+    return [HourBucket(hid, kind, claims.get(hid), b.draft, [f"manifest rows: {m}" for m in b.row_mismatches])
+            for hid, b in zip(hids, built, strict=True)]
 
 
 class DagsterRunIndex:
@@ -194,7 +215,8 @@ def run_request(req: catchup.CatchupRequest) -> dg.RunRequest:
 
 # What define_asset_job returns is not exported by dagster under a public name: hence Any.
 def make_ads_hourly_job(ads_hourly: dg.AssetsDefinition) -> Any:
-    """The catch-up's job: its runs come before compaction and UI backfills in the queue (freshidx.defs.runs.lanes)."""
+    """The catch-up's job: its runs come before compaction and UI backfills in the queue
+    (freshidx.defs.shared.lanes)."""
     return dg.define_asset_job(
         ADS_HOURLY_JOB, selection=[ads_hourly], partitions_def=ads_hourly.partitions_def,
         tags={TAG_PIPELINE: catchup.ASSET, **priority_tag(PRIORITY_CATCHUP)},

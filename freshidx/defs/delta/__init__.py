@@ -1,1 +1,1 @@
-"""Dagster wiring of the delta pipeline: delta_index's sensor, continuous mode, compaction."""
+"""Dagster wiring of the delta pipeline: delta_index and its job, its sensor, continuous mode, compaction."""

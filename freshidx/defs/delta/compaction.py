@@ -2,7 +2,7 @@
 
 Never on the freshness path: the micro-batches do not wait for it and it never blocks them (no
 ``freshidx/pipeline: delta`` tag, so the delta sensor's overlap rule ignores it). It takes the heavy
-pool (one heavy Spark build at a time beside the delta, :mod:`freshidx.defs.runs.lanes`), like the full
+pool (one heavy Spark build at a time beside the delta, :mod:`freshidx.defs.shared.lanes`), like the full
 index and the ads_hourly catch-up: it competes with them for the same two cores, not with the
 delta. A micro-batch that publishes while a compaction builds wins; the compaction then republishes
 its merged segment over the newer version (:mod:`freshidx.delta.compact`), and a micro-batch that
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from freshidx.defs.runs.lanes import POOL_HEAVY, PRIORITY_COMPACTION, priority_tag
 from freshidx.defs.runs.status import in_flight_runs
 from freshidx.defs.shared.assets import OWNERS, TAG_OUTCOME, TAG_PIPELINE, TAG_TRIGGER, code_version
+from freshidx.defs.shared.lanes import POOL_HEAVY, PRIORITY_COMPACTION, priority_tag
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.delta.compact import PIPELINE, compact_delta, needs_compaction
 from freshidx.settings import Settings

@@ -34,10 +34,10 @@ import psutil
 
 from freshidx.defs.delta.sensor import DagsterDeltaRuns, partition_observation
 from freshidx.defs.runs.health import run_facts
-from freshidx.defs.runs.lanes import PRIORITY_DELTA, priority_tag
 from freshidx.defs.runs.status import IN_FLIGHT, RUNNING
 from freshidx.defs.shared.assets import TAG_PIPELINE, TAG_TRIGGER, code_version, hourly_partitions
 from freshidx.defs.shared.io_manager import outcome_metadata, outcome_tags, publish_index_draft, refusal_unless_newer
+from freshidx.defs.shared.lanes import PRIORITY_DELTA, priority_tag
 from freshidx.defs.shared.publishing_io_manager import PublishPolicy
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.delta.build import DeltaPlan, build_delta
@@ -61,6 +61,7 @@ from freshidx.trigger.continuous import (
 )
 from freshidx.trigger.latest_only import PIPELINE, DeltaRequest, apply, plan_tick
 from freshidx.trigger.lifecycle import Decision, Mark, TriggerId
+from freshidx.trigger.listing import Ignored
 
 TAG_STOP = "freshidx/stop_requested"
 #: After a failed micro-batch the loop waits this long before the next attempt (the asset's retry delay).
@@ -155,13 +156,7 @@ def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreReso
                                           pending=plan.request is not None)
             if stop is not None:
                 break
-            if plan.ignored:  # as the sensor reports them: once per changed set
-                for i in plan.ignored[:20]:
-                    context.log.warning(f"ignored malformed partition key {i.key!r}: {i.reason}")
-                context.log_event(dg.AssetObservation(
-                    asset_key="raw_ad_updates",
-                    metadata={"ignored_keys": len(plan.ignored),
-                              "examples": dg.MetadataValue.json([i.__dict__ for i in plan.ignored[:20]])}))
+            _report_ignored(context, plan.ignored)
             applied = apply(st, plan)
             cursor = plan.cursor
             for p, meta in applied.observations:
@@ -184,6 +179,22 @@ def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreReso
             pause = FAILURE_BACKOFF_SECONDS if failed else limits.trigger_seconds
             stopper.wait(pause - (time.monotonic() - t0))
     assert stop is not None  # the loop ends only by a stop
+    _ended(context, st, state, stop)
+
+
+def _report_ignored(context: dg.OpExecutionContext, ignored: list[Ignored]) -> None:
+    """Malformed partition keys the tick's listing ignored, as the sensor reports them: once per changed set."""
+    if not ignored:
+        return
+    for i in ignored[:20]:
+        context.log.warning(f"ignored malformed partition key {i.key!r}: {i.reason}")
+    context.log_event(dg.AssetObservation(
+        asset_key="raw_ad_updates",
+        metadata={"ignored_keys": len(ignored), "examples": dg.MetadataValue.json([i.__dict__ for i in ignored[:20]])}))
+
+
+def _ended(context: dg.OpExecutionContext, st: ObjectStore, state: LoopState, stop: Stop) -> None:
+    """The loop's last heartbeat, log line and run tag: why it ended."""
     _write_heartbeat(context, st, state, utcnow(), ended=stop)
     context.log.info(f"continuous delta ends: {stop.message}; {state.batches} micro-batches, "
                      f"{state.published} published in {state.ticks} ticks")
@@ -220,7 +231,8 @@ def _stop_tag(context: dg.OpExecutionContext) -> str | None:
 
 def _run_info(context: dg.OpExecutionContext, settings: Settings, req: DeltaRequest,
               policy: PublishPolicy) -> dict[str, Any]:
-    """The draft's run record, as ``delta_index`` writes it (``assets._run_info``), for this micro-batch."""
+    """The draft's run record, as ``delta_index`` writes it (:func:`freshidx.defs.shared.assets.run_info`),
+    for this micro-batch."""
     return {
         "run_id": context.run_id, "trigger": TRIGGER, "run_key": req.run_key, "attempt": str(req.attempt),
         "sensor": context.run.tags.get("dagster/sensor_name"), "schedule": None, "code_version": code_version(),

@@ -16,6 +16,7 @@ import json
 
 import dagster as dg
 
+from freshidx.defs.delta.assets import delta_index_job
 from freshidx.defs.runs.health import failure_reason
 from freshidx.defs.runs.status import IN_FLIGHT, UNSUCCESSFUL, in_flight_runs, run_for_key
 from freshidx.defs.shared.assets import (
@@ -25,7 +26,6 @@ from freshidx.defs.shared.assets import (
     TAG_PIPELINE,
     TAG_SKIPPED,
     TAG_TRIGGER,
-    delta_index_job,
 )
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.publish.commit import utcnow

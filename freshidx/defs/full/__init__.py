@@ -1,1 +1,1 @@
-"""Dagster wiring of the full index: its job and schedule."""
+"""Dagster wiring of the full index: its asset, job and schedule."""

@@ -1,1 +1,1 @@
-"""Runs: status vocabulary, pools and priorities, the run-health sensor."""
+"""Runs: status vocabulary and the run-health sensor (pools and priorities: :mod:`freshidx.defs.shared.lanes`)."""

@@ -1,1 +1,2 @@
-"""What every pipeline's definitions share: resources, the publishing IO managers, the index assets' common parts."""
+"""What every pipeline's definitions share: resources, the publishing IO managers, pools and priorities, the
+index assets' common parts."""

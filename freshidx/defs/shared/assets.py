@@ -1,14 +1,16 @@
-"""Software-defined assets: the raw upstream source and the index assets.
+"""What the index assets share: the raw upstream source, tags, launchpad values, "nothing new", run info.
 
-Two rules every index asset follows, so the UI tells the truth:
+The index assets themselves are their pipelines' (``delta_index``: :mod:`freshidx.defs.delta.assets`,
+``full_index``: :mod:`freshidx.defs.full.assets`). Two rules every index asset follows, so the UI tells
+the truth:
 
 * Launchpad values are validated before anything is built (:func:`resolve_partition`): a partition
   that does not parse, is in the future or is not visible in the store fails the run once, without
   step retries, with the reason as the failure's headline; nothing is built and no pointer moves.
 * A run that publishes nothing records no materialization: the asset compares its draft with what is
   serving (the one rule, :func:`freshidx.publish.commit.compare_to_serving`) *before* yielding its optional
-  output. Not newer → no output (so no materialization, the IO manager is never called), an
-  ``AssetObservation`` "nothing new: …" on the asset, the run tag ``freshidx/outcome`` and the
+  output (:func:`output_if_newer`). Not newer → no output (so no materialization, the IO manager is never
+  called), an ``AssetObservation`` "nothing new: …" on the asset, the run tag ``freshidx/outcome`` and the
   refusal recorded in the store, and the run stays green (it did what was asked: nothing to do).
 """
 # No `from __future__ import annotations` here: Dagster inspects these annotations at definition time.
@@ -17,32 +19,19 @@ import datetime as dt
 from collections.abc import Iterator
 
 import dagster as dg
-from pydantic import Field
 
-from freshidx.defs.runs.lanes import POOL_DELTA, POOL_HEAVY, PRIORITY_DELTA, PRIORITY_FULL, priority_tag
+from freshidx.defs.shared.io_manager import TAG_OUTCOME as TAG_OUTCOME  # re-exported: the assets set it
 from freshidx.defs.shared.io_manager import (  # TAG_SKIPPED re-exported: the sensors set it
-    TAG_OUTCOME,
     TAG_SKIPPED,
     outcome_metadata,
     outcome_tags,
     refusal_unless_newer,
 )
-from freshidx.defs.shared.publishing_io_manager import PublishPolicy
-from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
-from freshidx.delta.build import DeltaPlan, build_delta
-from freshidx.publish.commit import (
-    DraftManifest,
-    compare_to_serving,
-    iso,
-    read_pointer,
-    utcnow,
-)
+from freshidx.publish.commit import DraftManifest, iso, utcnow
 from freshidx.settings import Settings
 from freshidx.store import ObjectStore, layout
 from freshidx.store.partitions import PartitionError, PartitionId
 from freshidx.trigger import ledger
-from freshidx.trigger.latest_only import PIPELINE as DELTA_PIPELINE
-from freshidx.trigger.lifecycle import Decision, Mark, TriggerId, decision_for
 from freshidx.trigger.listing import newest_partition
 
 OWNERS = ["team:freshidx"]
@@ -87,37 +76,10 @@ PARTITION_FORMS_TEXT = (
     "year=2026/month=11/day=24/hour=02, meaning the newest visible partition of that hour (UTC)"
 )
 
-_PARTITION_HELP = (
+PARTITION_HELP = (
     "Accepted: " + PARTITION_FORMS_TEXT + ". The partition must already be visible in the store "
     "(at least one data file) and not in the future; anything else fails the run before it builds."
 )
-
-
-class DeltaIndexConfig(dg.Config):
-    source_partition: str | None = Field(
-        default=None,
-        description=(
-            "Trigger partition P: the delta covers (P - window, P]. Leave empty (null) for the newest "
-            "visible partition, which is what the sensor does. " + _PARTITION_HELP
-            + " Example: source_partition: 20261124T0213"
-        ),
-    )
-    force: bool = Field(
-        default=False,
-        description=(
-            "Publish even if the document count collapsed versus the serving version (the gate's "
-            "max-drop guard). Never overrides monotonicity: a partition not newer than the serving "
-            "one is still refused. Example: force: true"
-        ),
-    )
-    rebuild: bool = Field(
-        default=False,
-        description=(
-            "Rebuild the delta from the whole window (P - window, P] as one segment instead of appending "
-            "a segment of what is new since the serving delta (use it after repairing raw data in place). "
-            "Example: rebuild: true"
-        ),
-    )
 
 
 # What every published index asset shares: the publishing IO manager and where it sits in the UI.
@@ -130,67 +92,6 @@ INDEX_ASSET: dict = {
 }
 
 
-@dg.asset(
-    name="delta_index",
-    description=(
-        "Delta index: every change after the full index's cutoff, up to trigger partition P (at most the "
-        "window). Each run appends one segment: the products its new partitions touched, with a kill-list "
-        "that hides their older copies (a window rebuild when there is nothing to append to). Built on "
-        "Spark executors, staged under a fresh version and published by compare-and-swap of "
-        "indexes/delta/CURRENT (the pointer is also the watermark). A publish that is not newer than what "
-        "is serving is refused and recorded."
-    ),
-    **INDEX_ASSET,
-    tags={"freshidx/lane": "delta"},
-    pool=POOL_DELTA,  # one delta build at a time, however it is launched (freshidx.defs.runs.lanes)
-    # Transient failures (e.g. the Connect server restarting) are retried inside the run; config
-    # refusals and the validation gate raise a non-retriable Failure.
-    retry_policy=dg.RetryPolicy(max_retries=2, delay=10),
-    # Not yielded when there is nothing new to publish: no materialization is recorded then.
-    output_required=False,
-)
-def delta_index(
-    context: dg.AssetExecutionContext,
-    config: DeltaIndexConfig,
-    store: ObjectStoreResource,
-    spark: SparkResource,
-    freshidx: FreshidxSettings,
-) -> Iterator[dg.Output[DraftManifest]]:
-    settings = freshidx.settings(store.uri, store.endpoint_url)
-    st = store.open()
-    pointer, _ = read_pointer(st, "delta")
-    # The sensor's value comes from the listing: a visible partition that upstream labelled ahead of our
-    # clock (skew, or a test writing minutes faster than real time) is data, not a typo. Values typed
-    # in the launchpad are also checked against the clock.
-    from_listing = context.run.tags.get(TAG_TRIGGER) == "sensor"
-    partition = resolve_partition(st, settings, config.source_partition, "source_partition", store.uri,
-                                  allow_future=from_listing)
-    watermark = PartitionId.parse(pointer.source_partition) if pointer and pointer.source_partition else None
-    policy = PublishPolicy(max_drop_fraction=settings.delta_max_drop_fraction, force=config.force)
-    run_info = {**_run_info(context, settings), **policy.run_record()}
-    attempt = context.run.tags.get(TAG_ATTEMPT)
-    if attempt and context.run.tags.get(TAG_PARTITION) == partition.path:
-        # Link the accepted trigger (P.aN, written by the sensor) to the run that executes it.
-        ledger.record_partition(
-            st, "delta", partition, Decision.STARTED, "run started for accepted trigger",
-            tid=TriggerId(partition.compact).claim(int(attempt)).then(Mark.RUN), run_id=context.run_id,
-            run_key=context.run.tags.get("dagster/run_key"), attempt=int(attempt))
-    if watermark is not None and partition <= watermark:
-        # Whatever it would contain, a delta for P is not newer than the serving one: say so without
-        # paying for a Spark build (UI "Materialize" with nothing new lands here).
-        _nothing_new_before_build(context, st, partition)
-        return
-    context.log.info(f"building delta for {partition.path} (watermark {watermark.path if watermark else None})")
-    with spark.session(keep_as=DELTA_PIPELINE) as session:
-        draft = build_delta(
-            session, st, store.store_config(), settings,
-            DeltaPlan(partition=partition, watermark=watermark, run_id=context.run_id, run_info=run_info,
-                      force_rebuild=config.rebuild),
-            on_stage=lambda name, s: context.log.info(f"{name}: {s:.2f}s"),
-        )
-    yield from _output_if_newer(context, st, draft)
-
-
 def code_version() -> str:
     """The installed freshidx version ("unknown" when the package metadata is missing)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -199,74 +100,6 @@ def code_version() -> str:
         return version("freshidx")
     except PackageNotFoundError:
         return "unknown"
-
-
-class FullIndexConfig(dg.Config):
-    cutoff_partition: str | None = Field(
-        default=None,
-        description=(
-            "Cutoff C: the full index holds every raw partition up to and including C. Leave empty "
-            "(null) for the newest visible partition, which is what the schedule does. " + _PARTITION_HELP
-            + " Example: cutoff_partition: year=2026/month=11/day=24/hour=02/minute=13"
-        ),
-    )
-    force: bool = Field(
-        default=False,
-        description=(
-            "Publish even if the document count collapsed versus the serving version (the gate's "
-            "max-drop guard). Never overrides monotonicity: an older cutoff is still refused. "
-            "Example: force: true"
-        ),
-    )
-    from_raw: bool = Field(
-        default=False,
-        description=(
-            "Read every raw partition up to the cutoff again instead of laying the delta's segments over "
-            "the serving full version (what every FRESHIDX_FULL_RAW_EVERY-th build does anyway). "
-            "Example: from_raw: true"
-        ),
-    )
-
-
-@dg.asset(
-    name="full_index",
-    description=(
-        "Full index up to a cutoff (latest version per ad): the serving full version with the delta's "
-        "segments laid over it, one Spark task per product bucket, or, when they do not hold every raw "
-        "file up to the cutoff (and every FRESHIDX_FULL_RAW_EVERY-th build), every raw partition read "
-        "again. The safety net that makes latest-only delta skipping acceptable. Published by "
-        "compare-and-swap of indexes/full/CURRENT with the cutoff in the pointer; an older cutoff never "
-        "replaces a newer one."
-    ),
-    **INDEX_ASSET,
-    tags={"freshidx/lane": "full"},
-    pool=POOL_HEAVY,  # one heavy build at a time beside the delta (freshidx.defs.runs.lanes)
-    retry_policy=dg.RetryPolicy(max_retries=2, delay=30),
-    output_required=False,  # see delta_index
-)
-def full_index(
-    context: dg.AssetExecutionContext,
-    config: FullIndexConfig,
-    store: ObjectStoreResource,
-    spark: SparkResource,
-    freshidx: FreshidxSettings,
-) -> Iterator[dg.Output[DraftManifest]]:
-    from freshidx.full.build import INDEX as FULL_INDEX
-    from freshidx.full.build import build_full
-
-    settings = freshidx.settings(store.uri, store.endpoint_url)
-    st = store.open()
-    cutoff = resolve_partition(st, settings, config.cutoff_partition, "cutoff_partition", store.uri)
-    context.log.info(f"building full index up to {cutoff.path}")
-    policy = PublishPolicy(max_drop_fraction=settings.full_max_drop_fraction, force=config.force)
-    run_info = {**_run_info(context, settings), **policy.run_record()}
-    # No pre-build shortcut here: the same cutoff can be newer (late partitions), which only the
-    # built draft's inputs can tell.
-    with spark.session(keep_as=FULL_INDEX) as session:
-        draft = build_full(session, st, store.store_config(), settings, cutoff=cutoff, run_id=context.run_id,
-                           run_info=run_info, force_raw=config.from_raw,
-                           cutoff_configured=bool((config.cutoff_partition or "").strip()))
-    yield from _output_if_newer(context, st, draft)
 
 
 # ------------------------------------------------------------------------------ launchpad values
@@ -353,8 +186,8 @@ def _newest_hint(st: ObjectStore, source: str) -> str:
 # ------------------------------------------------------------------------------ nothing new
 
 
-def _output_if_newer(context: dg.AssetExecutionContext, st: ObjectStore, draft: DraftManifest
-                     ) -> Iterator[dg.Output[DraftManifest]]:
+def output_if_newer(context: dg.AssetExecutionContext, st: ObjectStore, draft: DraftManifest
+                    ) -> Iterator[dg.Output[DraftManifest]]:
     """Yield the draft for the publishing IO manager only if it is newer than what is serving.
 
     The IO manager compares again inside its compare-and-swap loop (a publisher may win meanwhile);
@@ -366,31 +199,13 @@ def _output_if_newer(context: dg.AssetExecutionContext, st: ObjectStore, draft: 
         yield dg.Output(draft)
         return
     skipped = context.run.tags.get(TAG_SKIPPED)
-    _report_nothing_new(context, draft.index, result.reason, outcome_tags(draft, result),
-                        outcome_metadata(st, draft, result, skipped=skipped, manifest_written=False))
+    report_nothing_new(context, draft.index, result.reason, outcome_tags(draft, result),
+                       outcome_metadata(st, draft, result, skipped=skipped, manifest_written=False))
 
 
-def _nothing_new_before_build(context: dg.AssetExecutionContext, st: ObjectStore, partition: PartitionId) -> None:
-    """The delta for ``partition`` is not newer than the serving one: decided by the one rule on a
-    draft that was never built (position is all :func:`compare_to_serving` reads for the delta)."""
-    current, _ = read_pointer(st, "delta")
-    probe = DraftManifest(index="delta", version="not-built", position=iso(partition.at), run_id=context.run_id,
-                          shards=[], doc_count=0, num_shards=0, source_partition=partition.path)
-    verdict, why = compare_to_serving(st, probe, current)
-    if verdict == "newer":  # pragma: no cover - the caller checked partition <= watermark
-        raise dg.Failure(description=f"internal: {partition.path} is newer than the pointer", allow_retries=False)
-    ledger.record_partition(st, "delta", partition, decision_for(verdict), f"{why} (not built)",
-                            tid=TriggerId(partition.compact).by_run(Mark.REFUSED, context.run_id),
-                            run_id=context.run_id, extra={"outcome": verdict})
-    tags = {TAG_OUTCOME: verdict, "freshidx/source_partition": partition.path}
-    meta = {"outcome": verdict, "reason": why, "source_partition": partition.path,
-            "serving_version": current.version if current else "none",
-            "trigger": _run_info_trigger(context)}
-    _report_nothing_new(context, "delta", f"{why} (not built)", tags, meta)
-
-
-def _report_nothing_new(context: dg.AssetExecutionContext, index: str, why: str, tags: dict[str, str],
-                        meta: dict) -> None:
+def report_nothing_new(context: dg.AssetExecutionContext, index: str, why: str, tags: dict[str, str],
+                       meta: dict) -> None:
+    """An ``AssetObservation`` "nothing new: …" on the asset and the outcome's run tags (no materialization)."""
     headline = f"nothing new: {index} not published: {why}"
     context.instance.add_run_tags(context.run_id, tags)
     # An observation, not a materialization: the asset page keeps the serving version as the
@@ -399,17 +214,19 @@ def _report_nothing_new(context: dg.AssetExecutionContext, index: str, why: str,
     context.log.warning(headline)
 
 
-def _run_info_trigger(context: dg.AssetExecutionContext) -> str:
+def run_info_trigger(context: dg.AssetExecutionContext) -> str:
+    """What launched the run: its trigger tag, else a backfill, the schedule or a manual launch."""
     tags = context.run.tags
     return tags.get(TAG_TRIGGER, "backfill" if "dagster/backfill" in tags else
                     "schedule" if "dagster/schedule_name" in tags else "manual")
 
 
-def _run_info(context: dg.AssetExecutionContext, settings: Settings) -> dict:
+def run_info(context: dg.AssetExecutionContext, settings: Settings) -> dict:
+    """The draft's run record: which run built it, why it exists, with which code and settings."""
     tags = context.run.tags
     return {
         "run_id": context.run_id,
-        "trigger": _run_info_trigger(context),
+        "trigger": run_info_trigger(context),
         "run_key": tags.get("dagster/run_key"),
         "attempt": tags.get(TAG_ATTEMPT),
         "sensor": tags.get("dagster/sensor_name"),
@@ -419,24 +236,3 @@ def _run_info(context: dg.AssetExecutionContext, settings: Settings) -> dict:
                      "full_shards": settings.full_shards, "source": settings.source},
     }
 
-
-#: The jobs the sensors, the schedule and the SLA remediation launch (and the UI can): their tags give the
-#: runs their pipeline and their place in the queue.
-delta_index_job = dg.define_asset_job(
-    "delta_index_job", selection=[delta_index], tags={TAG_PIPELINE: DELTA_PIPELINE, **priority_tag(PRIORITY_DELTA)},
-    description="Builds and publishes delta_index (what delta_index_sensor launches).")
-full_index_job = dg.define_asset_job(
-    "full_index_job", selection=[full_index], tags={TAG_PIPELINE: "full", **priority_tag(PRIORITY_FULL)},
-    description="Builds and publishes full_index (what full_index_schedule and the SLA remediation launch).")
-
-
-def full_index_schedule(settings: Settings) -> dg.ScheduleDefinition:
-    return dg.ScheduleDefinition(
-        name="full_index_schedule",
-        job=full_index_job,
-        cron_schedule=f"7 */{settings.full_every_hours} * * *",
-        execution_timezone="UTC",
-        default_status=dg.DefaultScheduleStatus.RUNNING,
-        description=f"Full rebuild every {settings.full_every_hours} h (minute 7, off the hour's burst).",
-        tags={TAG_TRIGGER: "schedule"},
-    )

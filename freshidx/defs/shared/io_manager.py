@@ -156,6 +156,25 @@ def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResu
         "publish_seconds": dg.MetadataValue.float(round(result.seconds, 3)),
         "cas_attempts": dg.MetadataValue.int(result.cas_attempts),
     }
+    meta.update(_delta_metadata(obj))
+    meta.update(_full_metadata(obj))
+    if result.pointer is not None:
+        meta["serving_version"] = result.pointer.version
+    # The run manifest: what this run owned and why it exists.
+    meta["trigger"] = obj.trigger or "manual"
+    if obj.run_key:
+        meta["trigger_id"] = obj.run_key
+    if manifest_written:
+        meta["manifest"] = dg.MetadataValue.path(f"{store.uri}/{layout.manifest_key(obj.index, obj.version)}")
+    meta["code_version"] = obj.code_version
+    if skipped is not None:
+        meta["skipped_partitions"] = dg.MetadataValue.int(int(skipped))
+    return meta
+
+
+def _delta_metadata(obj: DraftManifest) -> dict[str, Any]:
+    """A delta version's own entries: its partition, window and lag, and how its segment was built."""
+    meta: dict[str, Any] = {}
     if obj.source_partition:
         meta["source_partition"] = obj.source_partition
         meta["window"] = f"({obj.window_start}, {obj.window_end}]"
@@ -172,6 +191,12 @@ def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResu
         meta.update({f"step_{k}": dg.MetadataValue.float(round(float(v), 3)) for k, v in obj.stats.items()
                      if k.endswith("_seconds") and k not in ("build_seconds", "total_build_seconds")
                      and isinstance(v, int | float)})
+    return meta
+
+
+def _full_metadata(obj: DraftManifest) -> dict[str, Any]:
+    """A full version's own entries: its cutoff and that cutoff's age, and how it was built."""
+    meta: dict[str, Any] = {}
     if obj.cutoff:
         meta["cutoff"] = obj.cutoff
         if obj.build:  # a full version: from state (segments over the serving full) or raw
@@ -182,17 +207,6 @@ def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResu
         meta["cutoff_age_seconds"] = dg.MetadataValue.float(
             round((utcnow() - parse_iso(obj.cutoff)).total_seconds(), 3)
         )
-    if result.pointer is not None:
-        meta["serving_version"] = result.pointer.version
-    # The run manifest: what this run owned and why it exists.
-    meta["trigger"] = obj.trigger or "manual"
-    if obj.run_key:
-        meta["trigger_id"] = obj.run_key
-    if manifest_written:
-        meta["manifest"] = dg.MetadataValue.path(f"{store.uri}/{layout.manifest_key(obj.index, obj.version)}")
-    meta["code_version"] = obj.code_version
-    if skipped is not None:
-        meta["skipped_partitions"] = dg.MetadataValue.int(int(skipped))
     return meta
 
 

@@ -18,8 +18,9 @@ import json
 import dagster as dg
 from dagster import DagsterRunStatus, RunsFilter
 
+from freshidx.defs.full.assets import full_index_job
 from freshidx.defs.runs.status import ENDED, IN_FLIGHT
-from freshidx.defs.shared.assets import TAG_PIPELINE, TAG_TRIGGER, full_index_job
+from freshidx.defs.shared.assets import TAG_PIPELINE, TAG_TRIGGER
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.publish.commit import iso, utcnow
 from freshidx.settings import Settings
@@ -218,7 +219,7 @@ def _remediation(context: dg.SensorEvaluationContext, st, observed: sla.Observed
                      extra={"at": iso(now)}),
     ):
         return [], f"{run_key} already launched"
-    # full_index_job: the heavy pool, and before catch-up in the queue (freshidx.defs.runs.lanes): a coverage
+    # full_index_job: the heavy pool, and before catch-up in the queue (freshidx.defs.shared.lanes): a coverage
     # gap hides documents from readers, a catch-up backlog does not.
     return [dg.RunRequest(run_key=run_key, asset_selection=[FULL_KEY],
                           tags={TAG_TRIGGER: "sla_remediation", TAG_REMEDIATION: of})], None
