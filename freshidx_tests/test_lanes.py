@@ -8,6 +8,7 @@ behaviour under these limits is freshidx_tests/test_limits_e2e.py.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +23,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from freshidx.definitions import build_definitions
 
     store = tmp_path_factory.mktemp("store")
-    return build_definitions(Settings.from_env({}, store=f"file://{store}")).get_repository_def()
+    # Loading a repository resolves the current instance (defs state): give it one of its own.
+    with dg.instance_for_test():
+        yield build_definitions(Settings.from_env({}, store=f"file://{store}")).get_repository_def()
 
 
 @pytest.mark.parametrize(("asset", "pool"), [

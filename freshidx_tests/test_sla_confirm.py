@@ -12,6 +12,7 @@ import datetime as dt
 from typing import Any
 
 import dagster as dg
+import pytest
 
 from freshidx.publish.commit import Pointer, iso, utcnow
 from freshidx.settings import Settings
@@ -36,7 +37,7 @@ def _observed(newest: PartitionId | None, delta: PartitionId | None, waiting: bo
 
 def test_quiet_upstream_is_confirmed_after_half_the_warn_window() -> None:
     o = _observed(at(5), at(5))
-    assert sla.still_current(o, SETTINGS, None) is not None  # never materialized in this instance
+    assert sla.still_current(o, SETTINGS, None) is None  # never materialized: not red, nothing to confirm
     assert sla.still_current(o, SETTINGS, NOW - dt.timedelta(seconds=299)) is None
     why = sla.still_current(o, SETTINGS, NOW - dt.timedelta(seconds=300))
     assert why is not None and at(5).path in why and "unchanged" in why
@@ -60,14 +61,22 @@ def _confirmations(result: Any) -> list[dg.AssetMaterialization]:
     return [e for e in result.asset_events if isinstance(e, dg.AssetMaterialization)]
 
 
-def test_the_sla_sensor_confirms_once_then_waits(make_harness: Any) -> None:
+def test_the_sla_sensor_confirms_once_then_waits(make_harness: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from freshidx.defs.sla import checks as sla_defs
+
     h = make_harness(lag_warn_seconds=600, lag_fail_seconds=1800)
     h.write(0)
     _point_at(h.store, at(0))
+    assert not _confirmations(h.tick("freshidx_sla_sensor"))  # never materialized: nothing to confirm
+    h.instance.report_runless_asset_event(dg.AssetMaterialization("delta_index"))  # what a publication records
+    assert not _confirmations(h.tick("freshidx_sla_sensor"))  # recent
+    later = utcnow() + dt.timedelta(seconds=301)  # the sensor's clock, half the warn window on
+    monkeypatch.setattr(sla_defs, "utcnow", lambda: later)
     (mat,) = _confirmations(h.tick("freshidx_sla_sensor"))
     assert mat.asset_key == dg.AssetKey("delta_index")
     assert mat.metadata["confirmed_current"].value is True and mat.tags["dagster/data_version"] == f"v{at(0).compact}"
     h.instance.report_runless_asset_event(mat)  # what the daemon stores from the tick
+    monkeypatch.setattr(sla_defs, "utcnow", utcnow)  # the clock of the stored confirmation again
     assert not _confirmations(h.tick("freshidx_sla_sensor"))  # the last materialization is recent now
     policy = h.defs.get_repository_def().asset_graph.get(dg.AssetKey("delta_index")).freshness_policy
     assert policy is not None  # the policy this keeps honest is attached to the asset itself

@@ -255,14 +255,16 @@ def still_current(o: Observed, s: Settings, last_materialized: dt.datetime | Non
     would turn it red although nothing is missing. When the delta covers the newest visible partition and
     its last materialization is older than half the warn window, the SLA sensor records a materialization
     with the same version (an unchanged data version): the policy then measures "behind data that
-    exists", the meaning the README gives it.
+    exists", the meaning the README gives it. Never before a first materialization: the policy is not
+    red then (Dagster shows the asset as never materialized), and a confirmation would be the asset's only
+    materialization, with nothing built.
     """
-    if o.delta is None or o.newest is None or o.waiting_since is not None:
+    if last_materialized is None or o.delta is None or o.newest is None or o.waiting_since is not None:
         return None
     covered = _delta_partition(o.delta)
     if covered is None or o.newest > covered:
         return None
-    if last_materialized is not None and (o.now - last_materialized).total_seconds() < s.lag_warn_seconds / 2:
+    if (o.now - last_materialized).total_seconds() < s.lag_warn_seconds / 2:
         return None
     return (f"unchanged: {o.delta.version} still covers the newest visible partition {o.newest.path} "
             "(no newer input)")
