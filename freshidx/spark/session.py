@@ -77,9 +77,6 @@ LOCAL_TUNING: dict[str, str] = {
 #: A local session's defaults (``spark_config`` overrides them).
 LOCAL_DEFAULTS: dict[str, str] = {**REQUIRED_CONF, **LOOPBACK_DRIVER, **LOCAL_TUNING}
 
-#: Runtime (session) confs that a Connect client sets; the server owns everything else.
-CONNECT_DEFAULTS: dict[str, str] = dict(REQUIRED_CONF)
-
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -183,7 +180,8 @@ def build_connect_session(
     if ship_code:
         ship_package_by_value()
     builder: Any = SparkSession.builder.remote(remote)
-    for key, value in {**CONNECT_DEFAULTS, **(conf or {})}.items():
+    # A Connect client sets only runtime (session) confs: REQUIRED_CONF; the server owns everything else.
+    for key, value in {**REQUIRED_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
     # create(), not getOrCreate(): a new session every time (a cached one may belong to a server that
     # was restarted since), and it works beside a classic SparkSession in the same process, where

@@ -26,8 +26,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Literal
 
+from freshidx.publish.requirements import Outcome
 from freshidx.store.records import LedgerEntry
 
 #: An accepted attempt with no run after this long was lost (the daemon never created the run): the
@@ -67,8 +67,8 @@ class Decision(StrEnum):
 FINAL = frozenset({Decision.SUPERSEDED, Decision.FOLDED, Decision.PUBLISHED, Decision.REFUSED,
                    Decision.VALIDATION_FAILED})
 
-#: What :func:`freshidx.publish.commit.publish` can answer.
-PublishOutcome = Literal["published", "superseded", "unchanged", "invalid"]
+#: What :func:`freshidx.publish.commit.publish` can answer (defined once, by publication).
+PublishOutcome = Outcome
 
 #: The one mapping from a publish outcome to the ledger decision. ``publish()`` (and the refusal file)
 #: say ``superseded`` where the ledger has always said ``refused`` (a built version that lost the

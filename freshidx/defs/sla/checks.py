@@ -74,17 +74,17 @@ def _make_check(asset: str, name: str) -> dg.AssetChecksDefinition:
     return _check
 
 
-def _latest_materialization(instance: dg.DagsterInstance, asset: str) -> int | None:
-    """Storage id of the asset's latest materialization (None: never materialized, e.g. external)."""
+def _latest_materialization(instance: dg.DagsterInstance, asset: str) -> dg.EventLogRecord | None:
+    """The asset's latest materialization record (None: never materialized, e.g. external)."""
     records = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset)), limit=1)
-    return records.records[0].storage_id if records.records else None
+    return records.records[0] if records.records else None
 
 
-def _confirmation(instance: dg.DagsterInstance, observed: sla.Observed,
-                  settings: Settings) -> dg.AssetMaterialization | None:
-    """A materialization of the serving delta, unchanged, while upstream is quiet (:func:`sla.still_current`)."""
-    records = instance.fetch_materializations(DELTA_KEY, limit=1).records
-    last = dt.datetime.fromtimestamp(records[0].timestamp, dt.UTC) if records else None
+def _confirmation(observed: sla.Observed, settings: Settings,
+                  latest: dg.EventLogRecord | None) -> dg.AssetMaterialization | None:
+    """A materialization of the serving delta, unchanged, while upstream is quiet (:func:`sla.still_current`);
+    ``latest``: delta_index's latest materialization record."""
+    last = dt.datetime.fromtimestamp(latest.timestamp, dt.UTC) if latest is not None else None
     why = sla.still_current(observed, settings, last)
     if why is None or observed.delta is None:
         return None
@@ -149,7 +149,8 @@ def make_sla_sensor(interval_seconds: int, autostart: bool = True) -> dg.SensorD
         outcomes = sla.evaluate(observed, settings)
         cursor = json.loads(context.cursor) if context.cursor else {}
         states: dict = cursor.get("states", {})
-        latest = {a: _latest_materialization(context.instance, a) for a in sla.CHECK_NAMES}
+        records = {a: _latest_materialization(context.instance, a) for a in sla.CHECK_NAMES}
+        latest = {a: r.storage_id if r is not None else None for a, r in records.items()}
         check_runs = latest_check_runs(context.instance, list(sla.CHECK_NAMES))
         events: list[dg.AssetCheckEvaluation | dg.AssetMaterialization] = []
         changes: list[str] = []
@@ -175,7 +176,7 @@ def make_sla_sensor(interval_seconds: int, autostart: bool = True) -> dg.SensorD
                 states[key] = {"state": o.state, "at": now.isoformat(), "mat": latest[o.asset],
                                "run": check_runs[o.asset]}
         cursor["states"] = states
-        confirmation = _confirmation(context.instance, observed, settings)
+        confirmation = _confirmation(observed, settings, records[DELTA_KEY.to_user_string()])
         events += [confirmation] if confirmation is not None else []
 
         requests: list[dg.RunRequest] = []
