@@ -87,7 +87,7 @@ def test_keyword_fingerprints_are_equal_exactly_when_the_lists_are() -> None:
     lists = [None, [], [None], [None, None], [""], ["a"], ["a", None], [None, "a"], ["a", "b"], ["a,vb"],
              ["1:a"], ["v1:a"], ["a", ""], ["", "a"], ["é"], ["e"]]
     arr = pa.array([["pad"], *lists * 2], pa.list_(pa.string())).slice(1)  # a slice: offsets not from 0
-    prints = segment_merge._fingerprint(pa.chunked_array([arr])).to_pylist()
+    prints = segment_merge.list_fingerprint(pa.chunked_array([arr])).to_pylist()
     for i, a in enumerate(lists * 2):
         for j, b in enumerate(lists * 2):
             assert (prints[i] == prints[j]) == (a == b), (a, b, prints[i], prints[j])

@@ -117,7 +117,7 @@ def test_the_worker_cache_outlives_tasks_shipped_by_value() -> None:
 
     cloudpickle.register_pickle_by_value(freshidx)
     try:
-        payload = cloudpickle.dumps(state_lookup._merged)  # what a segment task carries
+        payload = cloudpickle.dumps(state_lookup.merged_rows)  # what a segment task carries
         tasks = [cloudpickle.loads(payload) for _ in range(2)]
     finally:
         cloudpickle.unregister_pickle_by_value(freshidx)

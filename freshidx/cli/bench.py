@@ -1,4 +1,4 @@
-"""``freshidx bench {build|query|freshness|soak}``: the benchmarks' options.
+"""``freshidx bench {build|query|delta|floor|freshness|soak}``: the benchmarks' options.
 
 The benchmarks: :mod:`freshidx.tools.bench` (build), :mod:`freshidx.tools.bench_query` (query) and
 :mod:`freshidx.tools.bench_freshness` (freshness, soak); ``python -m freshidx.tools.bench`` and
@@ -170,10 +170,20 @@ delta = LazyCommand(
     help="one micro-batch: incremental segment vs window rebuild, at several window sizes",
 )
 
+floor = LazyCommand(
+    "floor", "freshidx.tools.bench_floor:cmd_bench_floor",
+    _opt("--window-docs", type=int, default=1_000_000, help="documents in the window (default 1000000)"),
+    _opt("--changes", type=click.IntRange(min=1), default=None,
+         help="records in the measured partition (default: the window's rate, ~44,600 at 1M)"),
+    *_common("keep the store and the server's state here instead of a temp dir"),
+    help="a micro-batch's Spark build through warm Connect vs the single-process floor (pyarrow parse + "
+    "tantivy index of the same documents): floor_s, spark_s, ratio",
+)
+
 bench_group = LazyGroup(
-    "bench", [build, query, delta, freshness, soak],
-    help="benchmarks: index build throughput, query latency, incremental delta cost, end-to-end freshness, "
-         "soak (Connect server or continuous mode)",
+    "bench", [build, query, delta, floor, freshness, soak],
+    help="benchmarks: index build throughput, query latency, incremental delta cost, the micro-batch against "
+         "its single-process floor, end-to-end freshness, soak (Connect server or continuous mode)",
 )
 #: ``python -m freshidx.tools.bench_freshness``: the two end-to-end benchmarks alone.
 freshness_group = LazyGroup(

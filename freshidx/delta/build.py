@@ -21,7 +21,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from freshidx.delta import segments, serving_state
-from freshidx.delta.executor.state_lookup import StateLayer, segment_shards
+from freshidx.delta.executor import one_pass
+from freshidx.delta.executor.state_lookup import StateLayer
 from freshidx.delta.segments import BuildKind, FullBase, Segment
 from freshidx.publish.commit import (
     DraftManifest,
@@ -171,7 +172,7 @@ def _draft(settings: Settings, plan: DeltaPlan, batch: _Batch, version: str, res
                "total_build_seconds": round(list_seconds + build_seconds, 3),
                "files_read": len(file_list), "bytes_read": batch.input_bytes, "segments": len(all_segments),
                **{f"{k}_seconds": v for k, v in result.stages.items()},
-               **{f"task_{k}_seconds": v for k, v in _slowest_task(result.commits).items()}},
+               **_step_seconds(_slowest_task(result.commits))},
         run=_run_record(plan.run_info, mb.kind),
     )
 
@@ -203,9 +204,14 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
            version: str, file_list: list[tuple[str, str]], known: list[StateLayer] | None, num_shards: int,
            ) -> tuple[BuildResult, float]:
     """The Spark part: read what is known (the full version, then the kept segments; ``None``: no full version
-    yet), build and stage the segment (``num_shards`` shards). Returns (result, state seconds); the state is
-    read inside the build (once the batch is known) or, for a rebuild, before it."""
-    state = _StateRead(spark, store_config, kind, known, version, num_shards, settings.delta_state_cache_mb * 2**20)
+    yet), build and stage the segment (``num_shards`` shards). Returns (result, seconds spent reading the
+    state before the build: a rebuild's only; an incremental micro-batch reads it inside its one pass)."""
+    if kind is BuildKind.INCREMENTAL and known is not None:
+        return one_pass.build_segment(
+            spark, store_config, known, file_list, index=INDEX, version=version, num_shards=num_shards,
+            source=settings.source, run_id=run_id, cache_bytes=settings.delta_state_cache_mb * 2**20,
+            max_future_skew_seconds=settings.max_future_skew_seconds), 0.0
+    state = _RebuildState(spark, store_config, known)
     try:
         result = build_version(
             spark, store_config, index=INDEX, version=version, files=file_list, num_shards=num_shards,
@@ -213,7 +219,7 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
             # Every file read not quarantined yet, late ones included (files an earlier build quarantined
             # have a done marker: freshidx.spark.quarantine_once).
             quarantine_after=None,
-            write_shards=state.writer() if known is not None else None,
+            write_shards=state.writer(version, num_shards) if known is not None else None,
             # A few files per task: one Python task per 5-minute file costs more in task start-up than
             # in reading (60 files in a 5 h window).
             max_read_tasks=READ_TASKS,
@@ -224,41 +230,27 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
     return result, state.seconds
 
 
-class _StateRead:
-    """What is known before this micro-batch (the full version's and kept segments' ``docs`` and
-    ``covered`` files), and how the rows read become the new segment's shards.
+class _RebuildState:
+    """A window rebuild's view of what is known (the full version's and kept segments' ``docs`` and
+    ``covered`` files): read whole before the build (the window is read whole anyway) and checkpointed.
+    One task reads all the files: a Python task that starts a new worker costs more than reading."""
 
-    Incremental: the state rows the batch needs are read, merged with the batch and written in one
-    executor task once the batch is known (:func:`freshidx.delta.executor.state_lookup.segment_shards`; its time
-    is part of the ``index`` step). Rebuild: everything, read before the build (the window is read whole
-    anyway) and checkpointed. One task reads all the files: a Python task that starts a new worker costs
-    ~0.4 s (fork + imports) on this box, more than reading.
-    """
-
-    def __init__(self, spark: SparkSession, store_config: StoreConfig, kind: BuildKind,
-                 known: list[StateLayer] | None, version: str, num_shards: int, cache_bytes: int) -> None:
-        self.spark, self.store_config, self.kind, self.known = spark, store_config, kind, known
-        self.version, self.num_shards, self.cache_bytes = version, num_shards, cache_bytes
+    def __init__(self, spark: SparkSession, store_config: StoreConfig, known: list[StateLayer] | None) -> None:
+        self.store_config = store_config
         self.seconds = 0.0
         self.frame: DataFrame | None = None
-        if known is not None and kind is BuildKind.REBUILD:
+        if known is not None:
             t0 = time.monotonic()
             shards = {"shards": [sh for layer in known for sh in layer.shards]}
             self.frame = read_version_state(spark, store_config, shards, max_tasks=1).localCheckpoint(eager=True)
             self.seconds = round(time.monotonic() - t0, 3)
 
-    def writer(self) -> Callable[[DataFrame], list[ShardCommit]]:
-        """How the valid records read become the segment's staged shards."""
-        if self.kind is BuildKind.INCREMENTAL:
-            assert self.known is not None
-            layers = self.known
-            return lambda valid: segment_shards(self.spark, self.store_config, layers, valid, index=INDEX,
-                                                version=self.version, num_shards=self.num_shards,
-                                                state_cache_bytes=self.cache_bytes)
+    def writer(self, version: str, num_shards: int) -> Callable[[DataFrame], list[ShardCommit]]:
+        """How the valid records read become the rebuild's staged shards."""
         assert self.frame is not None
         frame = self.frame
         return lambda valid: write_index_shards(transform.expand_to_products(transform.latest_per_ad(valid), frame),
-                                                self.store_config, INDEX, self.version, self.num_shards)
+                                                self.store_config, INDEX, version, num_shards)
 
     def release(self) -> None:
         if self.frame is not None:
@@ -278,6 +270,15 @@ def _slowest_task(commits: list[ShardCommit]) -> dict[str, float]:
     for c in commits:
         for k, v in c.seconds.items():
             out[k] = max(out.get(k, 0.0), v)
+    return out
+
+
+def _step_seconds(slowest: dict[str, float]) -> dict[str, float]:
+    """The manifest's seconds per step: each task timer's slowest (``task_<timer>_seconds``) and, for a
+    one-pass micro-batch, the named steps (``parse_seconds`` … ``upload_seconds``, :data:`one_pass.STEPS`)."""
+    out = {f"task_{k}_seconds": v for k, v in slowest.items()}
+    if "batch" in slowest and "state" in slowest:
+        out |= {f"{step}_seconds": slowest.get(timer, 0.0) for step, timer in one_pass.STEPS.items()}
     return out
 
 

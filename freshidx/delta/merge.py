@@ -40,7 +40,7 @@ def _spark_key(value: Any) -> tuple[Any, ...]:
     return (1, value)
 
 
-def _fingerprint(lists: pa.ChunkedArray) -> pa.Array:
+def list_fingerprint(lists: pa.ChunkedArray) -> pa.Array:
     """One string per list that is equal exactly when the lists are (null list: null). Each element is
     written with its length, so no element's content can imitate a separator."""
     arr = lists.combine_chunks()
@@ -81,7 +81,7 @@ def latest_per_ad(table: pa.Table) -> pa.Table:
 def _latest_of_repeated(table: pa.Table) -> pa.Table:
     # Exact duplicates are common (a segment re-emits its touched products' untouched ads, so one row
     # sits in several state files): sorted next to each other and dropped first, vectorized.
-    keywords = _fingerprint(table.column("keywords"))
+    keywords = list_fingerprint(table.column("keywords"))
     table = table.append_column("_kw", keywords)
     # Descending with nulls last: null is the smallest value, as in Spark.
     keys = [("ad_id", "ascending", "at_end"), *((c, "descending", "at_end") for c in _SORTED),

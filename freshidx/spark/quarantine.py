@@ -173,3 +173,16 @@ def write_quarantine(
     ).collect()
     commits = [QuarantineCommit.from_dict(json.loads(r["commit"])) for r in rows]
     return sorted(commits, key=lambda c: (c.partition, c.key))
+
+
+def quarantine_in_task(store_json: str, source: str, run_id: str, invalid: pa.Table) -> list[QuarantineCommit]:
+    """What :func:`write_quarantine` with ``once=True`` writes, from inside the Spark task that holds
+    ``invalid`` (:data:`INVALID_COLUMNS` and the extra columns) already: no job of its own. Files named by
+    the task's partition and attempt, like the job's single-task form."""
+    if invalid.num_rows == 0:
+        return []
+    ordered = invalid.sort_by([("partition", "ascending"), ("file", "ascending"), ("line", "ascending")])
+    run = _quarantine_task(store_json, source, run_id, once=True)
+    commits = [QuarantineCommit.from_dict(json.loads(text))
+               for batch in run(iter(ordered.to_batches())) for text in batch.column("commit").to_pylist()]
+    return sorted(commits, key=lambda c: (c.partition, c.key))

@@ -340,3 +340,25 @@ def _read_groups_task(store_json: str) -> Callable[[Iterator[pa.RecordBatch]], I
                     yield from read_object_lines(fs, config.arrow_path(key), key, partition_path)
 
     return run
+
+
+def read_in_every_task(spark: SparkSession, store_config: StoreConfig, files: list[tuple[str, str]],
+                       tasks: int) -> DataFrame:
+    """Raw lines of *all* ``files`` in each of ``tasks`` tasks (partition i of the result is task i's
+    copy): for a job whose every task needs the whole input and that must not shuffle it. The tasks
+    come from ``spark.range`` with one row per partition, so no exchange separates the read from what
+    follows it: read, parse and whatever consumes them run as one stage."""
+    tasks_df = spark.range(0, tasks, 1, tasks)
+    return tasks_df.mapInArrow(_read_all_task(store_to_json(store_config), json.dumps(files)), RAW_LINES_SCHEMA)
+
+
+def _read_all_task(store_json: str, files_json: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for _ in batches:  # the task's one row: it says only that this task exists
+            pass
+        config = store_from_json(store_json)
+        fs = config.arrow_fs()
+        for key, partition_path in json.loads(files_json):
+            yield from read_object_lines(fs, config.arrow_path(key), key, partition_path)
+
+    return run

@@ -85,6 +85,13 @@ class ShardCommit:
     #: Where the task's time went (e.g. ``state``, ``merge``, ``index``, ``upload``), for the manifest's
     #: stats; not part of what the commit is.
     seconds: dict[str, float] = dataclasses.field(default_factory=dict, compare=False)
+    #: What the task hands back besides its shard (e.g. a micro-batch's bookkeeping): carried to the driver,
+    #: never written to a manifest (:meth:`to_dict` leaves it out, :meth:`to_message` keeps it).
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+
+    def to_message(self) -> dict[str, Any]:
+        """The task's result as the driver receives it: :meth:`to_dict` and :attr:`extra`."""
+        return {**self.to_dict(), "extra": self.extra} if self.extra else self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -105,6 +112,7 @@ class ShardCommit:
             covered_count=int(d["covered_count"]),
             files=tuple(ShardFile.from_dict(f) for f in d["files"]),
             seconds={str(k): float(v) for k, v in d.get("seconds", {}).items()},
+            extra=dict(d.get("extra", {})),
         )
 
 
@@ -121,7 +129,7 @@ def _shard_result(commit: ShardCommit) -> pa.RecordBatch:
         [
             pa.array([commit.shard], pa.int32()),
             pa.array([commit.attempt], pa.int32()),
-            pa.array([json.dumps(commit.to_dict(), sort_keys=True)], pa.string()),
+            pa.array([json.dumps(commit.to_message(), sort_keys=True)], pa.string()),
         ],
         schema=_SHARD_RESULT_SCHEMA,
     )

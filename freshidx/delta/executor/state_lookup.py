@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,26 +37,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from freshidx.delta import merge as segment_merge
 from freshidx.delta.executor import segment_parts
 from freshidx.delta.executor.decoded_cache import DecodedCache, resolve_worker_cache
 from freshidx.delta.executor.key_index import LAYOUT, KeyIndex, query_keys, rows_and_hits
-from freshidx.delta.executor.segment_parts import LABEL_COLUMN, PART_COLUMN
 from freshidx.records import ACTIVE
-from freshidx.spark.index_shards import REPLACE_COLUMN, version_files, widen, write_one_index_shard
+from freshidx.spark.index_shards import REPLACE_COLUMN, version_files, widen
 from freshidx.spark.shards import (
     COVERED_FILE,
     DOCS_ARROW_SCHEMA,
     DOCS_FILE,
-    ShardCommit,
-    ShardWriter,
     conform,
-    write_sharded,
 )
-from freshidx.spark.transform import TYPED_FIELDS
 from freshidx.store import StoreConfig
 
 KEY_COLUMNS = ("ad_id", "product_id")
@@ -73,56 +66,27 @@ class StateLayer:
 
 
 #: A state file as a task receives it: (store key, kind, layer, over_full).
-_FileRef = tuple[str, str, int, bool]
+FileRef = tuple[str, str, int, bool]
 
 
-def segment_shards(spark: SparkSession, store_config: StoreConfig, layers: Sequence[StateLayer], batch: DataFrame,
-                   *, index: str, version: str, num_shards: int, state_cache_bytes: int = 0) -> list[ShardCommit]:
-    """Stage an incremental micro-batch's segment: ``num_shards`` shards of ``segment_merge.segment_rows``
-    of ``batch``'s latest record per ad over the state ``layers`` (the full version's, then the kept
-    segments') know. ``batch``: the valid records read (``TYPED_FIELDS`` columns at least; several
-    records per ad possible).
-
-    One Python task receives the batch (narrow: no shuffle before it), keeps the latest record per ad
-    (``segment_merge.latest_per_ad``, the rule of ``transform.latest_per_ad``), reads the state rows it
-    needs (:func:`select_rows`), merges them (Arrow) and writes the shard itself: one single-stage Spark
-    job over the build's checkpoint, whatever the window. More shards: ``num_shards`` tasks, each
-    receiving a copy of the whole batch (one shuffle of the batch alone) and doing the same for the
-    touched products of its part (:mod:`freshidx.delta.executor.segment_parts`), side by side.
-    ``state_cache_bytes``: what each Python worker may keep decoded between tasks
-    (:func:`freshidx.delta.executor.decoded_cache.resolve_worker_cache`).
-    """
-    files: list[_FileRef] = [(k, kind, n, layer.over_full) for n, layer in enumerate(layers)
-                             for kind in (DOCS_FILE, COVERED_FILE)
-                             for k in version_files({"shards": layer.shards}, kind)]
-    rows = batch.select(*TYPED_FIELDS)
-    write = _merge_and_write(files, state_cache_bytes, index, version, num_shards)
-    if num_shards == 1:
-        return write_sharded(rows.coalesce(1), store_config, 1, write, what="segment_shards")
-    labels = segment_parts.label_of_part(num_shards)
-    copies = rows.withColumn("_copy", F.explode(F.array(*(
-        F.struct(F.lit(p).cast("int").alias(PART_COLUMN), F.lit(label).cast("int").alias(LABEL_COLUMN))
-        for p, label in enumerate(labels)))))
-    copies = copies.select(*TYPED_FIELDS, f"_copy.{PART_COLUMN}", f"_copy.{LABEL_COLUMN}")
-    return write_sharded(copies.repartition(num_shards, LABEL_COLUMN), store_config, num_shards, write,
-                         what="segment_shards")
+def state_file_refs(layers: Sequence[StateLayer]) -> list[FileRef]:
+    """Every ``docs`` and ``covered`` file of ``layers`` (the full version's, then the kept segments')."""
+    return [(k, kind, n, layer.over_full) for n, layer in enumerate(layers)
+            for kind in (DOCS_FILE, COVERED_FILE)
+            for k in version_files({"shards": layer.shards}, kind)]
 
 
-def _merged(config: StoreConfig, files: list[_FileRef], cache_bytes: int, batches: Iterable[pa.RecordBatch],
-            parts: int = 1, seconds: dict[str, float] | None = None) -> Iterator[pa.RecordBatch]:
-    """The segment's rows (of the products of the parts whose copies of the batch ``batches`` hold, when
-    ``parts`` > 1); ``seconds`` receives the time spent receiving the batch, reading the state rows and
-    merging."""
-    t0 = time.monotonic()
-    received = list(batches)
-    mine: set[int] | None = None
-    if parts > 1:
-        mine = {int(p) for b in received for p in pc.unique(b.column(PART_COLUMN)).to_pylist()}
-    records = pa.Table.from_batches([conform(b, DOCS_ARROW_SCHEMA) for b in received], schema=DOCS_ARROW_SCHEMA)
+def merged_rows(config: StoreConfig, files: list[FileRef], cache_bytes: int, records: pa.Table,
+                owned: Parts | None = None, seconds: dict[str, float] | None = None) -> pa.Table:
+    """The segment's rows with their :data:`REPLACE_COLUMN` flags (``segment_merge.segment_update``) of
+    ``records`` (the micro-batch's valid records, ``DOCS_ARROW_SCHEMA``, several per ad possible) over the
+    state ``files`` know; of the products of ``owned``'s parts only, when given. ``seconds`` receives the
+    time spent reading the state rows and merging. ``cache_bytes``: what each Python worker may keep
+    decoded between tasks (:func:`freshidx.delta.executor.decoded_cache.resolve_worker_cache`)."""
     t1 = time.monotonic()
-    batch = segment_merge.latest_per_ad(records)  # also drops the copies of other parts a task received
+    batch = segment_merge.latest_per_ad(records)
     if batch.num_rows == 0:
-        return
+        return records.slice(0, 0).append_column(REPLACE_COLUMN, pa.array([], pa.bool_()))
     fs = config.arrow_fs()
     cache = resolve_worker_cache(cache_bytes)
     # Named by endpoint and path: two S3 servers may hold a bucket of the same name.
@@ -130,7 +94,6 @@ def _merged(config: StoreConfig, files: list[_FileRef], cache_bytes: int, batche
     state_files = [StateFile(f"{config.endpoint_url or ''}|{path}", kind,
                              lambda path=path: pq.ParquetFile(fs.open_input_file(path)), layer, over_full)
                    for path, kind, layer, over_full in paths]
-    owned = None if mine is None else Parts(parts, frozenset(mine))
     distrusted: list[pa.Array] = []
     try:
         state = pa.Table.from_batches(list(select_rows(batch, state_files, cache, owned, distrusted)),
@@ -144,8 +107,8 @@ def _merged(config: StoreConfig, files: list[_FileRef], cache_bytes: int, batche
     if owned is not None:
         rows = rows.filter(pa.array(owned.owns_rows(rows)))
     if seconds is not None:
-        seconds.update(batch=round(t1 - t0, 3), state=round(t2 - t1, 3), merge=round(time.monotonic() - t2, 3))
-    yield from rows.to_batches()
+        seconds.update(state=round(t2 - t1, 3), merge=round(time.monotonic() - t2, 3))
+    return rows
 
 
 @dataclass(frozen=True)
@@ -165,18 +128,6 @@ class Parts:
         if len(bare):
             part[bare] = segment_parts.part_of(rows.column("ad_id").take(pa.array(bare)), self.count)
         return np.isin(part, list(self.mine))
-
-
-def _merge_and_write(files: list[_FileRef], cache_bytes: int, index: str, version: str, parts: int) -> ShardWriter:
-    def write(config: StoreConfig, shard: int, attempt: int, batches: Iterable[pa.RecordBatch]) -> ShardCommit:
-        seconds: dict[str, float] = {}
-        commit = write_one_index_shard(config, index, version, shard, attempt,
-                                       _merged(config, files, cache_bytes, batches, parts, seconds))
-        # "rows" (the time until the merged rows were in) is spent in batch + state + merge
-        written = {k: v for k, v in commit.seconds.items() if k != "rows"}
-        return dataclasses.replace(commit, seconds={**seconds, **written})
-
-    return write
 
 
 @dataclass

@@ -1,0 +1,198 @@
+"""``freshidx bench floor``: a micro-batch's Spark build against the single-process floor of the same work
+(docs/benchmarks.md).
+
+In a fresh local store: a window of ``--window-docs`` documents (one partition every 5 minutes, at the
+window's rate unless ``--changes`` says otherwise), its full index, then micro-batches through one
+supervised, warm Spark Connect server (two to warm it, then the measured one). For the measured
+partition, in this process and without Spark:
+
+* ``parse_s``: pyarrow's JSON reader over the partition's valid lines (the bytes already in memory; the
+  few lines the micro-batch quarantined are left out, so the floor does not pay for bad input);
+* ``index_s``: the documents the micro-batch indexed (its re-indexed ads with their product features,
+  computed with the micro-batch's own merge, untimed) indexed by tantivy with the same schema, one writer
+  using every core, committed and merged;
+* ``floor_s`` = ``parse_s`` + ``index_s``;
+
+and ``spark_s``, the micro-batch's build (``build_seconds``: from the Spark job's start to the staged shards,
+listing and publication excluded), and ``ratio`` = ``spark_s`` / ``floor_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pajson
+
+from freshidx.store.partitions import PartitionId
+from freshidx.tools.bench_common import SOURCE, WINDOW_MINUTES, ConnectServer, generator_config_for, log, seed_history
+
+#: The raw record as pyarrow's JSON reader is told to read it (``updated_at`` parsed afterwards).
+RAW_JSON_SCHEMA = pa.schema([
+    ("ad_id", pa.string()), ("campaign_id", pa.string()), ("product_id", pa.string()), ("title", pa.string()),
+    ("keywords", pa.list_(pa.string())), ("bid", pa.float64()), ("status", pa.string()),
+    ("updated_at", pa.string()), ("version", pa.int64()),
+])
+
+
+def parse_floor(data: bytes) -> tuple[pa.Table, float]:
+    """pyarrow's parse of JSON lines ``data`` (and of ``updated_at`` into a timestamp); returns the table and
+    the seconds it took."""
+    t0 = time.monotonic()
+    options = pajson.ParseOptions(explicit_schema=RAW_JSON_SCHEMA, unexpected_field_behavior="ignore")
+    table = pajson.read_json(io.BytesIO(data), parse_options=options)
+    stamps = pc.cast(pc.replace_substring_regex(table.column("updated_at"), "Z$", "+00:00"), pa.string())
+    table = table.set_column(7, "updated_at", pc.strptime(stamps, "%Y-%m-%dT%H:%M:%S%z", "us", error_is_null=True))
+    return table, round(time.monotonic() - t0, 3)
+
+
+def index_floor(docs: pa.Table, workdir: Path) -> float:
+    """Seconds to index ``docs`` (``INDEX_ARROW_SCHEMA`` columns) with one tantivy writer on every core."""
+    from freshidx.spark.index_format import IndexBuilder
+
+    path = workdir / "floor-index"
+    shutil.rmtree(path, ignore_errors=True)
+    t0 = time.monotonic()
+    builder = IndexBuilder(str(path), num_threads=os.cpu_count() or 2)
+    for batch in docs.to_batches(max_chunksize=8192):
+        builder.add_batch(batch)
+    builder.finish()
+    return round(time.monotonic() - t0, 3)
+
+
+def _valid_lines(store: Any, keys: list[str], quarantined: set[tuple[str, int]]) -> bytes:
+    """The partition's lines less the ones the micro-batch quarantined."""
+    out: list[bytes] = []
+    for key in keys:
+        for n, line in enumerate(store.get(key).split(b"\n"), start=1):
+            if line.strip() and (key, n) not in quarantined:
+                out.append(line)
+    return b"\n".join(out) + b"\n"
+
+
+def _indexed_docs(store_cfg: Any, layers: list[Any], valid: pa.Table) -> pa.Table:
+    """The documents the micro-batch indexed: its re-indexed active ads with their products' features."""
+    from freshidx.delta.executor.state_lookup import merged_rows, state_file_refs
+    from freshidx.records import ACTIVE
+    from freshidx.spark.index_shards import REPLACE_COLUMN
+    from freshidx.spark.product_features import ProductFeatures
+
+    rows = merged_rows(store_cfg, state_file_refs(layers), 0, valid)
+    active = rows.filter(pc.equal(rows.column("status"), ACTIVE))
+    features = ProductFeatures()
+    features.add(active)
+    return features.attach(active.filter(active.column(REPLACE_COLUMN)).drop_columns([REPLACE_COLUMN]))
+
+
+def _serving_layers(store: Any) -> list[Any]:
+    """What the next micro-batch rests on: the serving full version, then the serving delta's segments."""
+    from freshidx.delta.executor.state_lookup import StateLayer
+    from freshidx.delta.serving_state import delta_segments, full_base
+
+    full, full_manifest = full_base(store)
+    _, kept = delta_segments(store, "bench floor")
+    assert full is not None and full_manifest is not None
+    return [StateLayer(full_manifest.shards),
+            *(StateLayer(s.shards, over_full=s.full_version == full.version) for s in kept or [])]
+
+
+def _quarantined_lines(store: Any, partition: PartitionId) -> set[tuple[str, int]]:
+    from freshidx.cli.quarantine import entries
+
+    return {(str(e["file"]), int(e["line"])) for _, e in entries(store, SOURCE) if e.get("file")
+            and partition.path in str(e["file"])}
+
+
+def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, seed: int) -> dict[str, Any]:
+    from freshidx.delta.build import DeltaPlan, build_delta
+    from freshidx.full.build import build_full
+    from freshidx.publish.commit import publish
+    from freshidx.settings import Settings
+    from freshidx.spark.index_format import DOCS_ARROW_SCHEMA
+    from freshidx.spark.session import build_connect_session
+    from freshidx.store import StoreConfig, open_store
+    from freshidx.tools.generate import write_partition
+
+    store_dir = root / "store"
+    cfg = generator_config_for(docs, seed=seed, window_minutes=WINDOW_MINUTES)
+    if changes is not None:
+        cfg = dataclasses.replace(cfg, changes_per_partition=changes)
+    now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0) - dt.timedelta(minutes=15)
+    newest = PartitionId(now - dt.timedelta(minutes=now.minute % 5))
+    server.start_async()
+    records, write_s = seed_history(store_dir, cfg, newest.at, WINDOW_MINUTES)
+    server.wait_up()
+    log(f"floor: {records} records seeded in {write_s} s; Spark Connect server up on {server.url}")
+    sc = StoreConfig(uri=store_dir.as_uri())
+    store = open_store(sc)
+    settings = Settings.from_env({}, store=sc.uri, source=SOURCE, window_minutes=WINDOW_MINUTES)
+    spark = build_connect_session(server.url)
+    try:
+        def published(draft: Any) -> Any:
+            result = publish(store, draft, max_drop_fraction=None)
+            if result.outcome != "published":
+                raise RuntimeError(f"{draft.index} {draft.version}: {result.outcome}: {result.reason}")
+            return draft
+
+        published(build_full(spark, store, sc, settings, cutoff=newest, run_id="floor-full", run_info={}))
+        for minutes in (5, 10, 15):  # two to warm the server and its Python workers, then the measured one
+            p = PartitionId(newest.at + dt.timedelta(minutes=minutes))
+            write_partition(store, cfg, p)
+            if minutes == 15:  # the state the measured micro-batch rests on, for the floor's documents
+                layers = _serving_layers(store)
+            plan = DeltaPlan(partition=p, watermark=None, run_id=f"floor-{minutes}", run_info={})
+            draft = published(build_delta(spark, store, sc, settings, plan))
+    finally:
+        spark.stop()
+    keys = [f["key"] for f in draft.inputs["files"]]
+    data = _valid_lines(store, keys, _quarantined_lines(store, p))
+    parsed, parse_s = parse_floor(data)
+    valid = parsed.filter(pc.is_valid(parsed.column("updated_at"))).cast(DOCS_ARROW_SCHEMA)
+    indexed = _indexed_docs(sc, layers, valid)
+    index_s = index_floor(indexed, root)
+    spark_s = float(draft.stats["build_seconds"])
+    floor_s = round(parse_s + index_s, 3)
+    return {"window_docs": docs, "changes": cfg.changes_per_partition, "records": int(parsed.num_rows),
+            "indexed_docs": int(indexed.num_rows), "spark_indexed_docs": int(draft.segments[-1]["doc_count"]),
+            "parse_s": parse_s, "index_s": index_s, "floor_s": floor_s, "spark_s": spark_s,
+            "ratio": round(spark_s / floor_s, 2) if floor_s else None,
+            "spark_steps": {k: v for k, v in draft.stats.items() if k.endswith("_seconds")}}
+
+
+def table(r: dict[str, Any]) -> str:
+    return "\n".join([
+        f"window {r['window_docs']} docs, partition of {r['changes']} changes ({r['records']} valid records, "
+        f"{r['indexed_docs']} documents indexed; the micro-batch indexed {r['spark_indexed_docs']})",
+        f"floor (one process, no Spark): parse {r['parse_s']:.3f} s + index {r['index_s']:.3f} s "
+        f"= {r['floor_s']:.3f} s",
+        f"Spark micro-batch build (warm Connect): {r['spark_s']:.3f} s   ratio {r['ratio']}x   goal ≤ 2x",
+        "micro-batch steps (s): " + "  ".join(f"{k.removesuffix('_seconds')} {v}" for k, v in r["spark_steps"].items()),
+    ])
+
+
+def cmd_bench_floor(*, window_docs: int, changes: int | None, seed: int, workdir: str | None, keep: bool,
+                    as_json: bool) -> int:
+    root = Path(workdir or tempfile.mkdtemp(prefix="freshidx-bench-floor-")).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    server = ConnectServer(root / "spark-server")
+    try:
+        result = measure(server, root, window_docs, changes, seed)
+    finally:
+        server.stop()
+        if not keep and workdir is None:
+            shutil.rmtree(root, ignore_errors=True)
+    print(table(result), file=sys.stderr)
+    if as_json:
+        print(json.dumps(result, indent=2))
+    return 0
