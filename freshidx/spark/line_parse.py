@@ -19,6 +19,8 @@ against Spark line by line.
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import gc
 import json
 import math
 import re
@@ -59,7 +61,8 @@ class Uncertain(Exception):
 _TEXT_FIELDS = ("ad_id", "campaign_id", "product_id", "title")
 _ID_FIELDS = ("ad_id", "campaign_id", "product_id")
 _REQUIRED = tuple(name for name, (_, required) in RAW_FIELDS.items() if required)
-_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+_LONG_MAX = 2**63 - 1
+_RAW_KEYS = frozenset(RAW_FIELDS)
 _TS = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[T ]([0-9]{2}):([0-9]{2}):([0-9]{2})"
                  r"(?:\.([0-9]{1,9}))?(Z|[+-][0-9]{2}:?[0-9]{2})?")
 _LOOSE_KEY = re.compile(r'"[ \t\r\n]+:')
@@ -72,80 +75,87 @@ _LONG_LINE = 900
 def parse_lines(lines: pa.Table, max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS) -> pa.Table | None:
     """``lines`` (``freshidx.spark.raw_source.ARROW_SCHEMA`` columns) parsed and validated as
     ``transform.parse_records`` does (:data:`PARSED_SCHEMA`), or ``None`` if a line is uncertain."""
-    cols = {name: lines.column(name).to_pylist() for name in lines.column_names}
     n = lines.num_rows
-    typed: dict[str, list[Any]] = {f.name: [None] * n for f in DOCS_ARROW_SCHEMA}
+    raw = lines.column("raw").to_pylist()
+    partitions = lines.column("partition").to_pylist()
+    bad_encoding = lines.column("bad_encoding").to_pylist()
+    detail = lines.column("object_error").to_pylist()
+    values: list[tuple[Any, ...] | None] = [None] * n
     reasons: list[str | None] = [None] * n
     partition_seconds: dict[str, int | None] = {}
-    raw, bad_encoding, detail = cols["raw"], cols.get("bad_encoding"), cols.get("object_error")
+    collecting = gc.isenabled()
+    gc.disable()  # tens of thousands of short-lived dicts: the collector's passes cost more than they free
     try:
         for i in range(n):
-            if detail is not None and detail[i] is not None:
+            if detail[i] is not None:
                 reasons[i] = detail[i].split(":", 1)[0]
                 continue
-            if bad_encoding is not None and bad_encoding[i]:
+            if bad_encoding[i]:
                 reasons[i] = REASON_BAD_ENCODING
                 continue
-            partition = cols["partition"][i]
+            partition = partitions[i]
             if partition not in partition_seconds:
                 partition_seconds[partition] = _partition_seconds(partition)
             limit = partition_seconds[partition]
-            reasons[i] = _record(raw[i], typed, i, None if limit is None else limit + max_future_skew_seconds)
+            reasons[i], values[i] = _record(raw[i], None if limit is None else limit + max_future_skew_seconds)
     except Uncertain:
         return None
-    arrays = [pa.array(cols[c], PARSED_SCHEMA.field(c).type) for c in ("partition", "file", "line", "raw")]
-    arrays += [pa.array(typed[f.name], f.type) for f in DOCS_ARROW_SCHEMA]
-    arrays += [pa.array(reasons, pa.string()), pa.array(cols.get("original", [None] * n), pa.binary()),
-               pa.array(detail if detail is not None else [None] * n, pa.string())]
+    finally:
+        if collecting:
+            gc.enable()
+    arrays = [lines.column(c) for c in ("partition", "file", "line", "raw")]
+    arrays += [pa.chunked_array([pa.array([v[j] if v is not None else None for v in values], f.type)])
+               for j, f in enumerate(DOCS_ARROW_SCHEMA)]
+    arrays += [pa.chunked_array([pa.array(reasons, pa.string())]), lines.column("original"),
+               lines.column("object_error")]
     return pa.Table.from_arrays(arrays, schema=PARSED_SCHEMA)
 
 
-def _record(line: str, typed: dict[str, list[Any]], i: int, latest_second: int | None) -> str | None:
-    """The reason of one line (``None``: valid, its values written to ``typed[...][i]``)."""
+def _record(line: str, latest_second: int | None) -> tuple[str | None, tuple[Any, ...] | None]:
+    """The reason of one line and, when valid (reason ``None``), its typed values in ``TYPED_FIELDS`` order."""
     obj = _load(line)
-    if not isinstance(obj, dict):
-        return REASON_MALFORMED_JSON
+    if type(obj) is not dict:
+        return REASON_MALFORMED_JSON, None
     keywords = obj.get("keywords")
     if keywords is not None:
-        if not isinstance(keywords, list):
-            return REASON_MALFORMED_JSON  # typed as array<string>: null, while present as text
-        if any(k is not None and not isinstance(k, str) for k in keywords):
+        if type(keywords) is not list:
+            return REASON_MALFORMED_JSON, None  # typed as array<string>: null, while present as text
+        for k in keywords:
+            if type(k) is not str and k is not None:
+                raise Uncertain  # Spark renders it as text (as Jackson writes it)
+    ad_id, campaign_id, product_id, title = obj.get("ad_id"), obj.get("campaign_id"), obj.get("product_id"), \
+        obj.get("title")
+    for value in (ad_id, campaign_id, product_id, title):
+        if type(value) is not str and value is not None:
             raise Uncertain
-    for name in _TEXT_FIELDS:
-        value = obj.get(name)
-        if value is not None and not isinstance(value, str):
-            raise Uncertain  # Spark renders it as text (as Jackson writes it)
-    strings = [v for v in (obj.get(n) for n in _TEXT_FIELDS) if isinstance(v, str)]
-    strings += [k for k in keywords or () if isinstance(k, str)]
-    for s in (*strings, *(v for v in (obj.get("status"), obj.get("updated_at")) if isinstance(v, str))):
-        _check_text(s)
-    for name in _REQUIRED:
-        value = obj.get(name)
-        if value is None or (name in _ID_FIELDS and not value.strip(" ")):
-            return f"{REASON_MISSING_FIELD}:{name}"
-    status, bid, version, title = obj["status"], obj["bid"], obj["version"], obj["title"]
-    if not (isinstance(status, str) and status in STATUSES):
-        return REASON_BAD_STATUS
-    if isinstance(bid, bool) or not isinstance(bid, int | float):
-        return REASON_BAD_BID
+    if "\\u" in line:  # only an escape can make a lone surrogate
+        _check_texts(obj)
+    status, bid, updated_at, version = obj.get("status"), obj.get("bid"), obj.get("updated_at"), obj.get("version")
+    # An id present and not blank: non-empty and not starting with a space settles it without strip().
+    if not (ad_id and ad_id[0] != " " and campaign_id and campaign_id[0] != " " and product_id
+            and product_id[0] != " " and title is not None and bid is not None and status is not None
+            and updated_at is not None and version is not None):
+        for name in _REQUIRED:
+            value = obj.get(name)
+            if value is None or (name in _ID_FIELDS and not value.strip(" ")):
+                return f"{REASON_MISSING_FIELD}:{name}", None
+    if type(status) is not str or status not in STATUSES:
+        return REASON_BAD_STATUS, None
+    if type(bid) is not float and type(bid) is not int:
+        return REASON_BAD_BID, None  # bool is not a number here (a subclass of int in Python)
     bid = _as_double(bid)
     if math.isnan(bid) or not 0.0 <= bid <= MAX_BID:
-        return REASON_BAD_BID
-    micros = _timestamp_micros(obj["updated_at"])
+        return REASON_BAD_BID, None
+    micros = _timestamp_micros(updated_at)
     if micros is None:
-        return REASON_BAD_TIMESTAMP
+        return REASON_BAD_TIMESTAMP, None
     if latest_second is not None and micros // 1_000_000 > latest_second:
-        return REASON_FUTURE_TIMESTAMP
-    if isinstance(version, bool) or not isinstance(version, int) or not _LONG_MIN <= version <= _LONG_MAX \
-            or version < 0:
-        return REASON_BAD_VERSION
+        return REASON_FUTURE_TIMESTAMP, None
+    if type(version) is not int or not 0 <= version <= _LONG_MAX:
+        return REASON_BAD_VERSION, None
     if len(title) > MAX_TITLE_CHARS:
-        return REASON_TOO_LONG
-    for name, value in (("ad_id", obj["ad_id"]), ("campaign_id", obj["campaign_id"]),
-                        ("product_id", obj["product_id"]), ("title", title), ("keywords", keywords),
-                        ("bid", bid), ("status", status), ("updated_at", micros), ("version", version)):
-        typed[name][i] = value
-    return None
+        return REASON_TOO_LONG, None
+    return None, (ad_id, campaign_id, product_id, title, keywords, bid, status, micros, version)
 
 
 def _load(line: str) -> Any:
@@ -153,7 +163,7 @@ def _load(line: str) -> Any:
     if len(line) >= _LONG_LINE and _near_jackson_limits(line):
         raise Uncertain
     try:
-        obj = json.loads(line)
+        obj = _value_of(line)
     except (ValueError, RecursionError):
         # Jackson, as Spark configures it, also takes single quotes and INF/+Infinity spellings.
         if "'" in line or "INF" in line or "Infinity" in line:
@@ -163,8 +173,22 @@ def _load(line: str) -> Any:
         pairs = json.loads(line, object_pairs_hook=lambda p: p)
         if len({k for k, _ in pairs}) != len(pairs):
             raise Uncertain  # a repeated key
-    if isinstance(obj, dict) and any(k.lower() in RAW_FIELDS and k not in RAW_FIELDS for k in obj):
+    if isinstance(obj, dict) and not _RAW_KEYS.issuperset(obj) and any(k.lower() in _RAW_KEYS for k in obj
+                                                                    if k not in _RAW_KEYS):
         raise Uncertain  # a field name in another case
+    return obj
+
+
+_DECODER = json.JSONDecoder()
+_JSON_SPACE = " \t\n\r"
+
+
+def _value_of(line: str) -> Any:
+    """``json.loads(line)`` without its per-call set-up (a large share of a short line's cost)."""
+    start = len(line) - len(line.lstrip(_JSON_SPACE))
+    obj, end = _DECODER.raw_decode(line, start)
+    if end != len(line) and line[end:].strip(_JSON_SPACE):
+        raise ValueError("extra data")
     return obj
 
 
@@ -179,11 +203,15 @@ def _near_jackson_limits(line: str) -> bool:
     return deepest >= 500 or re.search(r"[0-9]{500}", line) is not None
 
 
-def _check_text(s: str) -> None:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        raise Uncertain from None  # a lone surrogate (a \\ud800 escape)
+def _check_texts(obj: dict[str, Any]) -> None:
+    """Uncertain if a text value holds a lone surrogate (a ``\\ud800`` escape without its pair)."""
+    texts = [obj.get(n) for n in (*_TEXT_FIELDS, "status", "updated_at")] + list(obj.get("keywords") or ())
+    for s in texts:
+        if type(s) is str:
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError:
+                raise Uncertain from None
 
 
 def _as_double(value: int | float) -> float:
@@ -198,28 +226,39 @@ def _as_double(value: int | float) -> float:
 def _timestamp_micros(text: Any) -> int | None:
     """Spark's reading of ``updated_at`` (regex, then a cast to timestamp; UTC without a zone) in
     microseconds since the epoch; ``None`` where Spark's is null."""
-    if not isinstance(text, str):
+    if type(text) is not str:
         return None  # whatever its rendering, a non-string is never a timestamp of this form
     m = _TS.fullmatch(text)
     if m is None:
         if any(not " " <= ch <= "~" for ch in text):
             raise Uncertain  # Java's `$` and Spark's trimming treat line terminators apart
         return None
-    year, month, day, hour, minute, second, fraction, zone = m.groups()
+    fraction, zone = m.group(7), m.group(8)
+    seconds = _whole_seconds(text[:19], zone or "Z")
+    if seconds is None:
+        return None
+    return seconds * 1_000_000 + int((fraction or "0")[:6].ljust(6, "0"))
+
+
+@functools.lru_cache(maxsize=65536)
+def _whole_seconds(date_time: str, zone: str) -> int | None:
+    """Epoch seconds of ``YYYY-MM-DD[T ]HH:MM:SS`` at ``zone`` (``Z`` or ``±HH:MM``); ``None``: not a real
+    instant. Cached: a partition's records share a few hundred distinct seconds."""
     offset = 0
-    if zone and zone != "Z":
+    if zone != "Z":
         if len(zone) != 6 or int(zone[1:3]) > 17 or int(zone[4:6]) > 59:
             raise Uncertain
         offset = (int(zone[1:3]) * 60 + int(zone[4:6])) * (1 if zone[0] == "+" else -1)
-    if int(year) < 1:
+    year, month, day = int(date_time[0:4]), int(date_time[5:7]), int(date_time[8:10])
+    if year < 1:
         raise Uncertain
     try:
-        local = dt.datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), tzinfo=dt.UTC)
+        local = dt.datetime(year, month, day, int(date_time[11:13]), int(date_time[14:16]), int(date_time[17:19]),
+                            tzinfo=dt.UTC)
     except ValueError:
         return None
-    micros = int((fraction or "0")[:6].ljust(6, "0"))
     delta = local - _EPOCH - dt.timedelta(minutes=offset)
-    return (delta.days * 86400 + delta.seconds) * 1_000_000 + micros
+    return delta.days * 86400 + delta.seconds
 
 
 def _partition_seconds(partition: str | None) -> int | None:

@@ -26,6 +26,7 @@ from freshidx.defs.shared.publishing_io_manager import (
     serving_pointer,
 )
 from freshidx.delta.compact import rebase_onto_compaction
+from freshidx.delta.executor.one_pass import STEPS as MICRO_BATCH_STEPS
 from freshidx.publish.commit import (
     DraftManifest,
     Pointer,
@@ -172,6 +173,13 @@ def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResu
     return meta
 
 
+def step_seconds(obj: DraftManifest, result: PublishResult) -> dict[str, float]:
+    """Where a micro-batch's time went, for its ledger entry: the build's steps its manifest has (``parse``,
+    ``state``, ``merge``, ``index``, ``upload``) and ``publish`` (known only once the pointer moved)."""
+    steps = {k: float(obj.stats[f"{k}_seconds"]) for k in MICRO_BATCH_STEPS if f"{k}_seconds" in obj.stats}
+    return {**steps, "publish": round(result.seconds, 3)}
+
+
 def _delta_metadata(obj: DraftManifest) -> dict[str, Any]:
     """A delta version's own entries: its partition, window and lag, and how its segment was built."""
     meta: dict[str, Any] = {}
@@ -234,7 +242,8 @@ def record_outcome(store: ObjectStore, obj: DraftManifest, result: PublishResult
                                     tid=trigger.by_run(Mark.INVALID, run_id), run_id=run_id,
                                     extra={"version": obj.version})
         elif not ledger.record_partition(store, pipeline, partition, decision_for(result.outcome), result.reason,
-                                         run_id=run_id, extra={"version": obj.version}) \
+                                         run_id=run_id, extra={"version": obj.version,
+                                                               "seconds": step_seconds(obj, result)}) \
                 and result.outcome == "published":
             # A decision was taken before this run published the partition (e.g. the sensor skipped it
             # while this UI run was in flight): the final entry cannot change, so say what happened.
