@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
@@ -112,3 +113,27 @@ def test_a_micro_batch_is_one_spark_job_that_also_quarantines_and_reports(
     assert [h.ad_id for h in s.search("also", k=10)] == ["ad-2"]
     anchors = {h.ad_id for h in s.search("anchor", k=100)}
     assert not {"ad-1", "ad-2"} & anchors and len(anchors) == 18  # their old documents are killed
+
+
+def test_the_task_survives_shipping_by_value(tmp_path: Path) -> None:
+    # A Spark Connect client ships freshidx by value: the task and every module global it reaches are
+    # pickled (a JSON decoder's C scanner, kept as a global, failed every micro-batch that way).
+    from pyspark import cloudpickle
+
+    import freshidx
+    from freshidx.spark.raw_source import ARROW_SCHEMA
+
+    job = one_pass.MicroBatchJob("{}", [], [], 0, "delta", "v", 2, SOURCE, "run", 3600)
+    cloudpickle.register_pickle_by_value(freshidx)
+    try:
+        task = cloudpickle.loads(cloudpickle.dumps(one_pass._task(job, None)))
+        parse = cloudpickle.loads(cloudpickle.dumps(one_pass.parse_lines))
+    finally:
+        cloudpickle.unregister_pickle_by_value(freshidx)
+    assert callable(task)
+    lines = [rec("ad-1", 5, "shipped"), "{broken"]
+    table = pa.Table.from_pydict({"partition": [at(5).path] * 2, "file": ["k"] * 2, "line": [1, 2], "raw": lines,
+                                  "bad_encoding": [False] * 2, "original": [None] * 2, "object_error": [None] * 2},
+                                 schema=ARROW_SCHEMA)
+    parsed = parse(table)
+    assert parsed.column("reason").to_pylist() == [None, "malformed_json"]

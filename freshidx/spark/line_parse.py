@@ -19,7 +19,6 @@ against Spark line by line.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import gc
 import json
 import math
@@ -83,6 +82,7 @@ def parse_lines(lines: pa.Table, max_future_skew_seconds: int = DEFAULT_MAX_FUTU
     values: list[tuple[Any, ...] | None] = [None] * n
     reasons: list[str | None] = [None] * n
     partition_seconds: dict[str, int | None] = {}
+    reader = _Reader()
     collecting = gc.isenabled()
     gc.disable()  # tens of thousands of short-lived dicts: the collector's passes cost more than they free
     try:
@@ -97,7 +97,7 @@ def parse_lines(lines: pa.Table, max_future_skew_seconds: int = DEFAULT_MAX_FUTU
             if partition not in partition_seconds:
                 partition_seconds[partition] = _partition_seconds(partition)
             limit = partition_seconds[partition]
-            reasons[i], values[i] = _record(raw[i], None if limit is None else limit + max_future_skew_seconds)
+            reasons[i], values[i] = _record(reader, raw[i], None if limit is None else limit + max_future_skew_seconds)
     except Uncertain:
         return None
     finally:
@@ -111,9 +111,9 @@ def parse_lines(lines: pa.Table, max_future_skew_seconds: int = DEFAULT_MAX_FUTU
     return pa.Table.from_arrays(arrays, schema=PARSED_SCHEMA)
 
 
-def _record(line: str, latest_second: int | None) -> tuple[str | None, tuple[Any, ...] | None]:
+def _record(reader: _Reader, line: str, latest_second: int | None) -> tuple[str | None, tuple[Any, ...] | None]:
     """The reason of one line and, when valid (reason ``None``), its typed values in ``TYPED_FIELDS`` order."""
-    obj = _load(line)
+    obj = _load(reader, line)
     if type(obj) is not dict:
         return REASON_MALFORMED_JSON, None
     keywords = obj.get("keywords")
@@ -146,7 +146,7 @@ def _record(line: str, latest_second: int | None) -> tuple[str | None, tuple[Any
     bid = _as_double(bid)
     if math.isnan(bid) or not 0.0 <= bid <= MAX_BID:
         return REASON_BAD_BID, None
-    micros = _timestamp_micros(updated_at)
+    micros = _timestamp_micros(reader, updated_at)
     if micros is None:
         return REASON_BAD_TIMESTAMP, None
     if latest_second is not None and micros // 1_000_000 > latest_second:
@@ -158,12 +158,12 @@ def _record(line: str, latest_second: int | None) -> tuple[str | None, tuple[Any
     return None, (ad_id, campaign_id, product_id, title, keywords, bid, status, micros, version)
 
 
-def _load(line: str) -> Any:
+def _load(reader: _Reader, line: str) -> Any:
     """Python's reading of the line, when Jackson (Spark's defaults) certainly reads it alike."""
     if len(line) >= _LONG_LINE and _near_jackson_limits(line):
         raise Uncertain
     try:
-        obj = _value_of(line)
+        obj = _value_of(reader, line)
     except (ValueError, RecursionError):
         # Jackson, as Spark configures it, also takes single quotes and INF/+Infinity spellings.
         if "'" in line or "INF" in line or "Infinity" in line:
@@ -179,14 +179,23 @@ def _load(line: str) -> Any:
     return obj
 
 
-_DECODER = json.JSONDecoder()
 _JSON_SPACE = " \t\n\r"
 
 
-def _value_of(line: str) -> Any:
+class _Reader:
+    """Per call of :func:`parse_lines` (never a module global: a Spark Connect client ships this module by
+    value, and a JSON decoder's C scanner cannot be pickled): one decoder, and the epoch second of each
+    ``YYYY-MM-DD[T ]HH:MM:SS`` + zone seen (a partition's records share a few hundred)."""
+
+    def __init__(self) -> None:
+        self.decoder = json.JSONDecoder()
+        self.seconds: dict[tuple[str, str], int | None] = {}
+
+
+def _value_of(reader: _Reader, line: str) -> Any:
     """``json.loads(line)`` without its per-call set-up (a large share of a short line's cost)."""
     start = len(line) - len(line.lstrip(_JSON_SPACE))
-    obj, end = _DECODER.raw_decode(line, start)
+    obj, end = reader.decoder.raw_decode(line, start)
     if end != len(line) and line[end:].strip(_JSON_SPACE):
         raise ValueError("extra data")
     return obj
@@ -223,7 +232,7 @@ def _as_double(value: int | float) -> float:
         return math.inf
 
 
-def _timestamp_micros(text: Any) -> int | None:
+def _timestamp_micros(reader: _Reader, text: Any) -> int | None:
     """Spark's reading of ``updated_at`` (regex, then a cast to timestamp; UTC without a zone) in
     microseconds since the epoch; ``None`` where Spark's is null."""
     if type(text) is not str:
@@ -234,16 +243,18 @@ def _timestamp_micros(text: Any) -> int | None:
             raise Uncertain  # Java's `$` and Spark's trimming treat line terminators apart
         return None
     fraction, zone = m.group(7), m.group(8)
-    seconds = _whole_seconds(text[:19], zone or "Z")
+    key = (text[:19], zone or "Z")
+    if key not in reader.seconds:
+        reader.seconds[key] = _whole_seconds(*key)
+    seconds = reader.seconds[key]
     if seconds is None:
         return None
     return seconds * 1_000_000 + int((fraction or "0")[:6].ljust(6, "0"))
 
 
-@functools.lru_cache(maxsize=65536)
 def _whole_seconds(date_time: str, zone: str) -> int | None:
     """Epoch seconds of ``YYYY-MM-DD[T ]HH:MM:SS`` at ``zone`` (``Z`` or ``±HH:MM``); ``None``: not a real
-    instant. Cached: a partition's records share a few hundred distinct seconds."""
+    instant."""
     offset = 0
     if zone != "Z":
         if len(zone) != 6 or int(zone[1:3]) > 17 or int(zone[4:6]) > 59:
