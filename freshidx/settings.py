@@ -172,7 +172,8 @@ class PipelineSettings(BaseModel):
         description="how delta micro-batches are triggered: sensor (delta_index_sensor requests one run per "
         "micro-batch) | continuous (one long-lived delta_continuous run, started by its watchdog sensor)")
     continuous_trigger_seconds: float = Field(
-        1.0, gt=0, le=3600, description="continuous mode: seconds between two evaluations of the latest-only rule")
+        0.5, gt=0, le=3600, description="continuous mode: seconds between two evaluations of the latest-only rule "
+        "(each lists the newest partitions and reads the pointer: a few store requests)")
     continuous_max_runtime: float = Field(
         24 * 3600.0, gt=0, le=31 * 24 * 3600,
         description="continuous mode: planned restart after this many seconds (also '90s', '30m', '24h', '1h30m')")

@@ -33,7 +33,7 @@ LIMITS = Limits(trigger_seconds=1.0, max_runtime_seconds=600, max_rss_mb=1000)
 
 def test_settings_mode_and_durations() -> None:
     s = Settings.from_env({})
-    assert (s.delta_mode, s.continuous_trigger_seconds, s.continuous_max_runtime) == ("sensor", 1.0, 86400.0)
+    assert (s.delta_mode, s.continuous_trigger_seconds, s.continuous_max_runtime) == ("sensor", 0.5, 86400.0)
     s = Settings.from_env({"FRESHIDX_DELTA_MODE": "continuous", "FRESHIDX_CONTINUOUS_MAX_RUNTIME": "1h30m",
                            "FRESHIDX_CONTINUOUS_TRIGGER_SECONDS": "0.5", "FRESHIDX_CONTINUOUS_MAX_RSS_MB": "512"})
     assert (s.delta_mode, s.continuous_max_runtime, s.continuous_trigger_seconds, s.continuous_max_rss_mb) == \

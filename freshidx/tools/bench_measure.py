@@ -325,7 +325,7 @@ def bench_freshness(
         **_setup_config(cfg, measure_cfg, root),
         "spark_server_health": {"timeout_s": health_timeout_s, "failures": health_failures},
         "full_warmup": full_warmup, "delta_modes": list(delta_modes),
-        "continuous_trigger_seconds": float(os.environ.get("FRESHIDX_CONTINUOUS_TRIGGER_SECONDS") or 1.0),
+        "continuous_trigger_seconds": float(os.environ.get("FRESHIDX_CONTINUOUS_TRIGGER_SECONDS") or 0.5),
     }}
     server: ConnectServer | None = None
     try:

@@ -87,8 +87,15 @@ def _matches(sorted_keys: np.ndarray, wanted: np.ndarray, unique: bool = False) 
     and one binary search per key settles it (the second one was half of a micro-batch's searches)."""
     if len(wanted) == 0 or len(sorted_keys) == 0:
         return np.zeros(len(wanted), np.int64), np.zeros(len(wanted), np.int64)
-    # A wanted key longer than the index's width cannot be in it (numpy would truncate it to compare).
-    fits = np.char.str_len(wanted) <= sorted_keys.dtype.itemsize
+    # A wanted key longer than the index's width cannot be in it (numpy would truncate it to compare). When
+    # the wanted array is no wider than the index, every key fits (no per-key length: it cost a fifth of
+    # the lookups).
+    width = sorted_keys.dtype.itemsize
+    if wanted.dtype.itemsize <= width:
+        fits = np.ones(len(wanted), bool)
+    else:  # a key fits when its bytes past the index's width are all padding
+        grid = np.ascontiguousarray(wanted).view(np.uint8).reshape(len(wanted), wanted.dtype.itemsize)
+        fits = ~grid[:, width:].any(axis=1)
     starts, ends = np.zeros(len(wanted), np.int64), np.zeros(len(wanted), np.int64)
     narrowed = wanted[fits].astype(sorted_keys.dtype)
     starts[fits] = np.searchsorted(sorted_keys, narrowed, "left")

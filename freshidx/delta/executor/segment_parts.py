@@ -1,12 +1,14 @@
-"""A segment built by several Spark tasks at once: which task owns which products (docs/architecture.md#state-as-built).
+"""A segment built by several Spark tasks at once: which task owns which products
+(docs/architecture.md#one-pass-micro-batch).
 
 A micro-batch's segment is every ad of every product the batch touched. With ``delta_segment_shards``
 N > 1 the segment is built by N tasks, each owning the touched products whose :func:`part_of` is its
 part (so a product never spans shards, as in every build). Which products a batch touches depends on
-the whole batch (an ad that moved leaves a product another task may own), so every task receives the
-whole batch: one copy per part, sent by one shuffle of the batch alone (:func:`label_of_part` picks
-the values Spark sends to partition p). Each task then reads and merges the state rows of its own
+the whole batch (an ad that moved leaves a product another task may own), so every task reads the
+whole batch (:mod:`freshidx.delta.executor.one_pass`), then reads and merges the state rows of its own
 products only, and indexes them: the touched products' reads, merges and indexing run on N cores.
+:func:`label_of_part` says which ``int`` values Spark's hash partitioning sends to which partition (the
+full build from state routes its buckets with it).
 
 Pure (numpy): tested against Spark's own partitioning.
 """
@@ -19,10 +21,6 @@ import numpy as np
 import pyarrow as pa
 
 from freshidx.delta.executor.key_index import as_keys
-
-#: The column carrying a copy's part (``int``) and the column Spark partitions the copies by.
-PART_COLUMN = "_freshidx_part"
-LABEL_COLUMN = "_freshidx_label"
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)

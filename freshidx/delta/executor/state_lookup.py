@@ -10,9 +10,9 @@ Of everything the serving full version and the kept segments know, a micro-batch
 
 Reading every state row into Spark and joining there costs the window on every micro-batch (measured:
 the state step doubled from 100k to 400k documents), and merging with Spark joins cost ~15 small jobs
-(seconds through Spark Connect). Here one Python task receives the batch itself as its input (it stays
-on the executors), keeps its latest record per ad (``segment_merge.latest_per_ad``, so no aggregation
-job runs before it), reads the state files in two passes (the key columns of every file first, to find
+(seconds through Spark Connect). Here the micro-batch's task (:mod:`freshidx.delta.executor.one_pass`),
+holding the batch it parsed, keeps its latest record per ad (``segment_merge.latest_per_ad``, so no
+aggregation job runs before it), reads the state files in two passes (the key columns of every file first, to find
 those rows, then whole records of the row groups that hold them only), merges in Arrow and writes the
 segment's shard. The key pass is the only part that still scans the state, at a few bytes per row;
 everything downstream of it is the size of the change. Of each needed ad only the newest segment's row is
