@@ -133,7 +133,9 @@ def test_ledger_explains_every_visible_partition(policy_harness: Harness, spark:
     else:
         assert not second.run_requests
     _execute(h, r1)
-    assert ledger.decision(h.store, "delta", at(10))["decision"] == "published"  # type: ignore[index]
+    published = ledger.decision(h.store, "delta", at(10))
+    assert published is not None and published["decision"] == "published"
+    assert published["extra"]["seconds"]["publish"] >= 0  # where the run's time went, publication included
     if r2 is not None:
         _execute(h, r2)
     third = h.tick()
