@@ -86,7 +86,7 @@ def build_segment(spark: SparkSession, store_config: StoreConfig, layers: Sequen
     tasks = spark.range(0, num_shards, 1, num_shards)
     commits = write_sharded(tasks, store_config, num_shards, _task(job, None), what="micro_batch")
     stages = {"job": round(time.monotonic() - t0, 3)}
-    if any(c.extra.get("uncertain") for c in commits):  # a line only Spark can read: its parse, same pass
+    if any(c.extra.get("uncertain") for c in commits):  # a line only Spark reads for sure: the job again, on its parse
         t1 = time.monotonic()
         lines = read_in_every_task(spark, store_config, files, num_shards)
         parsed = transform.parse_records(lines, max_future_skew_seconds).select(*PARSED_COLUMNS)
