@@ -333,11 +333,9 @@ def read_raw_lines(
 def _read_groups_task(store_json: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         config = store_from_json(store_json)
-        fs = config.arrow_fs()
         for batch in batches:
             for group in batch.column("files").to_pylist():
-                for key, partition_path in json.loads(group):
-                    yield from read_object_lines(fs, config.arrow_path(key), key, partition_path)
+                yield from read_files(config, [(k, p) for k, p in json.loads(group)])
 
     return run
 
@@ -356,9 +354,14 @@ def _read_all_task(store_json: str, files_json: str) -> Callable[[Iterator[pa.Re
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for _ in batches:  # the task's one row: it says only that this task exists
             pass
-        config = store_from_json(store_json)
-        fs = config.arrow_fs()
-        for key, partition_path in json.loads(files_json):
-            yield from read_object_lines(fs, config.arrow_path(key), key, partition_path)
+        yield from read_files(store_from_json(store_json), json.loads(files_json))
 
     return run
+
+
+def read_files(config: StoreConfig, files: Sequence[tuple[str, str]]) -> Iterator[pa.RecordBatch]:
+    """The lines of ``files`` (``(key, partition path)`` pairs), object after object
+    (:func:`read_object_lines`), on the executor that calls it."""
+    fs = config.arrow_fs()
+    for key, partition_path in files:
+        yield from read_object_lines(fs, config.arrow_path(key), key, partition_path)

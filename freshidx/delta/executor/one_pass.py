@@ -43,7 +43,7 @@ from freshidx.spark.line_parse import parse_lines
 from freshidx.spark.quarantine import QuarantineCommit, quarantine_in_task
 from freshidx.spark.quarantine_once import ConflictReport, report_conflicts
 from freshidx.spark.raw_source import ARROW_SCHEMA as RAW_ARROW_SCHEMA
-from freshidx.spark.raw_source import read_in_every_task, read_object_lines, read_raw_lines, store_to_json
+from freshidx.spark.raw_source import read_files, read_in_every_task, read_raw_lines, store_to_json
 from freshidx.spark.shards import DOCS_ARROW_SCHEMA, ShardCommit, ShardWriter, check_name, conform, write_sharded
 from freshidx.spark.transform import INVALID_COLUMNS, QUARANTINE_EXTRA_COLUMNS, TYPED_FIELDS
 from freshidx.store import StoreConfig
@@ -135,10 +135,8 @@ def _task(job: MicroBatchJob, parsed_by: str | None) -> ShardWriter:
 def _parse_here(config: StoreConfig, job: MicroBatchJob, batches: Iterable[pa.RecordBatch]) -> pa.Table | None:
     for _ in batches:  # the task's one row: it says only that this task exists
         pass
-    fs = config.arrow_fs()
-    read = [b for key, partition in job.raw_files
-            for b in read_object_lines(fs, config.arrow_path(key), key, partition)]
-    return parse_lines(pa.Table.from_batches(read, schema=RAW_ARROW_SCHEMA), job.max_future_skew_seconds)
+    lines = pa.Table.from_batches(list(read_files(config, job.raw_files)), schema=RAW_ARROW_SCHEMA)
+    return parse_lines(lines, job.max_future_skew_seconds)
 
 
 def _spark_parsed(batches: Iterable[pa.RecordBatch]) -> pa.Table:
