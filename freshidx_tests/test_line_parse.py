@@ -102,3 +102,10 @@ def test_the_generators_lines_good_and_bad_are_all_read_without_spark(spark: Spa
     cfg = GeneratorConfig(seed=seed, ads=300, changes_per_partition=400, malformed_rate=0.2)
     lines, _ = partition_records(cfg, PartitionId.parse(PARTITION))
     assert _compare(spark, lines) == len(lines)
+
+
+def test_plain_lines_near_every_edge_are_read_as_spark_reads_them(spark: SparkSession) -> None:
+    from freshidx_tests.test_plain_lines import plain_variations
+
+    rows = plain_variations(400, seed=5)
+    assert _compare(spark, rows) >= len(rows) * 2 // 3

@@ -25,7 +25,9 @@ import math
 import re
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from freshidx.records import (
     DEFAULT_MAX_FUTURE_SKEW_SECONDS,
@@ -44,6 +46,7 @@ from freshidx.records import (
     STATUSES,
 )
 from freshidx.spark.index_format import DOCS_ARROW_SCHEMA
+from freshidx.spark.plain_lines import read_plain
 
 #: The output columns, as :func:`freshidx.spark.transform.parse_records` returns them.
 PARSED_SCHEMA = pa.schema([
@@ -71,44 +74,73 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _LONG_LINE = 900
 
 
-def parse_lines(lines: pa.Table, max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS) -> pa.Table | None:
+def parse_lines(lines: pa.Table, max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS, *,
+                plain: bool = True) -> pa.Table | None:
     """``lines`` (``freshidx.spark.raw_source.ARROW_SCHEMA`` columns) parsed and validated as
-    ``transform.parse_records`` does (:data:`PARSED_SCHEMA`), or ``None`` if a line is uncertain."""
+    ``transform.parse_records`` does (:data:`PARSED_SCHEMA`), or ``None`` if a line is uncertain. Plain lines
+    (:mod:`freshidx.spark.plain_lines`) are read in Arrow, the others one by one (:func:`_record`);
+    ``plain=False`` reads every line one by one (the same answer: the tests compare the two)."""
+    lines = lines.combine_chunks()
+    n = lines.num_rows
+    partitions = lines.column("partition").combine_chunks()
+    distinct = pc.unique(partitions)
+    seconds = [_partition_seconds(p) for p in distinct.to_pylist()]
+    latest = np.array([-1 if s is None else s + max_future_skew_seconds for s in seconds], np.int64)
+    limits = latest[pc.index_in(partitions, value_set=distinct).to_numpy(zero_copy_only=False)] if n else latest[:0]
+    readable = pc.and_(pc.invert(lines.column("bad_encoding").combine_chunks().fill_null(False)),
+                       pc.is_null(lines.column("object_error").combine_chunks()))
+    shown = np.flatnonzero(np.asarray(readable.to_numpy(zero_copy_only=False), bool) & plain)
+    is_plain, plain_reasons, plain_values = read_plain(
+        lines.column("raw").combine_chunks().take(pa.array(shown)), limits[shown])
+    done = shown[is_plain]
+    rest = np.setdiff1d(np.arange(n), done, assume_unique=True)
+    other = _other_lines(lines.take(pa.array(rest)), limits[rest])
+    if other is None:
+        return None
+    other_reasons, other_values = other
+    order = np.empty(n, np.int64)  # where each line's answer sits in (plain answers, other answers)
+    order[done] = np.arange(len(done))
+    order[rest] = np.arange(len(rest)) + len(done)
+    at = pa.array(order)
+
+    def merged(a: pa.Array, b: pa.Array) -> pa.ChunkedArray:
+        return pa.chunked_array([pa.concat_arrays([a, b.cast(a.type)]).take(at)])
+
+    arrays = [lines.column(c) for c in ("partition", "file", "line", "raw")]
+    arrays += [merged(a, b) for a, b in zip(plain_values, other_values, strict=True)]
+    arrays += [merged(plain_reasons, other_reasons), lines.column("original"), lines.column("object_error")]
+    return pa.Table.from_arrays(arrays, schema=PARSED_SCHEMA)
+
+
+def _other_lines(lines: pa.Table, limits: np.ndarray) -> tuple[pa.Array, list[pa.Array]] | None:
+    """Reasons and typed values of the lines :mod:`~freshidx.spark.plain_lines` leaves, read one by one;
+    ``None`` if one is uncertain."""
     n = lines.num_rows
     raw = lines.column("raw").to_pylist()
-    partitions = lines.column("partition").to_pylist()
     bad_encoding = lines.column("bad_encoding").to_pylist()
     detail = lines.column("object_error").to_pylist()
     values: list[tuple[Any, ...] | None] = [None] * n
     reasons: list[str | None] = [None] * n
-    partition_seconds: dict[str, int | None] = {}
     reader = _Reader()
     collecting = gc.isenabled()
-    gc.disable()  # tens of thousands of short-lived dicts: the collector's passes cost more than they free
+    gc.disable()  # many short-lived dicts: the collector's passes cost more than they free
     try:
         for i in range(n):
             if detail[i] is not None:
                 reasons[i] = detail[i].split(":", 1)[0]
-                continue
-            if bad_encoding[i]:
+            elif bad_encoding[i]:
                 reasons[i] = REASON_BAD_ENCODING
-                continue
-            partition = partitions[i]
-            if partition not in partition_seconds:
-                partition_seconds[partition] = _partition_seconds(partition)
-            limit = partition_seconds[partition]
-            reasons[i], values[i] = _record(reader, raw[i], None if limit is None else limit + max_future_skew_seconds)
+            else:
+                limit = int(limits[i])
+                reasons[i], values[i] = _record(reader, raw[i], None if limit < 0 else limit)
     except Uncertain:
         return None
     finally:
         if collecting:
             gc.enable()
-    arrays = [lines.column(c) for c in ("partition", "file", "line", "raw")]
-    arrays += [pa.chunked_array([pa.array([v[j] if v is not None else None for v in values], f.type)])
+    columns = [pa.array([v[j] if v is not None else None for v in values], f.type)
                for j, f in enumerate(DOCS_ARROW_SCHEMA)]
-    arrays += [pa.chunked_array([pa.array(reasons, pa.string())]), lines.column("original"),
-               lines.column("object_error")]
-    return pa.Table.from_arrays(arrays, schema=PARSED_SCHEMA)
+    return pa.array(reasons, pa.string()), columns
 
 
 def _record(reader: _Reader, line: str, latest_second: int | None) -> tuple[str | None, tuple[Any, ...] | None]:
