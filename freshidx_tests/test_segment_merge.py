@@ -154,3 +154,15 @@ def test_segment_update_replaces_whole_products_of_distrusted_rows() -> None:
     healed = segment_merge.segment_update(batch, state, pa.array(["a2"]))
     assert {r["ad_id"] for r in healed.replaced().to_pylist()} == {"a1", "a2"}
     assert _apply(served, healed) == truth
+
+
+def test_the_newer_of_two_rows_per_ad_is_what_the_sort_picks() -> None:
+    # segment_update settles a batch ad against its prior row column by column: the same winner as
+    # latest_per_ad's sort, ties on every sorted column (rows equal but for keywords or bid) included.
+    rng = random.Random(3)
+    for _ in range(20):
+        prior = segment_merge.latest_per_ad(_table([_row(rng, f"ad-{rng.randrange(80)}") for _ in range(120)]))
+        batch = segment_merge.latest_per_ad(_table([_row(rng, f"ad-{rng.randrange(120)}") for _ in range(90)]))
+        rows = segment_merge._latest_of_two(prior, batch).to_pylist()
+        want = _by_ad(segment_merge.latest_per_ad(pa.concat_tables([prior, batch])).to_pylist())
+        assert _by_ad(rows) == want and len(rows) == len(want)

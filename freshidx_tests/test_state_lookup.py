@@ -12,9 +12,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from freshidx.delta.executor import key_index
 from freshidx.delta.executor.decoded_cache import DecodedCache
 from freshidx.delta.executor.key_index import LAYOUT, MAX_KEY_BYTES, KeyIndex, query_keys, rows_and_hits
-from freshidx.delta.executor.state_lookup import Parts, StateFile, select_rows
+from freshidx.delta.executor.state_lookup import Parts, StateFile, select_rows, warm_files
 from freshidx.spark.shards import COVERED_ARROW_SCHEMA, COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, conform
 
 
@@ -156,17 +157,41 @@ def test_an_index_another_client_cached_serves_the_next_one(tmp_path: Path) -> N
     assert used == ["rows_of_ads", "rows_of_ads"]  # the cached index answered both passes, none was rebuilt
 
 
+def test_warmed_files_serve_the_next_lookup_without_reading(tmp_path: Path) -> None:
+    rows = [(f"a{p}{i}", f"p{p}") for p in range(10) for i in range(4)]
+    docs = _docs(tmp_path / DOCS_FILE, rows, row_group=8)
+    covered = _covered(tmp_path / COVERED_FILE, [("a30", "deleted"), ("zz", "paused")])
+    cache = DecodedCache(1 << 20)
+    decoded = warm_files([_file(docs, "d", DOCS_FILE), _file(covered, "c", COVERED_FILE)], cache)
+    assert decoded == 2 + 5 + 1  # two key indexes, every row group
+    opened: list[str] = []
+    batch = pa.table({"ad_id": ["a30"], "product_id": ["p7"]})
+    files = [_file(docs, "d", DOCS_FILE, opened), _file(covered, "c", COVERED_FILE, opened)]
+    got = _rows(pa.Table.from_batches(list(select_rows(batch, files, cache))))
+    assert opened == []  # every key index and row group came from the cache
+    assert got == _rows(pa.Table.from_batches(list(select_rows(batch, [_file(docs, "d", DOCS_FILE),
+                                                                       _file(covered, "c", COVERED_FILE)],
+                                                              DecodedCache(0)))))
+    assert warm_files([_file(docs, "d", DOCS_FILE), _file(covered, "c", COVERED_FILE)], cache) == 0
+
+
 def _rows(out: pa.Table) -> list[tuple]:
     return sorted(zip(*(out.column(c).to_pylist() for c in ("ad_id", "product_id", "status", "version")),
                       strict=True), key=repr)
 
 
+@pytest.mark.parametrize("colliding", [False, True], ids=["hashes", "colliding-hashes"])
 @pytest.mark.parametrize("seed", range(6))
-def test_key_index_answers_as_the_scan(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sorted key index (binary search) selects exactly the rows the is_in scan selects: ads in several
+def test_key_index_answers_as_the_scan(tmp_path: Path, seed: int, colliding: bool,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key index (binary search over hashes) selects exactly the rows the is_in scan selects: ads in several
     files, ads that moved product, products on row group edges, non-ASCII ids, ids of different lengths,
-    and (seed 5) an id too long for the index, which makes that file fall back to the scan."""
+    and (seed 5) an id too long for the index, which makes that file fall back to the scan. With a hash of
+    three values, nearly every id shares its hash with others: the bytes settle every lookup."""
     import random
+
+    if colliding:
+        monkeypatch.setattr(key_index, "key_hashes", lambda keys: (np.char.str_len(keys) % 3).astype(np.uint64))
 
     rng = random.Random(seed)
     ids = [f"ad-{i}" + ("é" * rng.randrange(3)) for i in range(300)]
@@ -199,7 +224,7 @@ def test_key_index_lookups() -> None:
     assert KeyIndex.build(pa.table({"ad_id": ["a", "b" * (MAX_KEY_BYTES + 1)]}), [2]) is None
     # rows and which of the asked ids the file holds, aligned with the ask (an id wider than the index: absent)
     rows, hits = rows_and_hits(index, query_keys(pa.array(["a", "zz", "é", "x" * 9])))
-    assert rows.tolist() == [1, 3, 4] and hits.tolist() == [True, False, False, True] == [
+    assert rows.tolist() == [1, 3, 4] and hits.sum() == 2 and hits.tolist() == [
         k in (b"a", "é".encode()) for k in query_keys(pa.array(["a", "zz", "é", "x" * 9])).tolist()]
     assert query_keys(pa.array(["a", None, "a\0", "b" * (MAX_KEY_BYTES + 1)])).tolist() == [b"a"]
     # A file of one row per ad (every state file) is searched once per id: same answers, at the edges too.

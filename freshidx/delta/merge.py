@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -117,6 +118,40 @@ def _latest_of_repeated(table: pa.Table) -> pa.Table:
     return table.filter(pa.array(keep))
 
 
+def _latest_of_two(prior: pa.Table, batch: pa.Table) -> pa.Table:
+    """``latest_per_ad(concat([prior, batch]))`` of two tables of one row per ad each: an ad in both is
+    settled by comparing its two rows column by column (``_SORTED``), the few that tie on all of them as
+    :func:`latest_per_ad` settles them."""
+    at = pc.index_in(batch.column("ad_id"), value_set=prior.column("ad_id"))
+    paired = np.asarray(at.is_valid().to_numpy(zero_copy_only=False), bool)
+    if not paired.any():
+        return pa.concat_tables([prior, batch])
+    mine = pa.array(np.flatnonzero(paired))
+    theirs = at.drop_null()
+    old, new = prior.take(theirs), batch.take(mine)
+    decided = np.zeros(len(new), bool)
+    newer = np.zeros(len(new), bool)
+    for name in _SORTED:  # most significant first; null is the smallest value, as in Spark
+        a, b = new.column(name), old.column(name)
+        greater = pc.or_(pc.fill_null(pc.greater(a, b), False), pc.and_(pc.is_valid(a), pc.is_null(b)))
+        less = pc.or_(pc.fill_null(pc.less(a, b), False), pc.and_(pc.is_null(a), pc.is_valid(b)))
+        gt, lt = _bools(greater), _bools(less)
+        newer |= ~decided & gt
+        decided |= gt | lt
+    in_batch = np.zeros(prior.num_rows, bool)
+    in_batch[theirs.to_numpy(zero_copy_only=False)] = True
+    tied = pa.concat_tables([old.filter(pa.array(~decided)), new.filter(pa.array(~decided))])
+    return pa.concat_tables([
+        prior.filter(pa.array(~in_batch)), batch.filter(pa.array(~paired)),
+        new.filter(pa.array(decided & newer)), old.filter(pa.array(decided & ~newer)),
+        _latest_of_repeated(tied) if tied.num_rows else tied,
+    ])
+
+
+def _bools(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(values.to_numpy(zero_copy_only=False), bool)
+
+
 def _in(column: pa.ChunkedArray | pa.Array, values: pa.Array) -> pa.Array:
     return pc.is_in(column, value_set=values).fill_null(False)
 
@@ -175,7 +210,7 @@ def segment_update(batch: pa.Table, state: pa.Table, distrusted: pa.Array | None
     others = in_touched.filter(pc.invert(_in(in_touched, batch_ids)))
     prior_others = latest_per_ad(state.filter(_in(state.column("ad_id"), others)))
     # The latest row is a maximum per ad: the batch competes only with its own ads' prior rows.
-    resolved = pa.concat_tables([prior_others, latest_per_ad(pa.concat_tables([prior_batch, batch]))])
+    resolved = pa.concat_tables([prior_others, _latest_of_two(prior_batch, batch)])
     rows = resolved.filter(pc.or_(_in(resolved.column("product_id"), touched),
                                   _in(resolved.column("ad_id"), batch_ids)))
     before = pa.concat_tables([prior_others, prior_batch])

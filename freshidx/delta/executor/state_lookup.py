@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from freshidx.delta import merge as segment_merge
 from freshidx.delta.executor import segment_parts
 from freshidx.delta.executor.decoded_cache import DecodedCache, resolve_worker_cache
-from freshidx.delta.executor.key_index import LAYOUT, KeyIndex, query_keys, rows_and_hits
+from freshidx.delta.executor.key_index import LAYOUT, KeyIndex, distinct_keys, query_keys, rows_and_hits
 from freshidx.records import ACTIVE
 from freshidx.spark.index_shards import REPLACE_COLUMN, version_files, widen
 from freshidx.spark.shards import (
@@ -87,13 +87,8 @@ def merged_rows(config: StoreConfig, files: list[FileRef], cache_bytes: int, rec
     batch = segment_merge.latest_per_ad(records)
     if batch.num_rows == 0:
         return records.slice(0, 0).append_column(REPLACE_COLUMN, pa.array([], pa.bool_()))
-    fs = config.arrow_fs()
     cache = resolve_worker_cache(cache_bytes)
-    # Named by endpoint and path: two S3 servers may hold a bucket of the same name.
-    paths = [(config.arrow_path(k), kind, layer, over_full) for k, kind, layer, over_full in files]
-    state_files = [StateFile(f"{config.endpoint_url or ''}|{path}", kind,
-                             lambda path=path: pq.ParquetFile(fs.open_input_file(path)), layer, over_full)
-                   for path, kind, layer, over_full in paths]
+    state_files = open_state_files(config, files)
     distrusted: list[pa.Array] = []
     try:
         state = pa.Table.from_batches(list(select_rows(batch, state_files, cache, owned, distrusted)),
@@ -109,6 +104,36 @@ def merged_rows(config: StoreConfig, files: list[FileRef], cache_bytes: int, rec
     if seconds is not None:
         seconds.update(state=round(t2 - t1, 3), merge=round(time.monotonic() - t2, 3))
     return rows
+
+
+def open_state_files(config: StoreConfig, files: list[FileRef]) -> list[StateFile]:
+    """``files`` as :class:`StateFile` (each opened on first use; the caller closes them)."""
+    fs = config.arrow_fs()
+    # Named by endpoint and path: two S3 servers may hold a bucket of the same name.
+    paths = [(config.arrow_path(k), kind, layer, over_full) for k, kind, layer, over_full in files]
+    return [StateFile(f"{config.endpoint_url or ''}|{path}", kind,
+                      lambda path=path: pq.ParquetFile(fs.open_input_file(path)), layer, over_full)
+            for path, kind, layer, over_full in paths]
+
+
+def warm_files(files: list[StateFile], cache: DecodedCache) -> int:
+    """Decode what a micro-batch over ``files`` reads into ``cache`` (each file's key index, then its row
+    groups, the newest layer first: what the budget cannot hold goes first); returns the values decoded."""
+    loaded = 0
+
+    def counted(load: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            nonlocal loaded
+            loaded += 1
+            return load()
+        return run
+
+    for f in sorted(files, key=lambda f: -f.layer):
+        cache.get((f.name, "key-index", LAYOUT), counted(lambda f=f: _read_keys(f.parquet())), _weight, lasting=True)
+    for f in sorted(files, key=lambda f: -f.layer):
+        for g in range(f.parquet().metadata.num_row_groups):
+            cache.get((f.name, g), counted(lambda f=f, g=g: f.parquet().read_row_group(g)), lambda v: v.nbytes)
+    return loaded
 
 
 @dataclass(frozen=True)
@@ -208,7 +233,7 @@ class _Ids:
     def wanted(self) -> np.ndarray:
         """For key indexes (ids no index can hold are left out: they match none)."""
         if self._wanted is None:
-            self._wanted = np.unique(np.concatenate([query_keys(pa.concat_arrays(self.strings)), *self.keys]))
+            self._wanted = distinct_keys([query_keys(pa.concat_arrays(self.strings)), *self.keys])
         return self._wanted
 
     def arrow(self) -> pa.Array:
@@ -276,18 +301,19 @@ def _newest_rows(files: list[StateFile], key_info: list[KeyIndex | KeyColumns], 
     for f, info in zip(files, key_info, strict=True):
         assert not isinstance(info, tuple)
         by_layer.setdefault(f.layer, []).append((f, info))
-    for_segments, for_full = wanted, wanted
+    # Which of ``wanted`` the older segments and the full version are still asked for (positions, not keys).
+    for_segments, for_full = np.arange(len(wanted)), np.ones(len(wanted), bool)
     for layer in sorted(by_layer, reverse=True):
-        asked = for_full if layer == 0 else for_segments
+        asked = np.flatnonzero(for_full) if layer == 0 else for_segments
         held = np.zeros(len(asked), bool)
         for f, info in by_layer[layer]:
-            rows, hits = rows_and_hits(info, asked)
+            rows, hits = rows_and_hits(info, wanted[asked])
             held |= hits
             yield from _read_rows(f, rows, info.row_group_sizes, cache, distrusted)
         if layer == 0:
             continue
         if all(f.over_full for f, _ in by_layer[layer]):
-            for_full = for_full[~np.isin(for_full, asked[held], assume_unique=True)]
+            for_full[asked[held]] = False
         for_segments = asked[~held]
 
 
