@@ -174,6 +174,9 @@ class PipelineSettings(BaseModel):
     continuous_trigger_seconds: float = Field(
         0.5, gt=0, le=3600, description="continuous mode: seconds between two evaluations of the latest-only rule "
         "(each lists the newest partitions and reads the pointer: a few store requests)")
+    continuous_keep_warm: bool = Field(
+        True, description="continuous mode: while idle, keep the Spark Python workers alive and the next "
+        "micro-batch's state decoded in them (a small Spark job after each change, and every 30 s)")
     continuous_max_runtime: float = Field(
         24 * 3600.0, gt=0, le=31 * 24 * 3600,
         description="continuous mode: planned restart after this many seconds (also '90s', '30m', '24h', '1h30m')")

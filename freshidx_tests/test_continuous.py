@@ -103,6 +103,22 @@ def test_tick_decision_and_attempt_accounting() -> None:
     assert lost is not None and not lost.in_flight and lost.status == continuous.LOST and not lost.interrupted
 
 
+def test_when_the_idle_loop_warms_its_workers() -> None:
+    w = continuous.Warmth()
+    state = ("full-1", "delta-1")
+    assert w.look_due(T, published=False) and w.warm_due(T, state)  # never looked, never warmed
+    w.checked_at, w.state, w.warmed_at = T, state, T
+    soon = T + dt.timedelta(seconds=1)
+    assert not w.look_due(soon, published=False) and w.look_due(soon, published=True)  # a publication: at once
+    assert w.look_due(T + continuous.WARM_CHECK, published=False)
+    assert not w.warm_due(soon, state)  # nothing changed, the workers were busy a second ago
+    assert w.warm_due(soon, ("full-1", "delta-2")) and w.warm_due(soon, ("full-2", "delta-1"))
+    assert w.warm_due(T + continuous.KEEP_WARM, state)  # before Spark stops an idle worker (a minute)
+    assert continuous.KEEP_WARM < dt.timedelta(minutes=1)
+    assert Settings.from_env({}).continuous_keep_warm
+    assert not Settings.from_env({"FRESHIDX_CONTINUOUS_KEEP_WARM": "false"}).continuous_keep_warm
+
+
 def test_heartbeat_roundtrip() -> None:
     state = continuous.LoopState("run-1", T, LIMITS, ticks=3, batches=1, published=1, last_tick=T)
     assert continuous.heartbeat_due(state, T, acted=False)  # never written yet

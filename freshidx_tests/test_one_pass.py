@@ -14,6 +14,9 @@ from pyspark.sql import SparkSession
 from freshidx.cli.quarantine import entries
 from freshidx.delta.build import DeltaPlan, build_delta
 from freshidx.delta.executor import one_pass
+from freshidx.delta.executor.state_lookup import state_file_refs
+from freshidx.delta.executor.warm_state import warm_state
+from freshidx.delta.serving_state import state_layers
 from freshidx.full.build import build_full
 from freshidx.publish.commit import publish
 from freshidx.serve.searcher import Searcher
@@ -89,6 +92,12 @@ def test_a_micro_batch_is_one_spark_job_that_also_quarantines_and_reports(
         (key, 2, "malformed_json"), (key, 4, "bad_bid")]
     assert {f"{k}_seconds" for k in one_pass.STEPS} <= draft.stats.keys()
     _publish(store, draft)
+    # What the continuous loop does while idle: one job decodes the state the next micro-batch reads.
+    named = state_layers(store)
+    assert named is not None and named[0] == (draft.segments[-1]["full_version"], draft.version)
+    warmed = warm_state(spark, cfg, named[1], tasks=shards, cache_bytes=64 << 20)
+    assert warmed.files == len(state_file_refs(named[1])) > 0
+    assert warmed.decoded > 0  # the new segment's files at least: no worker has read them yet
 
     # A conflict inside the batch: the second job reports both copies; the winner is served.
     _put(store, 10, [rec("ad-c", 10, "alpha conflict"), rec("ad-c", 10, "beta conflict", seconds=30)])

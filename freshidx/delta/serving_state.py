@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from freshidx.delta.executor.state_lookup import StateLayer
 from freshidx.delta.segments import FullBase, Segment
 from freshidx.publish.commit import Pointer, parse_iso, read_manifest, read_pointer
 from freshidx.store import NotFound, ObjectStore
@@ -38,3 +39,15 @@ def delta_segments(store: ObjectStore, reader: str) -> tuple[Pointer | None, lis
     except (NotFound, KeyError, TypeError, ValueError) as exc:
         log.warning("%s: serving delta manifest %s unreadable (%s)", reader, pointer.version, exc)
         return pointer, None
+
+
+def state_layers(store: ObjectStore) -> tuple[tuple[str, str | None], list[StateLayer]] | None:
+    """What the next micro-batch reads as known: the serving full version, then the serving delta's
+    segments (oldest first), and the pair of versions that names it; ``None`` before the first full index."""
+    full, full_manifest = full_base(store)
+    if full is None or full_manifest is None:
+        return None
+    delta, kept = delta_segments(store, "state layers")
+    layers = [StateLayer(full_manifest.shards),
+              *(StateLayer(s.shards, over_full=s.full_version == full.version) for s in kept or [])]
+    return (full.version, delta.version if delta is not None else None), layers

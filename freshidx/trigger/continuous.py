@@ -180,6 +180,32 @@ class LoopRuns:
         return None  # the loop's own cursor lives in this process: it always has the newest request
 
 
+# ------------------------------------------------------------------------------------------ warm state
+
+#: While idle, the loop looks this often whether the state the next micro-batch reads has changed ...
+WARM_CHECK = dt.timedelta(seconds=5)
+#: ... and warms its Python workers at least this often: Spark stops a worker idle for a minute.
+KEEP_WARM = dt.timedelta(seconds=30)
+
+
+@dataclass
+class Warmth:
+    """What the loop last warmed (``freshidx.delta.executor.warm_state``): the state's name (its full and delta
+    versions) and when; and when it last looked."""
+
+    state: tuple[str, str | None] | None = None
+    warmed_at: dt.datetime | None = None
+    checked_at: dt.datetime | None = None
+
+    def look_due(self, now: dt.datetime, published: bool) -> bool:
+        """Read the serving versions now? After a publication at once, else every :data:`WARM_CHECK`."""
+        return published or self.checked_at is None or now - self.checked_at >= WARM_CHECK
+
+    def warm_due(self, now: dt.datetime, state: tuple[str, str | None]) -> bool:
+        """Warm for ``state`` now: it changed, or the workers were last kept busy :data:`KEEP_WARM` ago."""
+        return state != self.state or self.warmed_at is None or now - self.warmed_at >= KEEP_WARM
+
+
 # ------------------------------------------------------------------------------------------ heartbeat
 
 

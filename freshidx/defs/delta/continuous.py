@@ -32,6 +32,7 @@ from typing import Any
 import dagster as dg
 import psutil
 
+from freshidx.defs.delta.keep_warm import keep_warm
 from freshidx.defs.delta.sensor import DagsterDeltaRuns, partition_observation
 from freshidx.defs.runs.health import run_facts
 from freshidx.defs.runs.status import IN_FLIGHT, RUNNING
@@ -136,6 +137,8 @@ def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreReso
     runs = LoopRuns(context.run_id, DagsterDeltaRuns(context.instance))
     partitions_def = hourly_partitions(settings)
     stopper = _Stopper()
+    warmth = continuous.Warmth()
+    published = state.published
     cursor: dict[str, Any] = {}
     context.log.info(f"continuous delta: trigger every {limits.trigger_seconds} s, planned restart at "
                      f"{limits.restart_at(state.started_at).isoformat()} or at {limits.max_rss_mb} MiB RSS")
@@ -174,6 +177,9 @@ def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreReso
                 released = False  # the micro-batch leased and connected again
             elif not released:
                 released = _release_if_draining(context, spark)
+            if action.kind is TickKind.IDLE and not released:
+                keep_warm(context, st, store, spark, settings, warmth, now, published=state.published > published)
+                published = state.published
             if continuous.heartbeat_due(state, now, action.kind is TickKind.MICRO_BATCH):
                 _write_heartbeat(context, st, state, utcnow())
             pause = FAILURE_BACKOFF_SECONDS if failed else limits.trigger_seconds

@@ -1,0 +1,59 @@
+"""Warm the Python workers for the next micro-batch, while the loop is idle (docs/architecture.md#warm-state).
+
+A micro-batch's task looks its state rows up through the key indexes and row groups its Python worker
+keeps (:mod:`freshidx.delta.executor.decoded_cache`). A worker that has not seen a state file builds them
+first: after a new full version, ~1 s per task at a million documents; after each micro-batch, the new
+segment's files. And Spark stops a Python worker that stayed idle for a minute, taking what it kept. So
+while the continuous loop waits for a partition it runs this job, one task per worker slot, and each task
+decodes what the next micro-batch will read (:func:`freshidx.delta.executor.state_lookup.warm_files`):
+the next micro-batch finds its workers alive and its state decoded, and pays only for what it changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from freshidx.delta.executor.decoded_cache import resolve_worker_cache
+from freshidx.delta.executor.state_lookup import FileRef, StateLayer, open_state_files, state_file_refs, warm_files
+from freshidx.spark.raw_source import store_from_json, store_to_json
+from freshidx.store import StoreConfig
+
+_RESULT_DDL = "task long, decoded long"
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmResult:
+    seconds: float
+    files: int  # state files warmed
+    decoded: int  # values the workers had to decode (0: everything was warm)
+
+
+def warm_state(spark: SparkSession, store_config: StoreConfig, layers: Sequence[StateLayer], *, tasks: int,
+               cache_bytes: int) -> WarmResult:
+    """Decode the state ``layers`` in ``tasks`` Python tasks (one Spark job); with ``cache_bytes`` 0 the tasks
+    decode nothing (the workers keep nothing) and only keep the workers alive."""
+    t0 = time.monotonic()
+    refs = state_file_refs(layers) if cache_bytes > 0 else []
+    rows = spark.range(0, tasks, 1, tasks).mapInArrow(_task(store_to_json(store_config), refs, cache_bytes),
+                                                      _RESULT_DDL).collect()
+    return WarmResult(round(time.monotonic() - t0, 3), len(refs), sum(int(r["decoded"]) for r in rows))
+
+
+def _task(store_json: str, refs: list[FileRef], cache_bytes: int):  # type: ignore[no-untyped-def]
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task = [int(v) for b in batches for v in b.column(0).to_pylist()]
+        files = open_state_files(store_from_json(store_json), refs) if refs else []
+        try:
+            decoded = warm_files(files, resolve_worker_cache(cache_bytes))
+        finally:
+            for f in files:
+                f.close()
+        yield pa.record_batch({"task": pa.array(task[:1] or [-1], pa.int64()),
+                               "decoded": pa.array([decoded], pa.int64())})
+
+    return run
