@@ -175,6 +175,8 @@ floor = LazyCommand(
     _opt("--window-docs", type=int, default=1_000_000, help="documents in the window (default 1000000)"),
     _opt("--changes", type=click.IntRange(min=1), default=None,
          help="records in the measured partition (default: the window's rate, ~44,600 at 1M)"),
+    _opt("--rounds", type=click.IntRange(min=1), default=3,
+         help="measured micro-batches, each beside the floor of its partition; medians are reported (default 3)"),
     *_common("keep the store and the server's state here instead of a temp dir"),
     help="a micro-batch's Spark build through warm Connect vs the single-process floor (pyarrow parse + "
     "tantivy index of the same documents): floor_s, spark_s, ratio",

@@ -3,8 +3,9 @@
 
 In a fresh local store: a window of ``--window-docs`` documents (one partition every 5 minutes, at the
 window's rate unless ``--changes`` says otherwise), its full index, then micro-batches through one
-supervised, warm Spark Connect server (two to warm it, then the measured one). For the measured
-partition, in this process and without Spark:
+supervised, warm Spark Connect server (two to warm it, then ``--rounds`` measured ones; between two, the
+workers decode the next micro-batch's state, as the continuous loop has them do while it waits). For each
+measured partition, in this process and without Spark:
 
 * ``parse_s``: pyarrow's JSON reader over the partition's valid lines into the typed record (the bytes
   already in memory; the few lines the micro-batch quarantined are left out: the floor pays nothing for
@@ -15,7 +16,8 @@ partition, in this process and without Spark:
 * ``floor_s`` = ``parse_s`` + ``index_s``;
 
 and ``spark_s``, the micro-batch's build (``build_seconds``: from the Spark job's start to the staged shards,
-listing and publication excluded), and ``ratio`` = ``spark_s`` / ``floor_s``.
+listing and publication excluded). Each figure is the median over the rounds (one run of either side is at
+the mercy of whatever else the box does), and ``ratio`` = median ``spark_s`` / median ``floor_s``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import io
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -91,14 +94,11 @@ def _indexed_docs(store_cfg: Any, layers: list[Any], valid: pa.Table) -> pa.Tabl
 
 def _serving_layers(store: Any) -> list[Any]:
     """What the next micro-batch rests on: the serving full version, then the serving delta's segments."""
-    from freshidx.delta.executor.state_lookup import StateLayer
-    from freshidx.delta.serving_state import delta_segments, full_base
+    from freshidx.delta.serving_state import state_layers
 
-    full, full_manifest = full_base(store)
-    _, kept = delta_segments(store, "bench floor")
-    assert full is not None and full_manifest is not None
-    return [StateLayer(full_manifest.shards),
-            *(StateLayer(s.shards, over_full=s.full_version == full.version) for s in kept or [])]
+    found = state_layers(store)
+    assert found is not None
+    return found[1]
 
 
 def _quarantined_lines(store: Any, partition: PartitionId) -> set[tuple[str, int]]:
@@ -108,8 +108,10 @@ def _quarantined_lines(store: Any, partition: PartitionId) -> set[tuple[str, int
             and partition.path in str(e["file"])}
 
 
-def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, seed: int) -> dict[str, Any]:
+def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, seed: int,
+            rounds: int) -> dict[str, Any]:
     from freshidx.delta.build import DeltaPlan, build_delta
+    from freshidx.delta.executor.warm_state import warm_state
     from freshidx.full.build import build_full
     from freshidx.publish.commit import publish
     from freshidx.settings import Settings
@@ -121,7 +123,7 @@ def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, s
     cfg = generator_config_for(docs, seed=seed, window_minutes=WINDOW_MINUTES)
     if changes is not None:
         cfg = dataclasses.replace(cfg, changes_per_partition=changes)
-    now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0) - dt.timedelta(minutes=15)
+    now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0) - dt.timedelta(minutes=5 * (rounds + 2))
     newest = PartitionId(now - dt.timedelta(minutes=now.minute % 5))
     server.start_async()
     records, write_s = seed_history(store_dir, cfg, newest.at, WINDOW_MINUTES)
@@ -131,6 +133,7 @@ def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, s
     store = open_store(sc)
     settings = Settings.from_env({}, store=sc.uri, source=SOURCE, window_minutes=WINDOW_MINUTES)
     spark = build_connect_session(server.url)
+    measured: list[tuple[PartitionId, list[Any], Any]] = []
     try:
         def published(draft: Any) -> Any:
             result = publish(store, draft, max_drop_fraction=None)
@@ -139,47 +142,63 @@ def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, s
             return draft
 
         published(build_full(spark, store, sc, settings, cutoff=newest, run_id="floor-full", run_info={}))
-        for minutes in (5, 10, 15):  # two to warm the server and its Python workers, then the measured one
-            p = PartitionId(newest.at + dt.timedelta(minutes=minutes))
+        for n in range(1, rounds + 3):  # two to warm the server and its Python workers, then the measured ones
+            p = PartitionId(newest.at + dt.timedelta(minutes=5 * n))
             write_partition(store, cfg, p)
-            if minutes == 15:  # the state the measured micro-batch rests on, for the floor's documents
-                layers = _serving_layers(store)
-            plan = DeltaPlan(partition=p, watermark=None, run_id=f"floor-{minutes}", run_info={})
+            layers = _serving_layers(store)  # the state the micro-batch rests on, for the floor's documents
+            plan = DeltaPlan(partition=p, watermark=None, run_id=f"floor-{n}", run_info={})
             draft = published(build_delta(spark, store, sc, settings, plan))
+            # What the continuous loop does while it waits for the next partition.
+            warm_state(spark, sc, _serving_layers(store), tasks=settings.delta_segment_shards,
+                       cache_bytes=settings.delta_state_cache_mb * 2**20)
+            if n > 2:
+                measured.append((p, layers, draft))
     finally:
         spark.stop()
+    runs = [_floor_round(store, sc, root, p, layers, draft) for p, layers, draft in measured]
+    median = {k: round(statistics.median(r[k] for r in runs), 3) for k in ("parse_s", "index_s", "floor_s", "spark_s")}
+    last = runs[-1]
+    return {"window_docs": docs, "changes": cfg.changes_per_partition, "records": last["records"],
+            "indexed_docs": last["indexed_docs"], "spark_indexed_docs": last["spark_indexed_docs"], **median,
+            "ratio": round(median["spark_s"] / median["floor_s"], 2) if median["floor_s"] else None,
+            "spark_steps": last["spark_steps"], "rounds": runs}
+
+
+def _floor_round(store: Any, sc: Any, root: Path, p: PartitionId, layers: list[Any], draft: Any) -> dict[str, Any]:
+    """The floor of one measured micro-batch's partition, beside that micro-batch's build seconds."""
     keys = [f["key"] for f in draft.inputs["files"]]
     data = _valid_lines(store, keys, _quarantined_lines(store, p))
     parsed, parse_s = parse_floor(data)
     indexed = _indexed_docs(sc, layers, parsed)
     index_s = index_floor(indexed, root)
-    spark_s = float(draft.stats["build_seconds"])
-    floor_s = round(parse_s + index_s, 3)
-    return {"window_docs": docs, "changes": cfg.changes_per_partition, "records": int(parsed.num_rows),
-            "indexed_docs": int(indexed.num_rows), "spark_indexed_docs": int(draft.segments[-1]["doc_count"]),
-            "parse_s": parse_s, "index_s": index_s, "floor_s": floor_s, "spark_s": spark_s,
-            "ratio": round(spark_s / floor_s, 2) if floor_s else None,
+    return {"partition": p.path, "records": int(parsed.num_rows), "indexed_docs": int(indexed.num_rows),
+            "spark_indexed_docs": int(draft.segments[-1]["doc_count"]), "parse_s": parse_s, "index_s": index_s,
+            "floor_s": round(parse_s + index_s, 3), "spark_s": float(draft.stats["build_seconds"]),
             "spark_steps": {k: v for k, v in draft.stats.items() if k.endswith("_seconds")}}
 
 
 def table(r: dict[str, Any]) -> str:
     return "\n".join([
+        f"medians of {len(r['rounds'])} measured micro-batches (each beside the floor of its own partition)",
         f"window {r['window_docs']} docs, partition of {r['changes']} changes ({r['records']} valid records, "
         f"{r['indexed_docs']} documents indexed; the micro-batch indexed {r['spark_indexed_docs']})",
         f"floor (one process, no Spark): parse {r['parse_s']:.3f} s + index {r['index_s']:.3f} s "
         f"= {r['floor_s']:.3f} s",
         f"Spark micro-batch build (warm Connect): {r['spark_s']:.3f} s   ratio {r['ratio']}x   goal ≤ 2x",
-        "micro-batch steps (s): " + "  ".join(f"{k.removesuffix('_seconds')} {v}" for k, v in r["spark_steps"].items()),
+        "last micro-batch's steps (s): " + "  ".join(f"{k.removesuffix('_seconds')} {v}"
+                                                     for k, v in r["spark_steps"].items()),
+        *(f"  round {n}: floor {x['floor_s']:.3f} s (parse {x['parse_s']:.3f} + index {x['index_s']:.3f}), "
+          f"Spark {x['spark_s']:.3f} s" for n, x in enumerate(r["rounds"], start=1)),
     ])
 
 
-def cmd_bench_floor(*, window_docs: int, changes: int | None, seed: int, workdir: str | None, keep: bool,
-                    as_json: bool) -> int:
+def cmd_bench_floor(*, window_docs: int, changes: int | None, rounds: int, seed: int, workdir: str | None,
+                    keep: bool, as_json: bool) -> int:
     root = Path(workdir or tempfile.mkdtemp(prefix="freshidx-bench-floor-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     server = ConnectServer(root / "spark-server")
     try:
-        result = measure(server, root, window_docs, changes, seed)
+        result = measure(server, root, window_docs, changes, seed, rounds)
     finally:
         server.stop()
         if not keep and workdir is None:
