@@ -114,7 +114,7 @@ def test_when_the_idle_loop_warms_its_workers() -> None:
     assert not w.warm_due(soon, state)  # nothing changed, the workers were busy a second ago
     assert w.warm_due(soon, ("full-1", "delta-2")) and w.warm_due(soon, ("full-2", "delta-1"))
     assert w.warm_due(T + continuous.KEEP_WARM, state)  # before Spark stops an idle worker (a minute)
-    assert continuous.KEEP_WARM < dt.timedelta(minutes=1)
+    assert dt.timedelta(minutes=1) > continuous.KEEP_WARM
     assert Settings.from_env({}).continuous_keep_warm
     assert not Settings.from_env({"FRESHIDX_CONTINUOUS_KEEP_WARM": "false"}).continuous_keep_warm
 

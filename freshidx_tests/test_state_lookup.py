@@ -135,9 +135,9 @@ def test_an_index_another_client_cached_serves_the_next_one(tmp_path: Path) -> N
     docs = _docs(tmp_path / DOCS_FILE, rows, row_group=8)
     used: list[str] = []
 
-    def rows_of_ads(self: KeyIndex, ads: np.ndarray) -> np.ndarray:
+    def rows_of_ads(self: KeyIndex, ads: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
         used.append("rows_of_ads")
-        return KeyIndex.rows_of_ads(self, ads)
+        return KeyIndex.rows_of_ads(self, ads, hashes)
 
     other_client = type("KeyIndex", (), {**{k: v for k, v in vars(KeyIndex).items()
                                             if k not in ("__dict__", "__weakref__")}, "rows_of_ads": rows_of_ads})

@@ -206,7 +206,7 @@ def segment_update(batch: pa.Table, state: pa.Table, distrusted: pa.Array | None
     prior_active = prior_batch.filter(_active(prior_batch))
     touched = pc.unique(pa.concat_arrays([batch.column("product_id").combine_chunks(),
                                           prior_active.column("product_id").combine_chunks()]).drop_null())
-    in_touched = pc.unique(state.filter(_in(state.column("product_id"), touched)).column("ad_id").combine_chunks())
+    in_touched = pc.unique(state.column("ad_id").filter(_in(state.column("product_id"), touched)).combine_chunks())
     others = in_touched.filter(pc.invert(_in(in_touched, batch_ids)))
     prior_others = latest_per_ad(state.filter(_in(state.column("ad_id"), others)))
     # The latest row is a maximum per ad: the batch competes only with its own ads' prior rows.

@@ -132,15 +132,16 @@ def distinct_keys(parts: list[np.ndarray]) -> np.ndarray:
     return k[first]
 
 
-def _matches(hashes: np.ndarray, keys: np.ndarray, wanted: np.ndarray,
-             unique_hashes: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def _matches(hashes: np.ndarray, keys: np.ndarray, wanted: np.ndarray, unique_hashes: bool = False,
+             wanted_hashes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Start and end (exclusive) in ``keys`` (ordered by (hash, bytes), ``hashes`` theirs) of each wanted key's
     run of equal keys (aligned with ``wanted``: an absent key has an empty run). ``unique_hashes``: no hash
-    repeats in ``hashes``, so one binary search per key settles it."""
+    repeats in ``hashes``, so one binary search per key settles it. ``wanted_hashes``: :func:`key_hashes` of
+    ``wanted``, when the caller has them (one set of ids is looked up in every state file)."""
     n = len(keys)
     if len(wanted) == 0 or n == 0:
         return np.zeros(len(wanted), np.int64), np.zeros(len(wanted), np.int64)
-    want = key_hashes(wanted)
+    want = key_hashes(wanted) if wanted_hashes is None else wanted_hashes
     starts = np.searchsorted(hashes, want, "left").astype(np.int64)
     at = np.minimum(starts, n - 1)
     if unique_hashes:
@@ -170,11 +171,11 @@ def _ranges(starts: np.ndarray, ends: np.ndarray, values: np.ndarray) -> np.ndar
     return values[offsets + np.arange(total, dtype=np.int64)]
 
 
-def rows_and_hits(index: KeyIndex, ads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def rows_and_hits(index: KeyIndex, ads: np.ndarray, hashes: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``index.rows_of_ads(ads)``, and which of ``ads`` the file holds (a mask aligned with ``ads``), in one
     search. A module function, not a method: a cached index may be an instance of another client's copy
     of the class, built before this function existed (:data:`LAYOUT`); its fields mean the same."""
-    starts, ends = _matches(index.ad_hashes, index.ads, ads, index.ads_unique)
+    starts, ends = _matches(index.ad_hashes, index.ads, ads, index.ads_unique, hashes)
     return np.sort(_ranges(starts, ends, index.ad_rows)).astype(np.int64), ends > starts
 
 
@@ -242,10 +243,10 @@ class KeyIndex:
     def num_rows(self) -> int:
         return len(self.ads)
 
-    def rows_of_ads(self, ads: np.ndarray) -> np.ndarray:
+    def rows_of_ads(self, ads: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
         """Rows holding any of ``ads`` (distinct keys, as :func:`query_keys` gives), sorted. Distinct keys
         match disjoint runs of rows, so sorting is enough (no ``np.unique``)."""
-        starts, ends = _matches(self.ad_hashes, self.ads, ads, self.ads_unique)
+        starts, ends = _matches(self.ad_hashes, self.ads, ads, self.ads_unique, hashes)
         return np.sort(_ranges(starts, ends, self.ad_rows)).astype(np.int64)
 
     def ads_of_rows(self, rows: np.ndarray) -> np.ndarray:
@@ -259,12 +260,13 @@ class KeyIndex:
         codes = self.product_of_row[rows]
         return self.products[codes[codes >= 0]]
 
-    def rows_of_products(self, products: np.ndarray) -> np.ndarray:
+    def rows_of_products(self, products: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
         """Rows of any of ``products`` (distinct keys), sorted: a row has one product, so no duplicates."""
         if self.products is None or self.product_hashes is None or self.rows_by_product is None \
                 or self.product_starts is None:
             return np.zeros(0, np.int64)
-        starts, ends = _matches(self.product_hashes, self.products, products)  # distinct, hashes may collide
+        # Distinct products; their hashes may still collide.
+        starts, ends = _matches(self.product_hashes, self.products, products, False, hashes)
         codes = starts[ends > starts]  # a product present has exactly one code
         return np.sort(_ranges(self.product_starts[codes], self.product_starts[codes + 1],
                                self.rows_by_product)).astype(np.int64)

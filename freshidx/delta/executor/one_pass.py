@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
@@ -165,6 +166,13 @@ def may_conflict(valid: pa.Table) -> bool:
     mean two spellings of one value (``-0.0`` and ``0.0``), which the exact report then clears."""
     if valid.num_rows < 2:
         return False
+    # Only rows whose version repeats can share an (ad_id, version): usually a handful of the batch.
+    versions = valid.column("version").to_numpy(zero_copy_only=False)
+    seen, times = np.unique(versions, return_counts=True)
+    repeated = seen[times > 1]
+    if len(repeated) == 0:
+        return False
+    valid = valid.filter(pa.array(np.isin(versions, repeated)))
     keys = pa.table({"a": valid.column("ad_id"), "v": valid.column("version")})
     counts = keys.group_by(["a", "v"], use_threads=False).aggregate([([], "count_all")])
     if pc.max(counts.column("count_all")).as_py() < 2:

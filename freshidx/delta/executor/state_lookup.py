@@ -41,7 +41,14 @@ import pyarrow.parquet as pq
 from freshidx.delta import merge as segment_merge
 from freshidx.delta.executor import segment_parts
 from freshidx.delta.executor.decoded_cache import DecodedCache, resolve_worker_cache
-from freshidx.delta.executor.key_index import LAYOUT, KeyIndex, distinct_keys, query_keys, rows_and_hits
+from freshidx.delta.executor.key_index import (
+    LAYOUT,
+    KeyIndex,
+    distinct_keys,
+    key_hashes,
+    query_keys,
+    rows_and_hits,
+)
 from freshidx.records import ACTIVE
 from freshidx.spark.index_shards import REPLACE_COLUMN, version_files, widen
 from freshidx.spark.shards import (
@@ -228,6 +235,7 @@ class _Ids:
     strings: list[pa.Array]
     keys: list[np.ndarray] = dataclasses.field(default_factory=list)
     _wanted: np.ndarray | None = None
+    _hashes: np.ndarray | None = None
     _arrow: pa.Array | None = None
 
     def wanted(self) -> np.ndarray:
@@ -235,6 +243,12 @@ class _Ids:
         if self._wanted is None:
             self._wanted = distinct_keys([query_keys(pa.concat_arrays(self.strings)), *self.keys])
         return self._wanted
+
+    def hashes(self) -> np.ndarray:
+        """:func:`~freshidx.delta.executor.key_index.key_hashes` of :meth:`wanted`, computed once for every file."""
+        if self._hashes is None:
+            self._hashes = key_hashes(self.wanted())
+        return self._hashes
 
     def arrow(self) -> pa.Array:
         """For key columns (every id)."""
@@ -260,20 +274,21 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
     indexed: list[np.ndarray] = []
     for info in key_info:
         if not isinstance(info, tuple):
-            indexed.append(info.products_of_rows(info.rows_of_ads(batch_ads.wanted())))
+            indexed.append(info.products_of_rows(info.rows_of_ads(batch_ads.wanted(), batch_ads.hashes())))
         elif "product_id" in info[0].column_names:
             prior = info[0].filter(pc.is_in(info[0].column("ad_id"), value_set=batch_ads.arrow()))
             strings.append(prior.column("product_id").combine_chunks().drop_null())
     products = _Ids(strings, indexed)
     # ... and every ad of those products (of the task's own parts: the products it writes), the batch's
     # own ads included (every task needs their rows: they decide which products are touched).
-    own_products = products.wanted()
+    own_products, own_hashes = products.wanted(), products.hashes()
     if parts is not None:
-        own_products = own_products[parts.owns_keys(own_products)]
+        owned = parts.owns_keys(own_products)
+        own_products, own_hashes = own_products[owned], own_hashes[owned]
     strings, indexed = [*batch_ads.strings], []
     for info in key_info:
         if not isinstance(info, tuple):
-            indexed.append(info.ads_of_rows(info.rows_of_products(own_products)))
+            indexed.append(info.ads_of_rows(info.rows_of_products(own_products, own_hashes)))
         elif "product_id" in info[0].column_names:
             t = info[0]
             strings.append(t.filter(pc.is_in(t.column("product_id"), value_set=products.arrow()))
@@ -281,7 +296,7 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
     candidates = _Ids(strings, indexed)
     # Pass 2: whole records of the row groups holding a candidate's row, then just those rows.
     if any(f.layer for f in files) and not any(isinstance(info, tuple) for info in key_info):
-        yield from _newest_rows(files, key_info, candidates.wanted(), cache, distrusted)
+        yield from _newest_rows(files, key_info, candidates.wanted(), candidates.hashes(), cache, distrusted)
         return
     for f, info in zip(files, key_info, strict=True):
         if isinstance(info, tuple):
@@ -289,11 +304,13 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
                                   .to_numpy(zero_copy_only=False))
             yield from _read_rows(f, rows, info[1], cache, distrusted)
         else:
-            yield from _read_rows(f, info.rows_of_ads(candidates.wanted()), info.row_group_sizes, cache, distrusted)
+            yield from _read_rows(f, info.rows_of_ads(candidates.wanted(), candidates.hashes()), info.row_group_sizes,
+                                  cache, distrusted)
 
 
 def _newest_rows(files: list[StateFile], key_info: list[KeyIndex | KeyColumns], wanted: np.ndarray,
-                 cache: DecodedCache, distrusted: list[pa.Array] | None) -> Iterator[pa.RecordBatch]:
+                 hashes: np.ndarray, cache: DecodedCache,
+                 distrusted: list[pa.Array] | None) -> Iterator[pa.RecordBatch]:
     """Pass 2 over layered state: each candidate's row from the newest segment that holds it and, unless
     that segment was built over the serving full version, from the full version too (module docstring of
     :class:`StateFile`). Rows read: at most two per candidate, however many segments are kept."""
@@ -307,7 +324,7 @@ def _newest_rows(files: list[StateFile], key_info: list[KeyIndex | KeyColumns], 
         asked = np.flatnonzero(for_full) if layer == 0 else for_segments
         held = np.zeros(len(asked), bool)
         for f, info in by_layer[layer]:
-            rows, hits = rows_and_hits(info, wanted[asked])
+            rows, hits = rows_and_hits(info, wanted[asked], hashes[asked])
             held |= hits
             yield from _read_rows(f, rows, info.row_group_sizes, cache, distrusted)
         if layer == 0:
