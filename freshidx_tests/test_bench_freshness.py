@@ -142,6 +142,11 @@ def test_continuous_stages_summary_and_table() -> None:
     for *_, label, _ in bf.CONTINUOUS_STAGES:
         assert label in continuous
     assert "goal p50 ≤ 3 s, max ≤ 6 s: met" in continuous and "goal p50 ≤ 6 s, max ≤ 10 s" in sensor
+    # A seed-sized window (a million documents) is held to a tighter worst case.
+    assert bf.continuous_goals(1_000_000) == (3.0, 5.0) and bf.continuous_goals(100_000) == (3.0, 6.0)
+    c_seed = {**c, "goal": bf.goal_verdict(c, *bf.continuous_goals(1_000_000))}
+    seed_sized = {**r, "config": {**r["config"], "window_docs": 1_000_000}, "continuous": {"connect": c_seed}}
+    assert "goal p50 ≤ 3 s, max ≤ 5 s: met" in bf.render_freshness(seed_sized)
     json.dumps(r)
 
 

@@ -35,9 +35,8 @@ from freshidx.tools.bench_common import (
     session_usage,
 )
 from freshidx.tools.bench_report import (
-    CONTINUOUS_GOAL_MAX_S,
-    CONTINUOUS_GOAL_P50_S,
     CONTINUOUS_STAGES,
+    continuous_goals,
     goal_verdict,
     mode_summary,
 )
@@ -197,6 +196,7 @@ def _run_mode(
     mode: str, *, root: Path, seed_raw: Path, cfg: GeneratorConfig, partitions: int, timeout_s: float,
     max_delay_s: float, rng: random.Random, server: ConnectServer | None, seed: int, window_minutes: int,
     full_warmup: bool = True, delta_mode: str = "sensor", measure_cfg: GeneratorConfig | None = None,
+    window_docs: int = 0,
 ) -> dict[str, Any]:
     """One mode (``local``/``connect``) × one delta mode: a ``dagster dev`` of its own on a copy of the seeded
     store, warmed up, then ``partitions`` partitions measured. Failures end up in ``out["error"]``."""
@@ -232,7 +232,7 @@ def _run_mode(
             out["load_avg_range"] = [min(loads), max(loads)]
         dev.stop()
     if mode == "connect" and "error" not in out:
-        out["goal"] = goal_verdict(out, *((CONTINUOUS_GOAL_P50_S, CONTINUOUS_GOAL_MAX_S) if continuous else ()))
+        out["goal"] = goal_verdict(out, *(continuous_goals(window_docs) if continuous else ()))
     return out
 
 
@@ -337,7 +337,8 @@ def bench_freshness(
         _seed(root / "seed", cfg, window_minutes, result["config"])
         run = functools.partial(_run_mode, root=root, seed_raw=root / "seed" / "raw", cfg=cfg, partitions=partitions,
                                 timeout_s=timeout_s, max_delay_s=max_delay_s, rng=random.Random(seed), seed=seed,
-                                window_minutes=window_minutes, full_warmup=full_warmup, measure_cfg=measure_cfg)
+                                window_minutes=window_minutes, full_warmup=full_warmup, measure_cfg=measure_cfg,
+                                window_docs=window_docs)
         for mode in modes:
             # connect: _run_mode waits for the server after starting dagster dev (the starts overlap)
             srv = server if mode == "connect" else None
