@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -44,7 +44,8 @@ def warm_state(spark: SparkSession, store_config: StoreConfig, layers: Sequence[
     return WarmResult(round(time.monotonic() - t0, 3), len(refs), sum(int(r["decoded"]) for r in rows))
 
 
-def _task(store_json: str, refs: list[FileRef], cache_bytes: int):  # type: ignore[no-untyped-def]
+def _task(store_json: str, refs: list[FileRef],
+          cache_bytes: int) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         task = [int(v) for b in batches for v in b.column(0).to_pylist()]
         files = open_state_files(store_from_json(store_json), refs) if refs else []
