@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -92,9 +93,28 @@ def _restore_spark_mode() -> Iterator[None]:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now, picked below the kernel's ephemeral range. A port the kernel hands out
+    for port 0 comes from that range, and so do the source ports of outgoing connections and every other
+    process's port-0 binds: a server started a minute later found one such port taken ("address already in
+    use") while the suite ran four workers."""
+    low = _ephemeral_low()
+    pick = random.SystemRandom()
+    for _ in range(500):
+        port = pick.randrange(10_000, low) if low > 11_000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise RuntimeError("no free loopback port")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def wait_for_port(port: int, deadline_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
