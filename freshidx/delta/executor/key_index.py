@@ -10,7 +10,7 @@ questions in O(batch · log rows) plus the rows returned:
   of each (and each row's place among them);
 * products as codes: the distinct products in hash order, a code per row, and the rows grouped by code.
 
-Searching 64-bit integers costs a third of searching the ids' bytes; every hit is then compared byte for
+Searching 64-bit integers is cheaper than comparing the ids' bytes; every hit is then compared byte for
 byte, and ids whose hashes collide are settled by their bytes (:func:`_matches`), so answers are exact.
 About 36 bytes per row for 12-byte ids (the Arrow key columns it replaces take about as much). Ids that fixed-width
 bytes cannot hold exactly (a trailing NUL, or longer than :data:`MAX_KEY_BYTES`) give no index: the caller

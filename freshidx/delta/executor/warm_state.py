@@ -2,10 +2,10 @@
 
 A micro-batch's task looks its state rows up through the key indexes and row groups its Python worker
 keeps (:mod:`freshidx.delta.executor.decoded_cache`). A worker that has not seen a state file builds them
-first: after a new full version, ~1 s per task at a million documents; after each micro-batch, the new
-segment's files. And Spark stops a Python worker that stayed idle for a minute, taking what it kept. So
-while the continuous loop waits for a partition it runs this job, one task per worker slot, and each task
-decodes what the next micro-batch will read (:func:`freshidx.delta.executor.state_lookup.warm_files`):
+first: all of them after a new full version; after each micro-batch, the new segment's files. And Spark
+stops a Python worker that stayed idle for a minute, taking what it kept. So while the continuous loop
+waits for a partition it runs this job, one task per worker slot, and each task decodes what the next
+micro-batch will read (:func:`freshidx.delta.executor.state_lookup.warm_files`):
 the next micro-batch finds its workers alive and its state decoded, and pays only for what it changes.
 """
 
