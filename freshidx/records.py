@@ -19,6 +19,10 @@ RAW_FIELDS: dict[str, tuple[str, bool]] = {
     "version": ("long", True),
 }
 
+#: Fields a valid record must carry (not null), in :data:`RAW_FIELDS` order; the ids among them must not be blank.
+REQUIRED_FIELDS: tuple[str, ...] = tuple(name for name, (_, required) in RAW_FIELDS.items() if required)
+ID_FIELDS: tuple[str, ...] = ("ad_id", "campaign_id", "product_id")
+
 STATUSES = ("active", "paused", "deleted")
 ACTIVE = "active"
 MAX_TITLE_CHARS = 1000

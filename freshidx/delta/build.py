@@ -76,8 +76,7 @@ def build_delta(
     # What is known before this micro-batch: the full version, then the kept segments (none for a rebuild).
     known: list[StateLayer] | None = None
     if full is not None and full_manifest is not None:
-        known = [StateLayer(full_manifest.shards),
-                 *(StateLayer(s.shards, over_full=s.full_version == full.version) for s in mb.kept)]
+        known = serving_state.known_layers(full, full_manifest, mb.kept)
     num_shards = settings.delta_shards if mb.kind is BuildKind.REBUILD else segments.segment_shard_count(
         batch.input_bytes, max_shards=settings.delta_segment_shards, shard_mb=settings.delta_segment_shard_mb)
     result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, batch.file_list,

@@ -41,6 +41,12 @@ def delta_segments(store: ObjectStore, reader: str) -> tuple[Pointer | None, lis
         return pointer, None
 
 
+def known_layers(full: FullBase, full_manifest: Manifest, segments: list[Segment]) -> list[StateLayer]:
+    """What a micro-batch over ``full`` and ``segments`` (oldest first) knows, as the state lookup reads it."""
+    return [StateLayer(full_manifest.shards),
+            *(StateLayer(s.shards, over_full=s.full_version == full.version) for s in segments)]
+
+
 def state_layers(store: ObjectStore) -> tuple[tuple[str, str | None], list[StateLayer]] | None:
     """What the next micro-batch reads as known: the serving full version, then the serving delta's
     segments (oldest first), and the pair of versions that names it; ``None`` before the first full index."""
@@ -48,6 +54,4 @@ def state_layers(store: ObjectStore) -> tuple[tuple[str, str | None], list[State
     if full is None or full_manifest is None:
         return None
     delta, kept = delta_segments(store, "state layers")
-    layers = [StateLayer(full_manifest.shards),
-              *(StateLayer(s.shards, over_full=s.full_version == full.version) for s in kept or [])]
-    return (full.version, delta.version if delta is not None else None), layers
+    return (full.version, delta.version if delta is not None else None), known_layers(full, full_manifest, kept or [])

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from freshidx.records import (
     DEFAULT_MAX_FUTURE_SKEW_SECONDS,
+    ID_FIELDS,
     MAX_BID,
     MAX_TITLE_CHARS,
     RAW_FIELDS,
@@ -43,6 +44,7 @@ from freshidx.records import (
     REASON_MALFORMED_JSON,
     REASON_MISSING_FIELD,
     REASON_TOO_LONG,
+    REQUIRED_FIELDS,
     STATUSES,
 )
 from freshidx.spark.index_format import DOCS_ARROW_SCHEMA
@@ -61,8 +63,6 @@ class Uncertain(Exception):
 
 
 _TEXT_FIELDS = ("ad_id", "campaign_id", "product_id", "title")
-_ID_FIELDS = ("ad_id", "campaign_id", "product_id")
-_REQUIRED = tuple(name for name, (_, required) in RAW_FIELDS.items() if required)
 _LONG_MAX = 2**63 - 1
 _RAW_KEYS = frozenset(RAW_FIELDS)
 _TS = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[T ]([0-9]{2}):([0-9]{2}):([0-9]{2})"
@@ -167,9 +167,9 @@ def _record(reader: _Reader, line: str, latest_second: int | None) -> tuple[str 
     if not (ad_id and ad_id[0] != " " and campaign_id and campaign_id[0] != " " and product_id
             and product_id[0] != " " and title is not None and bid is not None and status is not None
             and updated_at is not None and version is not None):
-        for name in _REQUIRED:
+        for name in REQUIRED_FIELDS:
             value = obj.get(name)
-            if value is None or (name in _ID_FIELDS and not value.strip(" ")):
+            if value is None or (name in ID_FIELDS and not value.strip(" ")):
                 return f"{REASON_MISSING_FIELD}:{name}", None
     if type(status) is not str or status not in STATUSES:
         return REASON_BAD_STATUS, None

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from freshidx.records import (
+    ID_FIELDS,
     MAX_BID,
     MAX_TITLE_CHARS,
     RAW_FIELDS,
@@ -28,6 +29,7 @@ from freshidx.records import (
     REASON_FUTURE_TIMESTAMP,
     REASON_MISSING_FIELD,
     REASON_TOO_LONG,
+    REQUIRED_FIELDS,
     STATUSES,
 )
 
@@ -52,8 +54,6 @@ PLAIN_LINE = f"^{_SPACE}{{" + "".join(
     for n, v in _VALUES.items()) + f"}}{_SPACE}$"
 #: An ``updated_at`` this path reads: a year from 1000, ``Z`` or no zone (UTC, as Spark's cast reads it).
 PLAIN_TIMESTAMP = r'^"[1-9][0-9]{3}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?Z?"$'
-_REQUIRED = tuple(name for name, (_, required) in RAW_FIELDS.items() if required)
-_ID_FIELDS = ("ad_id", "campaign_id", "product_id")
 
 
 def read_plain(raw: pa.Array, limits: np.ndarray) -> tuple[np.ndarray, pa.Array, list[pa.Array]]:
@@ -78,14 +78,14 @@ def read_plain(raw: pa.Array, limits: np.ndarray) -> tuple[np.ndarray, pa.Array,
 
 
 def _checked(cols: dict[str, pa.Array], micros: np.ndarray, limit: np.ndarray) -> tuple[pa.Array, list[pa.Array]]:
-    texts = {n: pc.utf8_slice_codeunits(cols[n], 1, -1) for n in (*_ID_FIELDS, "title", "status")}
+    texts = {n: pc.utf8_slice_codeunits(cols[n], 1, -1) for n in (*ID_FIELDS, "title", "status")}
     # An integer is read as a long, then widened: "-0" is 0.0 (the cast would keep its sign).
     bid = pc.if_else(pc.equal(cols["bid"], "-0"), 0.0, pc.cast(cols["bid"], pa.float64()))
     version = pc.cast(cols["version"], pa.int64())
     # The first failing check names the reason (line_parse's order); checked last to first, earlier wins.
     checks: list[tuple[str, np.ndarray]] = [
         *((f"{REASON_MISSING_FIELD}:{n}", _np(pc.match_substring_regex(texts[n], "^ *$")))
-          for n in _REQUIRED if n in _ID_FIELDS),
+          for n in REQUIRED_FIELDS if n in ID_FIELDS),
         (REASON_BAD_STATUS, ~_np(pc.is_in(texts["status"], value_set=pa.array(STATUSES)))),
         (REASON_BAD_BID, ~_np(pc.and_(pc.greater_equal(bid, 0.0), pc.less_equal(bid, MAX_BID)))),
         (REASON_FUTURE_TIMESTAMP, (limit >= 0) & (micros // 1_000_000 > limit)),

@@ -41,6 +41,7 @@ from pyspark.sql import functions as F
 from freshidx.records import (
     ACTIVE,
     DEFAULT_MAX_FUTURE_SKEW_SECONDS,
+    ID_FIELDS,
     MAX_BID,
     MAX_TITLE_CHARS,
     RAW_FIELDS,
@@ -59,7 +60,6 @@ from freshidx.records import (
 
 #: Typed record columns, in :data:`RAW_FIELDS` order (``updated_at`` becomes a UTC timestamp).
 TYPED_FIELDS: tuple[str, ...] = tuple(RAW_FIELDS)
-ID_FIELDS = ("ad_id", "campaign_id", "product_id")
 LINE_COLUMNS = ("partition", "file", "line", "raw")
 INVALID_COLUMNS = ("partition", "file", "line", "raw", "reason")
 #: What the quarantine keeps beside :data:`INVALID_COLUMNS`: the exact bytes of a line that was not

@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from freshidx.records import (
-    RAW_FIELDS,
     REASON_BAD_BID,
     REASON_BAD_STATUS,
     REASON_BAD_TIMESTAMP,
     REASON_MALFORMED_JSON,
     REASON_MISSING_FIELD,
+    REQUIRED_FIELDS,
     STATUSES,
 )
 from freshidx.store import layout
@@ -79,8 +79,6 @@ __all__ = [
     "partition_records",
     "split_lines",
 ]
-
-REQUIRED_FIELDS: tuple[str, ...] = tuple(name for name, (_, required) in RAW_FIELDS.items() if required)
 
 SOURCE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _MAX_CHANGES = 1_000_000  # with the 5x burst and duplicates, sequences stay far below 60 000 000

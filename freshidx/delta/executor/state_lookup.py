@@ -135,9 +135,10 @@ def warm_files(files: list[StateFile], cache: DecodedCache) -> int:
             return load()
         return run
 
-    for f in sorted(files, key=lambda f: -f.layer):
+    newest_first = sorted(files, key=lambda f: -f.layer)
+    for f in newest_first:
         cache.get((f.name, "key-index", LAYOUT), counted(lambda f=f: _read_keys(f.parquet())), _weight, lasting=True)
-    for f in sorted(files, key=lambda f: -f.layer):
+    for f in newest_first:
         for g in range(f.parquet().metadata.num_row_groups):
             cache.get((f.name, g), counted(lambda f=f, g=g: f.parquet().read_row_group(g)), lambda v: v.nbytes)
     return loaded
