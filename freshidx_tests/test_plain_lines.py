@@ -78,8 +78,11 @@ def plain_variations(count: int, seed: int) -> list[str]:
 
 def _rows(t: pa.Table) -> list[dict[str, Any]]:
     t = t.select(["line", *FIELDS, "reason"])
-    return t.set_column(t.schema.get_field_index("updated_at"), "updated_at",
+    rows = t.set_column(t.schema.get_field_index("updated_at"), "updated_at",
                         pc.cast(t.column("updated_at"), pa.int64())).to_pylist()
+    for r in rows:  # -0.0 == 0.0 in Python: compare the bid with its sign
+        r["bid"] = None if r["bid"] is None else repr(r["bid"])
+    return rows
 
 
 def _both(rows: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -127,3 +130,16 @@ def test_no_line_or_only_other_lines() -> None:
     assert parse_lines(lines_table([])).num_rows == 0  # type: ignore[union-attr]
     got = parse_lines(lines_table(["{broken", "[1]"]))
     assert got is not None and got.column("reason").to_pylist() == ["malformed_json", "malformed_json"]
+
+
+def test_negative_zero_bids_read_as_spark_reads_them() -> None:
+    """``-0`` is a long to Spark (0, widened to 0.0): left to the one-by-one reading; ``-0.0`` and ``-0e1``
+    are doubles (-0.0) and stay plain."""
+    line = ('{{"ad_id":"a","campaign_id":"c","product_id":"p","title":"t","bid":{},"status":"active",'
+            '"updated_at":"2026-11-21T14:05:07Z","version":1}}')
+    rows = [line.format(b) for b in ("-0", "-0.0", "0", "-0e1", "-0.0E-1", "0.0")]
+    fast, slow = _both(rows)
+    assert fast == slow
+    assert [r["bid"] for r in fast] == ["0.0", "-0.0", "0.0", "-0.0", "-0.0", "0.0"]
+    plain, _, _ = read_plain(pa.array(rows, pa.string()), np.full(len(rows), -1, np.int64))
+    assert plain.tolist() == [False, True, True, True, True, True]

@@ -177,6 +177,9 @@ floor = LazyCommand(
          help="records in the measured partition (default: the window's rate, ~44,600 at 1M)"),
     _opt("--rounds", type=click.IntRange(min=1), default=3,
          help="measured micro-batches, each beside the floor of its partition; medians are reported (default 3)"),
+    _opt("--idle-minutes", type=click.FloatRange(min=0), default=10.0,
+         help="before the measured rounds, the keep-alive jobs the continuous loop runs in this many idle "
+         "minutes (one per 30 s, back to back): a server that has run the loop a while (default 10)"),
     *_common("keep the store and the server's state here instead of a temp dir"),
     help="a micro-batch's Spark build through warm Connect vs the single-process floor (pyarrow parse + "
     "tantivy index of the same documents): floor_s, spark_s, ratio",

@@ -47,6 +47,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import BinaryType, BooleanType, LongType, StringType, StructField, StructType
 
+from freshidx.spark.object_lines import ARROW_SCHEMA, BATCH_ROWS, READ_CHUNK_BYTES, line_batches
 from freshidx.store import StoreConfig
 
 if TYPE_CHECKING:
@@ -68,22 +69,6 @@ RAW_LINES_SCHEMA = StructType(
     ]
 )
 
-# Exactly what Spark expects back from read() (string, not large_string; nullable fields).
-ARROW_SCHEMA = pa.schema(
-    [
-        pa.field("partition", pa.string()),
-        pa.field("file", pa.string()),
-        pa.field("line", pa.int64()),
-        pa.field("raw", pa.string()),
-        pa.field("bad_encoding", pa.bool_()),
-        pa.field("original", pa.binary()),
-        pa.field("object_error", pa.string()),
-    ]
-)
-
-BATCH_ROWS = 8192
-READ_CHUNK_BYTES = 4 * 1024 * 1024
-_BOM = b"\xef\xbb\xbf"
 _GZIP = b"\x1f\x8b"
 
 #: Object-level reasons (``object_error``); stable strings, counted like record reasons.
@@ -201,7 +186,7 @@ def read_object_lines(
             yield _object_row(partition_path, key, UNSUPPORTED_FORMAT, f"{fmt} object; {CONTRACT}")
             return
         if not head.startswith(_GZIP):
-            yield from _line_batches(_iter_lines(stream, head), key, partition_path, batch_rows)
+            yield from line_batches(stream, head, key, partition_path, batch_rows)
             return
         with tempfile.TemporaryFile(prefix="freshidx-gunzip-") as spool:
             try:
@@ -218,7 +203,7 @@ def read_object_lines(
             if fmt is not None:
                 yield _object_row(partition_path, key, UNSUPPORTED_FORMAT, f"gzip-compressed {fmt}; {CONTRACT}")
                 return
-            yield from _line_batches(_iter_lines(spool, inner), key, partition_path, batch_rows)
+            yield from line_batches(spool, inner, key, partition_path, batch_rows)
 
 
 class _Prefixed:
@@ -236,75 +221,6 @@ class _Prefixed:
             out, self.head = self.head[:size], self.head[size:]
             return out
         return self.stream.read() if size is None or size < 0 else self.stream.read(size)
-
-
-def _line_batches(
-    numbered: Iterator[tuple[int, bytes]], key: str, partition_path: str, batch_rows: int
-) -> Iterator[pa.RecordBatch]:
-    lines: list[int] = []
-    raws: list[str] = []
-    bad: list[bool] = []
-    originals: list[bytes | None] = []
-
-    def flush() -> pa.RecordBatch:
-        n = len(lines)
-        batch = pa.RecordBatch.from_arrays(
-            [
-                pa.array([partition_path] * n, pa.string()),
-                pa.array([key] * n, pa.string()),
-                pa.array(lines, pa.int64()),
-                pa.array(raws, pa.string()),
-                pa.array(bad, pa.bool_()),
-                pa.array(originals, pa.binary()),
-                pa.nulls(n, pa.string()),
-            ],
-            schema=ARROW_SCHEMA,
-        )
-        lines.clear()
-        raws.clear()
-        bad.clear()
-        originals.clear()
-        return batch
-
-    for number, data in numbered:
-        if number == 1 and data.startswith(_BOM):
-            data = data[len(_BOM) :]
-        if data.endswith(b"\r"):
-            data = data[:-1]
-        if not data.strip():
-            continue
-        try:
-            text, is_bad, original = data.decode("utf-8"), False, None
-        except UnicodeDecodeError:
-            text, is_bad, original = data.decode("utf-8", errors="replace"), True, data
-        lines.append(number)
-        raws.append(text)
-        bad.append(is_bad)
-        originals.append(original)
-        if len(lines) >= batch_rows:
-            yield flush()
-    if lines:
-        yield flush()
-
-
-def _iter_lines(stream: Any, head: bytes = b"") -> Iterator[tuple[int, bytes]]:
-    """``(1-based line number, line bytes without the newline)`` over ``head`` + a binary stream."""
-    number = 0
-    rest = b""
-    chunk = head
-    while True:
-        if not chunk:
-            chunk = stream.read(READ_CHUNK_BYTES)
-            if not chunk:
-                break
-        parts = (rest + chunk).split(b"\n")
-        rest = parts.pop()
-        for part in parts:
-            number += 1
-            yield number, part
-        chunk = b""
-    if rest:
-        yield number + 1, rest
 
 
 def read_raw_lines(

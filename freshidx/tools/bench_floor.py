@@ -108,8 +108,16 @@ def _quarantined_lines(store: Any, partition: PartitionId) -> set[tuple[str, int
             and partition.path in str(e["file"])}
 
 
+def _keep_alive_jobs(idle_minutes: float) -> int:
+    """The keep-alive jobs the continuous loop runs in ``idle_minutes`` with nothing to do (one every
+    ``trigger.continuous.KEEP_WARM``)."""
+    from freshidx.trigger.continuous import KEEP_WARM
+
+    return round(idle_minutes * 60 / KEEP_WARM.total_seconds())
+
+
 def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, seed: int,
-            rounds: int) -> dict[str, Any]:
+            rounds: int, idle_minutes: float) -> dict[str, Any]:
     from freshidx.delta.build import DeltaPlan, build_delta
     from freshidx.delta.executor.warm_state import warm_state
     from freshidx.full.build import build_full
@@ -148,9 +156,11 @@ def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, s
             layers = _serving_layers(store)  # the state the micro-batch rests on, for the floor's documents
             plan = DeltaPlan(partition=p, watermark=None, run_id=f"floor-{n}", run_info={})
             draft = published(build_delta(spark, store, sc, settings, plan))
-            # What the continuous loop does while it waits for the next partition.
-            warm_state(spark, sc, _serving_layers(store), tasks=settings.delta_segment_shards,
-                       cache_bytes=settings.delta_state_cache_mb * 2**20)
+            # What the continuous loop does while it waits for the next partition: the warm-up after a
+            # publication and, before the measured rounds, the keep-alive jobs of ``idle_minutes``.
+            for _ in range(1 + (_keep_alive_jobs(idle_minutes) if n == 2 else 0)):
+                warm_state(spark, sc, _serving_layers(store), tasks=settings.delta_segment_shards,
+                           cache_bytes=settings.delta_state_cache_mb * 2**20)
             if n > 2:
                 measured.append((p, layers, draft))
     finally:
@@ -158,7 +168,8 @@ def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, s
     runs = [_floor_round(store, sc, root, p, layers, draft) for p, layers, draft in measured]
     median = {k: round(statistics.median(r[k] for r in runs), 3) for k in ("parse_s", "index_s", "floor_s", "spark_s")}
     last = runs[-1]
-    return {"window_docs": docs, "changes": cfg.changes_per_partition, "records": last["records"],
+    return {"window_docs": docs, "changes": cfg.changes_per_partition, "idle_minutes": idle_minutes,
+            "keep_alive_jobs": _keep_alive_jobs(idle_minutes), "records": last["records"],
             "indexed_docs": last["indexed_docs"], "spark_indexed_docs": last["spark_indexed_docs"], **median,
             "ratio": round(median["spark_s"] / median["floor_s"], 2) if median["floor_s"] else None,
             "spark_steps": last["spark_steps"], "rounds": runs}
@@ -192,13 +203,13 @@ def table(r: dict[str, Any]) -> str:
     ])
 
 
-def cmd_bench_floor(*, window_docs: int, changes: int | None, rounds: int, seed: int, workdir: str | None,
-                    keep: bool, as_json: bool) -> int:
+def cmd_bench_floor(*, window_docs: int, changes: int | None, rounds: int, idle_minutes: float, seed: int,
+                    workdir: str | None, keep: bool, as_json: bool) -> int:
     root = Path(workdir or tempfile.mkdtemp(prefix="freshidx-bench-floor-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     server = ConnectServer(root / "spark-server")
     try:
-        result = measure(server, root, window_docs, changes, seed, rounds)
+        result = measure(server, root, window_docs, changes, seed, rounds, idle_minutes)
     finally:
         server.stop()
         if not keep and workdir is None:

@@ -8,8 +8,8 @@ operator between them and the data. Each task
 * task 0 only: counts the invalid records per reason, quarantines those of files no earlier build
   quarantined (:func:`freshidx.spark.quarantine.quarantine_in_task`, byte-exact, once per file) and checks
   whether an ``(ad_id, version)`` was read with more than one content (:func:`may_conflict`);
-* keeps the latest valid record per ad, reads the state rows its products need, merges and writes its
-  shard (:func:`freshidx.delta.executor.state_lookup.merged_rows`,
+* keeps the latest valid record per ad, reads the state rows its products need, merges the part of the
+  batch that bears on them and writes its shard (:func:`freshidx.delta.executor.state_lookup.merged_rows`,
   :func:`freshidx.spark.index_shards.write_one_index_shard`), task i owning the touched products of part i;
 
 and hands back its shard's commit, the seconds of its steps (:data:`STEPS`) and, for task 0, the

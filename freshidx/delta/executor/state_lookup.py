@@ -104,13 +104,21 @@ def merged_rows(config: StoreConfig, files: list[FileRef], cache_bytes: int, rec
         for f in state_files:
             f.close()
     t2 = time.monotonic()
-    update = segment_merge.segment_update(batch, state, pa.concat_arrays(distrusted) if distrusted else None)
-    rows = update.rows.append_column(REPLACE_COLUMN, update.replace)
-    if owned is not None:
-        rows = rows.filter(pa.array(owned.owns_rows(rows)))
+    rows = segment_of(batch, state, owned, pa.concat_arrays(distrusted) if distrusted else None)
     if seconds is not None:
         seconds.update(state=round(t2 - t1, 3), merge=round(time.monotonic() - t2, 3))
     return rows
+
+
+def segment_of(batch: pa.Table, state: pa.Table, owned: Parts | None = None,
+               distrusted: pa.Array | None = None) -> pa.Table:
+    """``segment_merge.segment_update`` of ``batch`` (one row per ad) over ``state`` as rows with their
+    :data:`REPLACE_COLUMN` flags; with ``owned``, the rows of those parts only, computed from the part of
+    the batch that bears on them (``state`` as :func:`select_rows` reads it for those parts)."""
+    mine = batch if owned is None else owned.batch_part(batch, state)
+    update = segment_merge.segment_update(mine, state, distrusted)
+    rows = update.rows.append_column(REPLACE_COLUMN, update.replace)
+    return rows if owned is None else rows.filter(pa.array(owned.owns_rows(rows, batch)))
 
 
 def open_state_files(config: StoreConfig, files: list[FileRef]) -> list[StateFile]:
@@ -147,7 +155,12 @@ def warm_files(files: list[StateFile], cache: DecodedCache) -> int:
 @dataclass(frozen=True)
 class Parts:
     """The parts (of ``count``) a segment task owns: the touched products whose part is one of ``mine``,
-    and the rows without a product (a batch ad's inactive row) whose ad's part is."""
+    and the rows without a product (a batch ad whose newest known row is a kill-list entry) whose ad's
+    record in the batch names a product of those parts.
+
+    Of the batch, a task needs only the ads that bear on its products (:meth:`batch_part`): an ad touches
+    the product its batch record names and the one its newest known row is in, and a product's features
+    are computed over the ads it holds."""
 
     count: int
     mine: frozenset[int]
@@ -155,12 +168,32 @@ class Parts:
     def owns_keys(self, keys: np.ndarray) -> np.ndarray:
         return np.isin(segment_parts.part_of_keys(keys, self.count), list(self.mine))
 
-    def owns_rows(self, rows: pa.Table) -> np.ndarray:
+    def owns_products(self, products: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """Whether each of ``products`` (strings; null: no product, owned by none) is of these parts."""
+        return np.isin(segment_parts.part_of(products, self.count), list(self.mine))
+
+    def batch_part(self, batch: pa.Table, state: pa.Table) -> pa.Table:
+        """The rows of ``batch`` (one per ad) that can change this task's rows: those naming a product of
+        these parts and those of an ad with a row in ``state`` (:func:`select_rows` with these parts
+        reads the rows of exactly the ads of these parts' products and of those batch ads)."""
+        known = pc.is_in(batch.column("ad_id"), value_set=pc.unique(state.column("ad_id").combine_chunks()))
+        keep = self.owns_products(batch.column("product_id")) | _bools(known)
+        return batch if keep.all() else batch.filter(pa.array(keep))
+
+    def owns_rows(self, rows: pa.Table, batch: pa.Table) -> np.ndarray:
+        """Which segment ``rows`` these parts write: by product; a row without one (always a batch ad's: every
+        other row is in a touched product) by the product its record in ``batch`` names."""
         part = segment_parts.part_of(rows.column("product_id"), self.count)
-        bare = np.flatnonzero(part < 0)  # the ad's part only where there is no product (rare)
+        bare = np.flatnonzero(part < 0)  # rare
         if len(bare):
-            part[bare] = segment_parts.part_of(rows.column("ad_id").take(pa.array(bare)), self.count)
+            at = pc.index_in(rows.column("ad_id").take(pa.array(bare)), value_set=batch.column("ad_id"))
+            named = batch.column("product_id").take(at)  # null where the ad is not in the batch: owned by none
+            part[bare] = segment_parts.part_of(named, self.count)
         return np.isin(part, list(self.mine))
+
+
+def _bools(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(pc.fill_null(values, False).to_numpy(zero_copy_only=False), bool)
 
 
 @dataclass
@@ -280,13 +313,15 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
             prior = info[0].filter(pc.is_in(info[0].column("ad_id"), value_set=batch_ads.arrow()))
             strings.append(prior.column("product_id").combine_chunks().drop_null())
     products = _Ids(strings, indexed)
-    # ... and every ad of those products (of the task's own parts: the products it writes), the batch's
-    # own ads included (every task needs their rows: they decide which products are touched).
+    # ... and every ad of those products (of the task's own parts: the products it writes), with the batch's
+    # ads that name one of them (an ad that leaves one of them has a row in it: it is among its ads).
     own_products, own_hashes = products.wanted(), products.hashes()
+    strings, indexed = [*batch_ads.strings], []
     if parts is not None:
         owned = parts.owns_keys(own_products)
         own_products, own_hashes = own_products[owned], own_hashes[owned]
-    strings, indexed = [*batch_ads.strings], []
+        named = keys.filter(pa.array(parts.owns_products(keys.column("product_id"))))
+        strings = [pc.unique(named.column("ad_id").combine_chunks())]
     for info in key_info:
         if not isinstance(info, tuple):
             indexed.append(info.ads_of_rows(info.rows_of_products(own_products, own_hashes)))
