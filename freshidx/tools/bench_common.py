@@ -265,6 +265,9 @@ class ConnectServer:
         return read_state(self.state_dir) or {}
 
     def stop(self) -> None:
+        """Stop supervising and stop the server; a second call does nothing."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self.supervisor.stop()
         if self._thread is not None:

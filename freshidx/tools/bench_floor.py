@@ -3,9 +3,11 @@
 
 In a fresh local store: a window of ``--window-docs`` documents (one partition every 5 minutes, at the
 window's rate unless ``--changes`` says otherwise), its full index, then micro-batches through one
-supervised, warm Spark Connect server (two to warm it, then ``--rounds`` measured ones; between two, the
-workers decode the next micro-batch's state, as the continuous loop has them do while it waits). For each
-measured partition, in this process and without Spark:
+supervised, warm Spark Connect server (two to warm it, then the keep-alive jobs the continuous loop runs in
+``--idle-minutes`` with nothing to do, then ``--rounds`` measured ones; between two, the workers decode the
+next micro-batch's state, as the continuous loop has them do while it waits): a server that has run the
+loop a while, whose JVM has compiled the job's paths. Then the server is stopped, and for each measured
+partition, in this process and without Spark:
 
 * ``parse_s``: pyarrow's JSON reader over the partition's valid lines into the typed record (the bytes
   already in memory; the few lines the micro-batch quarantined are left out: the floor pays nothing for
@@ -165,6 +167,7 @@ def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, s
                 measured.append((p, layers, draft))
     finally:
         spark.stop()
+    server.stop()  # the floor is measured with nothing else running (no JVM, no health checks)
     runs = [_floor_round(store, sc, root, p, layers, draft) for p, layers, draft in measured]
     median = {k: round(statistics.median(r[k] for r in runs), 3) for k in ("parse_s", "index_s", "floor_s", "spark_s")}
     last = runs[-1]
