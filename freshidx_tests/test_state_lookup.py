@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from freshidx.delta.executor import key_index
+from freshidx.delta.executor import key_index, state_lookup
 from freshidx.delta.executor.decoded_cache import DecodedCache
 from freshidx.delta.executor.key_index import LAYOUT, MAX_KEY_BYTES, KeyIndex, query_keys, rows_and_hits
 from freshidx.delta.executor.state_lookup import Parts, StateFile, segment_of, select_rows, warm_files
@@ -114,7 +114,7 @@ def test_the_worker_cache_outlives_tasks_shipped_by_value() -> None:
     from pyspark import cloudpickle
 
     import freshidx
-    from freshidx.delta.executor import decoded_cache, state_lookup
+    from freshidx.delta.executor import decoded_cache
 
     cloudpickle.register_pickle_by_value(freshidx)
     try:
@@ -190,8 +190,12 @@ def test_key_index_answers_as_the_scan(tmp_path: Path, seed: int, colliding: boo
     three values, nearly every id shares its hash with others: the bytes settle every lookup."""
     import random
 
-    if colliding:
-        monkeypatch.setattr(key_index, "key_hashes", lambda keys: (np.char.str_len(keys) % 3).astype(np.uint64))
+    if colliding:  # in key_index and where state_lookup hashes the wanted ids once for every file
+        def three_valued(keys: np.ndarray) -> np.ndarray:
+            return (np.char.str_len(keys) % 3).astype(np.uint64)
+
+        monkeypatch.setattr(key_index, "key_hashes", three_valued)
+        monkeypatch.setattr(state_lookup, "key_hashes", three_valued)
 
     rng = random.Random(seed)
     ids = [f"ad-{i}" + ("é" * rng.randrange(3)) for i in range(300)]

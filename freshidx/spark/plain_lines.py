@@ -97,7 +97,7 @@ def _json_values(lines: pa.Array) -> pa.Table:
                              parse_options=pajson.ParseOptions(explicit_schema=_JSON_SCHEMA,
                                                                unexpected_field_behavior="error"))
     if table.num_rows != len(lines):
-        raise AssertionError(f"plain lines: {len(lines)} lines read as {table.num_rows} records")
+        raise RuntimeError(f"plain lines: {len(lines)} lines read as {table.num_rows} records")
     return table.combine_chunks()
 
 

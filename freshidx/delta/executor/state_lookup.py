@@ -177,7 +177,7 @@ class Parts:
         these parts and those of an ad with a row in ``state`` (:func:`select_rows` with these parts
         reads the rows of exactly the ads of these parts' products and of those batch ads)."""
         known = pc.is_in(batch.column("ad_id"), value_set=pc.unique(state.column("ad_id").combine_chunks()))
-        keep = self.owns_products(batch.column("product_id")) | _bools(known)
+        keep = self.owns_products(batch.column("product_id")) | np.asarray(known.to_numpy(zero_copy_only=False), bool)
         return batch if keep.all() else batch.filter(pa.array(keep))
 
     def owns_rows(self, rows: pa.Table, batch: pa.Table) -> np.ndarray:
@@ -190,10 +190,6 @@ class Parts:
             named = batch.column("product_id").take(at)  # null where the ad is not in the batch: owned by none
             part[bare] = segment_parts.part_of(named, self.count)
         return np.isin(part, list(self.mine))
-
-
-def _bools(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    return np.asarray(pc.fill_null(values, False).to_numpy(zero_copy_only=False), bool)
 
 
 @dataclass
