@@ -332,9 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         result["master"] = session.conf.get("spark.master")
         # SparkResource ships the package when it first gets the session; do the same before
         # looking, so the check sees what the runs see.
-        from freshidx.defs.shared.resources import ship_package_zip
+        from freshidx.spark.code_shipping import ship_to_cluster
 
-        ship_package_zip(session)
+        ship_to_cluster(session)
         result["workers"] = _worker_view(session)
     marks = [time.monotonic()]
     if args.what == "scenarios":

@@ -91,12 +91,13 @@ def test_bench_floor_json(tmp_path: Path) -> None:
     """``bench floor`` on its own Connect server: the floor indexes exactly the documents the micro-batch
     indexed, and the ratio is the printed seconds' (no timing assertion)."""
     args = [sys.executable, "-m", "freshidx.cli", "bench", "floor", "--window-docs", "3000", "--changes", "200",
-            "--rounds", "2", "--idle-minutes", "1", "--workdir", str(tmp_path / "w"), "--json"]
+            "--rounds", "2", "--warm-builds", "1", "--idle-minutes", "1", "--workdir", str(tmp_path / "w"), "--json"]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert out["window_docs"] == 3000 and out["changes"] == 200 and out["records"] > 0
     assert out["keep_alive_jobs"] == 2  # one per 30 s of the loop's idle minute
+    assert out["warm_builds"] == 1
     assert out["indexed_docs"] == out["spark_indexed_docs"] > 0
     assert len(out["rounds"]) == 2 and out["spark_s"] > 0
     assert all(r["floor_s"] == round(r["parse_s"] + r["index_s"], 3) for r in out["rounds"])

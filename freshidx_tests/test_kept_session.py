@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from freshidx.defs.shared.resources import SparkResource
+from freshidx.spark.code_shipping import code_version
 from freshidx.spark_server.kept_session import new_session_id, read_session_id, session_file, with_session_id
 
 
@@ -29,15 +30,23 @@ def test_the_session_id_goes_into_the_connection_string() -> None:
 
 
 def test_an_unreadable_id_file_means_a_new_session(tmp_path: Path) -> None:
-    assert read_session_id(tmp_path, "delta") is None
+    assert read_session_id(tmp_path, "delta", "c1") is None
     session_file(tmp_path, "delta").parent.mkdir()
-    for junk in ("", "{}", '{"session_id": "not-a-uuid"}', "[1]"):
+    for junk in ("", "{}", '{"session_id": "not-a-uuid", "code": "c1"}', "[1]",
+                 f'{{"session_id": "{uuid.uuid4()}"}}'):  # no code: written by an older freshidx
         session_file(tmp_path, "delta").write_text(junk)
-        assert read_session_id(tmp_path, "delta") is None, junk
-    sid = new_session_id(tmp_path, "delta")
-    assert read_session_id(tmp_path, "delta") == sid
-    assert new_session_id(tmp_path, "delta") != sid
+        assert read_session_id(tmp_path, "delta", "c1") is None, junk
+    sid = new_session_id(tmp_path, "delta", "c1")
+    assert read_session_id(tmp_path, "delta", "c1") == sid
+    assert new_session_id(tmp_path, "delta", "c1") != sid
     assert [p.name for p in session_file(tmp_path, "delta").parent.iterdir()] == ["delta.json"]  # no temp file left
+
+
+def test_a_session_kept_for_other_code_is_not_attached(tmp_path: Path) -> None:
+    # Its reused workers hold the modules of the code they first imported.
+    sid = new_session_id(tmp_path, "delta", "c1")
+    assert read_session_id(tmp_path, "delta", "c2") is None
+    assert read_session_id(tmp_path, "delta", "c1") == sid
 
 
 def _resource(env: dict[str, str], **kw: object) -> SparkResource:
@@ -61,7 +70,7 @@ def test_two_runs_share_the_kept_session_and_a_closed_one_is_replaced(shared_spa
     assert str(meta["spark_app_id"].value).startswith("local-"), meta
     assert str(meta["spark_ui"].value).startswith("http://"), meta
     first.discard()  # the run ends: its client goes, the kept session stays on the server
-    assert read_session_id(state_dir, name) == sid
+    assert read_session_id(state_dir, name, code_version()) == sid
 
     second = _resource(shared_spark_connect)
     with second.session(keep_as=name) as s2:
@@ -84,4 +93,4 @@ def test_two_runs_share_the_kept_session_and_a_closed_one_is_replaced(shared_spa
         assert s4.range(5).count() == 5
         new_sid = s4.session_id
     third.discard()
-    assert new_sid != sid and read_session_id(state_dir, name) == new_sid
+    assert new_sid != sid and read_session_id(state_dir, name, code_version()) == new_sid

@@ -125,8 +125,9 @@ def test_a_micro_batch_is_one_spark_job_that_also_quarantines_and_reports(
 
 
 def test_the_task_survives_shipping_by_value(tmp_path: Path) -> None:
-    # A Spark Connect client ships freshidx by value: the task and every module global it reaches are
-    # pickled (a JSON decoder's C scanner, kept as a global, failed every micro-batch that way).
+    # A Spark Connect client may ship freshidx by value (code_shipping.ship_by_value): the task and every
+    # module global it reaches are pickled (a JSON decoder's C scanner, kept as a global, failed every
+    # micro-batch that way).
     from pyspark import cloudpickle
 
     import freshidx

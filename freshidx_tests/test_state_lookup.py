@@ -109,7 +109,7 @@ def _spy_row_groups(docs: pq.ParquetFile) -> list[int]:
 
 
 def test_the_worker_cache_outlives_tasks_shipped_by_value() -> None:
-    # A Connect client ships freshidx by value (session.ship_package_by_value): every task unpickles its
+    # A Connect client may ship freshidx by value (code_shipping.ship_by_value): every task unpickles its
     # own copy of the module globals it references, yet must find the one cache of its worker process.
     from pyspark import cloudpickle
 

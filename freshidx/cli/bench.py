@@ -177,6 +177,10 @@ floor = LazyCommand(
          help="records in the measured partition (default: the window's rate, ~44,600 at 1M)"),
     _opt("--rounds", type=click.IntRange(min=1), default=3,
          help="measured micro-batches, each beside the floor of its partition; medians are reported (default 3)"),
+    _opt("--warm-builds", type=click.IntRange(min=0), default=6,
+         help="before the measured rounds, builds of the last warm-up micro-batch, staged and never published: "
+         "the Connect server's JIT has compiled the job's paths, as on a server that has run the loop a while "
+         "(default 6)"),
     _opt("--idle-minutes", type=click.FloatRange(min=0), default=10.0,
          help="before the measured rounds, the keep-alive jobs the continuous loop runs in this many idle "
          "minutes (one per 30 s, back to back): a server that has run the loop a while (default 10)"),

@@ -10,8 +10,7 @@ Python workers must run the project's interpreter (``PYSPARK_PYTHON``), otherwis
 ``python3`` from ``PATH`` and fail to import pyarrow or freshidx. :func:`build_local_session` sets it
 to ``sys.executable`` unless already set. For Spark Connect the *server* decides which interpreter
 its workers run: start it with ``PYSPARK_PYTHON`` pointing at an interpreter that has pyarrow.
-freshidx itself reaches the server's workers by value (cloudpickle), see
-:func:`build_connect_session`.
+freshidx itself reaches the workers as a zip once per session (:mod:`freshidx.spark.code_shipping`).
 
 pyspark is imported when a session is made, so the conf decisions here import nothing heavy.
 """
@@ -170,15 +169,14 @@ def build_connect_session(
 ) -> SparkSession:
     """A Spark Connect client session to ``sc://host:port`` with freshidx data sources registered.
 
-    With ``ship_code`` (default) the ``freshidx`` package is pickled *by value* into every data
-    source and ``mapInArrow`` function sent to the server, so the server's Python workers need only
-    pyspark + pyarrow, not freshidx. Pass ``ship_code=False`` when freshidx is installed on the
-    server (smaller task payloads, and the server's version of the code is used).
+    With ``ship_code`` (default) this process's ``freshidx`` goes to the session's workers once, as a
+    session artifact (:func:`freshidx.spark.code_shipping.ship_to_connect`), so the server's workers need
+    its dependencies, not freshidx. ``ship_code=False``: the workers import the server's installed copy.
     """
     from pyspark.sql import SparkSession
 
-    if ship_code:
-        ship_package_by_value()
+    from freshidx.spark.code_shipping import ship_to_connect
+
     builder: Any = SparkSession.builder.remote(remote)
     # A Connect client sets only runtime (session) confs: REQUIRED_CONF; the server owns everything else.
     for key, value in {**REQUIRED_CONF, **(conf or {})}.items():
@@ -187,6 +185,8 @@ def build_connect_session(
     # was restarted since), and it works beside a classic SparkSession in the same process, where
     # getOrCreate() raises SESSION_ALREADY_EXIST.
     spark: SparkSession = builder.create()
+    if ship_code:
+        ship_to_connect(spark)
     register_sources(spark)
     return spark
 
@@ -227,15 +227,6 @@ def connect_application_info(confs: Mapping[str, str]) -> tuple[str | None, str 
     if confs.get("spark.ui.enabled", "true").lower() != "true" or port == "0" or not host:
         return app_id, None
     return app_id, f"http://{host}:{port}"
-
-
-def ship_package_by_value() -> None:
-    """Make cloudpickle serialize freshidx functions/classes by value (for Connect servers without it)."""
-    from pyspark import cloudpickle
-
-    import freshidx
-
-    cloudpickle.register_pickle_by_value(freshidx)
 
 
 def register_sources(spark: SparkSession) -> None:

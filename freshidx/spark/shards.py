@@ -35,6 +35,7 @@ from freshidx.spark.task_files import (
     conform,
     task_ids,
     upload_file,
+    use_task_cores,
 )
 from freshidx.spark.transform import COVERED_COLUMNS, TYPED_FIELDS
 from freshidx.store import StoreConfig
@@ -145,6 +146,7 @@ def _shard_task(
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         shard, attempt = task_ids()
+        use_task_cores()
         if not 0 <= shard < num_shards:
             raise RuntimeError(f"task partition {shard} outside 0..{num_shards - 1}: shards must not be re-split")
         yield _shard_result(write(store_from_json(store_json), shard, attempt, batches))

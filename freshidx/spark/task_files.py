@@ -53,6 +53,20 @@ def task_ids() -> tuple[int, int]:
     return int(ctx.partitionId()), int(ctx.attemptNumber())
 
 
+def use_task_cores() -> int:
+    """Size Arrow's CPU thread pool in this Python worker to the cores Spark gave the running task
+    (``spark.task.cpus``, usually one): Spark runs a task per core, so a pool of every core in each of
+    them (Arrow's default) has the tasks' compute, Parquet and decoding threads compete for the same cores
+    (measured: a micro-batch's two tasks finished later). Returns the pool's size."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    cores = max(1, int(ctx.cpus())) if ctx is not None else os.cpu_count() or 1
+    if pa.cpu_count() != cores:
+        pa.set_cpu_count(cores)
+    return cores
+
+
 def ensure_parent(fs: Any, config: StoreConfig, path: str) -> None:
     # Only local directories need creating; on S3 a "directory" would be a stray marker object.
     if not config.is_s3:
@@ -76,13 +90,23 @@ def upload_file(fs: Any, config: StoreConfig, local_path: str, key: str, rows: i
     return ShardFile(key=key, bytes=size, sha256=digest.hexdigest(), rows=rows)
 
 
+#: Columns of few distinct values (groups, statuses, keyword words): dictionary-encoded where a schema has them.
+#: The others (ad ids, titles, numbers) are not: their dictionaries never pay for the time spent building
+#: them. Column statistics are not written either: every reader of these files reads whole row groups,
+#: none filters by them.
+DICTIONARY_COLUMNS = ("campaign_id", "product_id", "status", "keywords")
+
+
 class BufferedParquet:
     """A zstd Parquet file written in row groups of about :data:`ROW_GROUP_ROWS` rows."""
 
     def __init__(self, path: str, schema: pa.Schema) -> None:
         self.path = path
         self.schema = schema
-        self.writer = pq.ParquetWriter(path, schema, compression="zstd")
+        dictionary = [f"{c}.list.element" if pa.types.is_list(schema.field(c).type) else c
+                      for c in DICTIONARY_COLUMNS if c in schema.names]
+        self.writer = pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary,
+                                       write_statistics=False)
         self.pending: list[pa.RecordBatch] = []
         self.pending_rows = 0
         self.rows = 0

@@ -238,7 +238,7 @@ def bench_build_cluster(master: str, workers: Sequence[int], docs: int, shards: 
 
     Each count gets its own application (the cap is fixed when the context starts). The benchmark store
     is a local temp directory: run the workers on this host (or share that path with them)."""
-    from freshidx.defs.shared.resources import ship_package_zip
+    from freshidx.spark.code_shipping import ship_to_cluster
     from freshidx.spark.session import build_local_session, cluster_conf
 
     out = []
@@ -246,7 +246,7 @@ def bench_build_cluster(master: str, workers: Sequence[int], docs: int, shards: 
         spark = build_local_session(master, conf={**BENCH_SPARK_CONF, **cluster_conf(master),
                                                   "spark.cores.max": str(n), "spark.executor.cores": "1"})
         try:
-            ship_package_zip(spark)
+            ship_to_cluster(spark)
             out.append({"workers": n, **bench_build(docs, shards, spark=spark, **kw)})
         finally:
             spark.stop()

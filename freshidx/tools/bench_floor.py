@@ -3,11 +3,13 @@
 
 In a fresh local store: a window of ``--window-docs`` documents (one partition every 5 minutes, at the
 window's rate unless ``--changes`` says otherwise), its full index, then micro-batches through one
-supervised, warm Spark Connect server (two to warm it, then the keep-alive jobs the continuous loop runs in
-``--idle-minutes`` with nothing to do, then ``--rounds`` measured ones; between two, the workers decode the
-next micro-batch's state, as the continuous loop has them do while it waits): a server that has run the
-loop a while, whose JVM has compiled the job's paths. Then the server is stopped, and for each measured
-partition, in this process and without Spark:
+supervised, warm Spark Connect server (two to warm it, the second built ``--warm-builds`` more times first,
+staged and never published; then the keep-alive jobs the continuous loop runs in ``--idle-minutes`` with
+nothing to do, then ``--rounds`` measured ones; between two, the workers decode the next micro-batch's state,
+as the continuous loop has them do while it waits): a server that has run the loop a while, whose JVM has
+compiled the job's paths (its JIT compilers keep working through the first micro-batches, on the cores the
+tasks need), over the state of the first micro-batches after a full index. Then the server is stopped, and
+for each measured partition, in this process and without Spark:
 
 * ``parse_s``: pyarrow's JSON reader over the partition's valid lines into the typed record (the bytes
   already in memory; the few lines the micro-batch quarantined are left out: the floor pays nothing for
@@ -119,7 +121,7 @@ def _keep_alive_jobs(idle_minutes: float) -> int:
 
 
 def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, seed: int,
-            rounds: int, idle_minutes: float) -> dict[str, Any]:
+            rounds: int, idle_minutes: float, warm_builds: int) -> dict[str, Any]:
     from freshidx.delta.build import DeltaPlan, build_delta
     from freshidx.delta.executor.warm_state import warm_state
     from freshidx.full.build import build_full
@@ -157,6 +159,8 @@ def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, s
             write_partition(store, cfg, p)
             layers = _serving_layers(store)  # the state the micro-batch rests on, for the floor's documents
             plan = DeltaPlan(partition=p, watermark=None, run_id=f"floor-{n}", run_info={})
+            for _ in range(warm_builds if n == 2 else 0):  # the JVM's warm-up: the same job, never published
+                build_delta(spark, store, sc, settings, plan)
             draft = published(build_delta(spark, store, sc, settings, plan))
             # What the continuous loop does while it waits for the next partition: the warm-up after a
             # publication and, before the measured rounds, the keep-alive jobs of ``idle_minutes``.
@@ -169,11 +173,16 @@ def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, s
         spark.stop()
     server.stop()  # the floor is measured with nothing else running (no JVM, no health checks)
     runs = [_floor_round(store, sc, root, p, layers, draft) for p, layers, draft in measured]
+    return {"window_docs": docs, "changes": cfg.changes_per_partition, "warm_builds": warm_builds,
+            "idle_minutes": idle_minutes, "keep_alive_jobs": _keep_alive_jobs(idle_minutes), **_medians(runs)}
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds' medians and ratio, with the last round's counts and steps."""
     median = {k: round(statistics.median(r[k] for r in runs), 3) for k in ("parse_s", "index_s", "floor_s", "spark_s")}
     last = runs[-1]
-    return {"window_docs": docs, "changes": cfg.changes_per_partition, "idle_minutes": idle_minutes,
-            "keep_alive_jobs": _keep_alive_jobs(idle_minutes), "records": last["records"],
-            "indexed_docs": last["indexed_docs"], "spark_indexed_docs": last["spark_indexed_docs"], **median,
+    return {"records": last["records"], "indexed_docs": last["indexed_docs"],
+            "spark_indexed_docs": last["spark_indexed_docs"], **median,
             "ratio": round(median["spark_s"] / median["floor_s"], 2) if median["floor_s"] else None,
             "spark_steps": last["spark_steps"], "rounds": runs}
 
@@ -206,13 +215,13 @@ def table(r: dict[str, Any]) -> str:
     ])
 
 
-def cmd_bench_floor(*, window_docs: int, changes: int | None, rounds: int, idle_minutes: float, seed: int,
-                    workdir: str | None, keep: bool, as_json: bool) -> int:
+def cmd_bench_floor(*, window_docs: int, changes: int | None, rounds: int, warm_builds: int, idle_minutes: float,
+                    seed: int, workdir: str | None, keep: bool, as_json: bool) -> int:
     root = Path(workdir or tempfile.mkdtemp(prefix="freshidx-bench-floor-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     server = ConnectServer(root / "spark-server")
     try:
-        result = measure(server, root, window_docs, changes, seed, rounds, idle_minutes)
+        result = measure(server, root, window_docs, changes, seed, rounds, idle_minutes, warm_builds)
     finally:
         server.stop()
         if not keep and workdir is None:

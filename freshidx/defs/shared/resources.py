@@ -2,14 +2,8 @@
 
 
 import contextlib
-import hashlib
-import io
 import logging
-import os
-import tempfile
-import zipfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Self
 
 import dagster as dg
@@ -18,6 +12,7 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
 
 from freshidx.settings import PipelineSettings, Settings
+from freshidx.spark.code_shipping import ship_to_cluster
 from freshidx.spark.session import (
     application_info,
     build_connect_session,
@@ -89,7 +84,7 @@ class SparkResource(LazyPySparkResource):
     (:func:`freshidx.spark_server.open_connect_session`); that package is imported only then.
 
     On a cluster master the driver ships the installed ``freshidx`` package to the executors as a
-    zip (:func:`ship_package_zip`), see docs/deployment.md for what else the workers need.
+    zip (:func:`freshidx.spark.code_shipping.ship_to_cluster`), see docs/deployment.md for what else the workers need.
     """
 
     spark_config: dict[str, Any] = {}
@@ -135,7 +130,7 @@ class SparkResource(LazyPySparkResource):
             return self._open_connect(self.remote, conf, keep_as)
         session = build_local_session(self.master, conf=conf)
         if is_cluster_master(self.master):
-            ship_package_zip(session)
+            ship_to_cluster(session)
         return session
 
     def _open_connect(self, remote: str, conf: dict[str, str], keep_as: str | None) -> Any:
@@ -215,51 +210,6 @@ class SparkResource(LazyPySparkResource):
         except Exception as exc:  # metadata only: the run's outcome does not depend on it
             log.warning("no Spark application info for the materialization metadata: %s", exc)
             return None, None
-
-
-def package_zip(target_dir: str | None = None) -> Path:
-    """A zip of the installed ``freshidx`` package (sources only), named by its content hash.
-
-    The hash in the name means a code change is a new file: ``addPyFile`` refuses to replace a file
-    of the same name with other content, and executors never run a stale copy.
-    """
-    import freshidx
-
-    root = Path(freshidx.__file__).parent
-    files = sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                   and p.suffix not in (".pyc", ".pyo"))
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        for p in files:
-            info = zipfile.ZipInfo(str(Path("freshidx") / p.relative_to(root)), date_time=(2000, 1, 1, 0, 0, 0))
-            z.writestr(info, p.read_bytes(), zipfile.ZIP_DEFLATED)  # fixed dates: same code → same bytes
-    data = buf.getvalue()
-    out_dir = Path(target_dir or os.path.join(tempfile.gettempdir(), "freshidx-pyfiles"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"freshidx-{hashlib.sha256(data).hexdigest()[:16]}.zip"
-    if not out.exists():
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, out)  # concurrent runs may build the same zip: last rename wins, same bytes
-    return out
-
-
-def ship_package_zip(session: Any) -> Path:
-    """Put this process's ``freshidx`` on the executors' ``sys.path`` (ahead of any installed copy).
-
-    Chosen over installing freshidx on the workers: the executors then always run exactly the
-    driver's code (a code-location deploy needs no worker restart, and no version skew is possible),
-    and imports inside task functions resolve (cloudpickle by value covers only what a closure
-    references). Workers still need the *dependencies* (pyarrow, tantivy, pydantic, pydantic-settings,
-    boto3): run them from the same image or environment (docs/deployment.md).
-    """
-    path = package_zip()
-    ctx = session.sparkContext
-    # A later run in the same process reuses the context: add each zip once (Spark ignores a repeat
-    # of the path anyway, but pyspark would list it twice in the workers' includes).
-    if path.name not in (getattr(ctx, "_python_includes", None) or []):
-        ctx.addPyFile(str(path))
-    return path
 
 
 class FreshidxSettings(dg.ConfigurableResource, PipelineSettings):

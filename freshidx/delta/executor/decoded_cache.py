@@ -74,7 +74,7 @@ def worker_cache(max_bytes: int) -> DecodedCache:
     """This process's cache, with its budget set to ``max_bytes``.
 
     Tasks must reach it through :func:`resolve_worker_cache`: a Spark Connect client may ship freshidx to
-    the server *by value* (``session.ship_package_by_value``), and a function pickled by value carries a
+    the server *by value* (the fallback of ``code_shipping.ship_to_connect``), and a function pickled by value carries a
     copy of its module's globals, so a module-level cache reached directly would be new in every task.
     """
     global _WORKER

@@ -33,9 +33,10 @@ __all__ = ["LAYOUT", "MAX_KEY_BYTES", "KeyIndex", "as_keys", "distinct_keys", "k
 MAX_KEY_BYTES = 64
 
 #: Part of a cached index's key in a worker's decoded cache: bump it when KeyIndex's fields or methods
-#: change meaning. A Connect client ships freshidx by value, so each client process brings its own
-#: copy of the class, while a reused worker keeps the instances earlier clients built: an instance is
-#: used through its own methods (never checked with ``isinstance``), and only under the same layout.
+#: change meaning. A Connect client may ship freshidx by value (``code_shipping.ship_by_value``), so each
+#: client process brings its own copy of the class, while a reused worker keeps the instances earlier
+#: clients built: an instance is used through its own methods (never checked with ``isinstance``), and
+#: only under the same layout.
 LAYOUT = 3
 
 

@@ -53,17 +53,19 @@ def part_of_bytes(key: bytes, parts: int) -> int:
 
 
 def part_of(values: pa.Array | pa.ChunkedArray, parts: int) -> np.ndarray:
-    """The part of each non-null string of ``values`` (nulls: -1)."""
+    """The part of each non-null string of ``values`` (nulls: -1). Each distinct value is hashed once: a
+    segment's rows name each product once per ad."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
-    out = np.full(len(values), -1, np.int64)
-    valid = np.asarray(values.is_valid().to_numpy(zero_copy_only=False), bool)
-    keys = as_keys(values)
+    encoded = values.dictionary_encode()
+    distinct = encoded.dictionary
+    keys = as_keys(distinct)
     if keys is not None:
-        out[valid] = part_of_keys(keys, parts)
+        of_distinct = part_of_keys(keys, parts)
     else:
-        out[valid] = [part_of_bytes(v.encode(), parts) for v in values.drop_null().to_pylist()]
-    return out
+        of_distinct = np.array([part_of_bytes(v.encode(), parts) for v in distinct.to_pylist()], np.int64)
+    codes = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    return np.where(codes >= 0, of_distinct[np.maximum(codes, 0)] if len(of_distinct) else -1, -1).astype(np.int64)
 
 
 # ------------------------------------------------------------------------- Spark's hash partitioning

@@ -1,0 +1,62 @@
+"""freshidx reaches a Connect session's workers once, as a zip of this process's code
+(freshidx.spark.code_shipping), not pickled by value into every job.
+
+Against the suite's real supervised Spark Connect server (whose workers could import the installed
+freshidx: the zip must win over it), and without Spark for the zip itself.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyspark import cloudpickle
+
+from freshidx.delta.executor import one_pass
+from freshidx.spark.code_shipping import code_version, package_zip
+from freshidx.spark.session import build_connect_session, close_session
+
+
+def test_the_zip_holds_the_package_and_is_named_by_its_content(tmp_path: Path) -> None:
+    import freshidx
+
+    path = package_zip(str(tmp_path))
+    assert path.name == f"freshidx-{code_version()}.zip"
+    names = zipfile.ZipFile(path).namelist()
+    assert "freshidx/__init__.py" in names and "freshidx/delta/executor/one_pass.py" in names
+    assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+    source = (Path(freshidx.__file__).parent / "spark" / "code_shipping.py").read_bytes()
+    assert zipfile.ZipFile(path).read("freshidx/spark/code_shipping.py") == source
+    assert package_zip(str(tmp_path)) == path  # same code, same file
+
+
+@pytest.mark.timeout(600)
+def test_a_connect_session_runs_the_clients_code_from_its_zip(shared_spark_connect: dict[str, str]) -> None:
+    session = build_connect_session(shared_spark_connect["FRESHIDX_SPARK_REMOTE"])
+    try:
+        def where(batches):  # type: ignore[no-untyped-def]  # nested: pickled by value for the server
+            import os
+
+            import freshidx
+            from freshidx.delta.executor.decoded_cache import resolve_worker_cache
+
+            for _ in batches:
+                pass
+            cache = resolve_worker_cache(1 << 20)
+            yield pa.RecordBatch.from_pydict({"file": [freshidx.__file__], "pid": [os.getpid()],
+                                              "cache": [id(cache)], "budget": [cache.max_bytes]})
+
+        rows = [r.asDict() for _ in range(2)
+                for r in session.range(0, 1, 1, 1).mapInArrow(where, "file string, pid long, cache long, "
+                                                               "budget long").collect()]
+    finally:
+        close_session(session, release=True)
+    assert all(f"freshidx-{code_version()}.zip" in r["file"] for r in rows), rows
+    assert all(r["budget"] == 1 << 20 for r in rows), rows  # the installed-module cache, not the no-op one
+    if rows[0]["pid"] == rows[1]["pid"]:  # a reused worker keeps its decoded state between jobs
+        assert rows[0]["cache"] == rows[1]["cache"]
+    # A job carries a reference to the code, not the code: a micro-batch's task pickles to a few KB.
+    job = one_pass.MicroBatchJob("{}", [], [], 0, "delta", "v", 2, "src", "run", 3600)
+    assert len(cloudpickle.dumps(one_pass._task(job, None))) < 20_000
