@@ -57,7 +57,7 @@ def use_task_cores() -> int:
     """Size Arrow's CPU thread pool in this Python worker to the cores Spark gave the running task
     (``spark.task.cpus``, usually one): Spark runs a task per core, so a pool of every core in each of
     them (Arrow's default) has the tasks' compute, Parquet and decoding threads compete for the same cores
-    (measured: a micro-batch's two tasks finished later). Returns the pool's size."""
+    (a micro-batch's two tasks finish later: docs/benchmarks.md). Returns the pool's size."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
