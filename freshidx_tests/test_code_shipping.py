@@ -15,7 +15,7 @@ import pytest
 from pyspark import cloudpickle
 
 from freshidx.delta.executor import one_pass
-from freshidx.spark.code_shipping import code_version, package_zip
+from freshidx.spark.code_shipping import code_version, package_zip, ship_to_connect
 from freshidx.spark.session import build_connect_session, close_session
 
 
@@ -30,6 +30,33 @@ def test_the_zip_holds_the_package_and_is_named_by_its_content(tmp_path: Path) -
     source = (Path(freshidx.__file__).parent / "spark" / "code_shipping.py").read_bytes()
     assert zipfile.ZipFile(path).read("freshidx/spark/code_shipping.py") == source
     assert package_zip(str(tmp_path)) == path  # same code, same file
+
+
+class _Session:
+    def __init__(self, refuse: bool) -> None:
+        self.refuse = refuse
+        self.added: list[str] = []
+
+    def addArtifacts(self, *paths: str, pyfile: bool = False) -> None:  # pyspark's name
+        if self.refuse:
+            raise RuntimeError("artifacts are disabled on this server")
+        assert pyfile
+        self.added.extend(paths)
+
+
+def test_a_refused_artifact_falls_back_to_by_value_until_one_is_accepted() -> None:
+    import freshidx
+
+    try:
+        assert ship_to_connect(_Session(refuse=True)) is False
+        assert "freshidx" in cloudpickle.list_registry_pickle_by_value()
+        accepted = _Session(refuse=False)
+        assert ship_to_connect(accepted) is True
+        assert accepted.added == [str(package_zip())]
+        assert "freshidx" not in cloudpickle.list_registry_pickle_by_value()
+    finally:
+        if "freshidx" in cloudpickle.list_registry_pickle_by_value():
+            cloudpickle.unregister_pickle_by_value(freshidx)
 
 
 @pytest.mark.timeout(600)

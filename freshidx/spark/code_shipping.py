@@ -86,22 +86,27 @@ def ship_to_cluster(session: Any) -> Path:
 def ship_to_connect(session: Any) -> bool:
     """Put this process's ``freshidx`` on a Spark Connect session's workers' ``sys.path`` (adding the same
     zip to a session again is harmless). A server that refuses the artifact gets the package pickled by
-    value into every function instead (slower, and no decoded state kept between tasks); returns whether
-    the zip was shipped."""
+    value into every function instead (slower, and no decoded state kept between tasks), until a session
+    of this process accepts it; returns whether the zip was shipped."""
     try:
         session.addArtifacts(str(package_zip()), pyfile=True)
-        return True
     except Exception as exc:  # any refusal: the by-value path still runs every task correctly
         log.warning("Spark Connect server refused freshidx as a session artifact (%s); shipping it by value "
                     "with every job instead", exc)
         ship_by_value()
         return False
+    ship_by_value(False)  # an earlier refusal in this process must not keep every later job by value
+    return True
 
 
-def ship_by_value() -> None:
-    """Make cloudpickle serialize freshidx functions/classes by value (for every session of this process)."""
+def ship_by_value(on: bool = True) -> None:
+    """Make cloudpickle serialize freshidx functions/classes by value (for every session of this process),
+    or (``on=False``) by reference again."""
     from pyspark import cloudpickle
 
     import freshidx
 
-    cloudpickle.register_pickle_by_value(freshidx)
+    if on:
+        cloudpickle.register_pickle_by_value(freshidx)
+    elif freshidx.__name__ in cloudpickle.list_registry_pickle_by_value():
+        cloudpickle.unregister_pickle_by_value(freshidx)
