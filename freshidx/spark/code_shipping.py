@@ -7,12 +7,12 @@ the workers' ``sys.path``:
 
 * a cluster's driver: ``SparkContext.addPyFile`` (:func:`ship_to_cluster`);
 * a Spark Connect client: a session ``pyfile`` artifact (:func:`ship_to_connect`). A session's workers
-  are its own, so two clients with different code never share one. Before, every ``mapInArrow`` function
-  carried the package pickled by value (serialized on the client for every job, before its tasks could
-  start: docs/benchmarks.md) and, on a server without freshidx installed, no worker could keep decoded
-  state between tasks.
-  A reused worker keeps the modules it imported, so a session serves one version of the code: a kept
-  session (:mod:`freshidx.spark_server.kept_session`) is named by :func:`code_version` too.
+  are its own, so two clients with different code never share one. Pickling the package by value into
+  every ``mapInArrow`` function instead (the fallback) serializes it on the client for every job, before
+  its tasks can start (docs/benchmarks.md), and on a server without freshidx installed no worker can keep
+  decoded state between tasks. A reused worker keeps the modules it imported, so a session serves one
+  version of the code: a kept session (:mod:`freshidx.spark_server.kept_session`) records
+  :func:`code_version` beside its id.
 
 Workers still need the *dependencies* (pyarrow, tantivy, pydantic, pydantic-settings, boto3): run them
 from the same image or environment.
