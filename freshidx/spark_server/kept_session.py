@@ -2,11 +2,10 @@
 
 A Connect session owns its Python worker pool, its plan cache and, through those workers, the decoded
 state the micro-batch's segment task keeps (:mod:`freshidx.delta.executor.decoded_cache`). A run that opens a
-new session pays for all of it again; measured on the 2-core box (100k-doc window, 1,000-change
-partitions, one Connect server; docs/benchmarks.md): a micro-batch took 3.6-4.1 s in a new session and
-1.2-2.2 s attached to the session the previous run used. And a closed session leaves its Python
-worker daemon behind in the server (SPARK-54055: ~45 MiB each, seen as one more server process per
-compaction run in a 2-hour soak) until the supervisor's process-count restart. So every freshidx run
+new session pays for all of it again (a micro-batch in a new session takes about twice as long as one
+attached to the session the previous run used: docs/benchmarks.md). And a closed session leaves its
+Python worker daemon behind in the server (SPARK-54055: one more server process per compaction run in a
+soak) until the supervisor's process-count restart. So every freshidx run
 attaches to its pipeline's server-side session by id (delta runs, sensor-triggered or continuous,
 share one) and never releases it: it ends with the server
 (a restarted server does not know the id and creates the session afresh) or after the server's idle

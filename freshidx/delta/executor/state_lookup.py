@@ -312,8 +312,10 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
     # ... and every ad of those products (of the task's own parts: the products it writes), with the batch's
     # ads that name one of them (an ad that leaves one of them has a row in it: it is among its ads).
     own_products, own_hashes = products.wanted(), products.hashes()
-    strings, indexed = [*batch_ads.strings], []
-    if parts is not None:
+    indexed = []
+    if parts is None:
+        strings = [*batch_ads.strings]
+    else:
         owned = parts.owns_keys(own_products)
         own_products, own_hashes = own_products[owned], own_hashes[owned]
         named = keys.filter(pa.array(parts.owns_products(keys.column("product_id"))))
