@@ -349,3 +349,21 @@ def test_key_indexes_outlast_row_groups_in_the_worker_cache() -> None:
     get("index-1", 20, True)
     get("index-3", 90, True)
     assert loads == ["index-1", "index-3"]
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 1000, 50_000])
+def test_the_bucket_walk_finds_what_a_bisection_finds(size: int) -> None:
+    """An index's hash directory answers as ``np.searchsorted`` on both sides: hashes at both ends of the
+    range, repeated hashes (a crowded bucket, walked then bisected), absent ones in between."""
+    rng = np.random.default_rng(size)
+    top = np.iinfo(np.uint64).max
+    hashes = np.sort(np.concatenate([
+        rng.integers(0, top, size, dtype=np.uint64, endpoint=True),
+        np.full(min(size, 9), rng.integers(0, top, dtype=np.uint64)),  # one hash nine times
+        np.array([0, top], np.uint64)]))
+    buckets = key_index.directory(hashes)
+    wanted = np.concatenate([rng.choice(hashes, 500), rng.integers(0, top, 500, dtype=np.uint64, endpoint=True),
+                             np.array([0, 1, top - 1, top], np.uint64)])
+    for side in ("left", "right"):
+        found = key_index._search(hashes, buckets, wanted, side)
+        assert found.tolist() == np.searchsorted(hashes, wanted, side).tolist(), side

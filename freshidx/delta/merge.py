@@ -210,15 +210,15 @@ def segment_update(batch: pa.Table, state: pa.Table, distrusted: pa.Array | None
     others = in_touched.filter(pc.invert(_in(in_touched, batch_ids)))
     prior_others = latest_per_ad(state.filter(_in(state.column("ad_id"), others)))
     # The latest row is a maximum per ad: the batch competes only with its own ads' prior rows.
-    resolved = pa.concat_tables([prior_others, _latest_of_two(prior_batch, batch)])
+    latest_batch = _latest_of_two(prior_batch, batch)
+    resolved = pa.concat_tables([prior_others, latest_batch])
     rows = resolved.filter(pc.or_(_in(resolved.column("product_id"), touched),
                                   _in(resolved.column("ad_id"), batch_ids)))
-    before = pa.concat_tables([prior_others, prior_batch])
-    changed = _features_changed(before, rows, touched)
+    changed = _features_changed(prior_others, prior_batch, latest_batch, touched)
     replaced_ads = batch_ids
     if distrusted is not None and len(distrusted):
         replaced_ads = pc.unique(pa.concat_arrays([batch_ids, distrusted.cast(pa.string())]))
-        mixed = pa.concat_tables([before, rows])
+        mixed = pa.concat_tables([prior_others, prior_batch, rows])
         changed = pc.unique(pa.concat_arrays([
             changed, mixed.filter(_in(mixed.column("ad_id"), distrusted)).column("product_id").combine_chunks()
         ]).drop_null())
@@ -226,20 +226,39 @@ def segment_update(batch: pa.Table, state: pa.Table, distrusted: pa.Array | None
     return SegmentUpdate(rows=rows, replace=replace)
 
 
-def _features_changed(before: pa.Table, after: pa.Table, touched: pa.Array) -> pa.Array:
-    """The products of ``touched`` whose features over ``before``'s active ads differ from ``after``'s."""
-    def features(rows: pa.Table) -> pa.Table:
-        active = rows.filter(pc.and_(_active(rows), _in(rows.column("product_id"), touched)))
-        f = ProductFeatures()
-        f.add(active)
-        return f.table()
+def _features_changed(others: pa.Table, old_batch: pa.Table, new_batch: pa.Table, touched: pa.Array) -> pa.Array:
+    """The products of ``touched`` whose features over the active ads of ``others`` and ``old_batch`` differ from
+    those over ``others`` and ``new_batch`` (the batch ads' rows before and after; ``others``: the other ads).
 
-    old, new = features(before), features(after)
+    Settled from the batch's side: a product's count changes exactly when its batch ads' count does, and
+    its best bid can change only where its batch ads' best bid does; only for those products are the other
+    ads' bids aggregated (a product's other ads are most of the rows)."""
+    old, new = _features(old_batch, touched), _features(new_batch, touched)
     joined = old.join(new, "product_id", join_type="full outer", left_suffix="_old", right_suffix="_new",
                       use_threads=False)
-    same = pc.and_(_equal(joined.column("n_old"), joined.column("n_new")),
-                   _equal(joined.column("best_old"), joined.column("best_new")))
-    return joined.filter(pc.invert(same)).column("product_id").combine_chunks()
+    counts_same = pc.equal(joined.column("n_old").fill_null(0), joined.column("n_new").fill_null(0))
+    bests_same = _equal(joined.column("best_old"), joined.column("best_new"))
+    changed = joined.filter(pc.invert(counts_same)).column("product_id").combine_chunks()
+    unsettled = joined.filter(pc.and_(counts_same, pc.invert(bests_same)))
+    if unsettled.num_rows == 0:
+        return changed
+    products = unsettled.column("product_id").combine_chunks()
+    rest = _features(others, products)
+    unsettled = unsettled.join(rest.select(["product_id", "best"]), "product_id", join_type="left outer",
+                               use_threads=False)
+    best = unsettled.column("best")
+    before = pc.max_element_wise(best, unsettled.column("best_old"), skip_nulls=True)
+    after = pc.max_element_wise(best, unsettled.column("best_new"), skip_nulls=True)
+    moved = unsettled.filter(pc.invert(_equal(before, after))).column("product_id").combine_chunks()
+    return pa.concat_arrays([changed, moved])
+
+
+def _features(rows: pa.Table, products: pa.Array) -> pa.Table:
+    """``ProductFeatures`` (``product_id, n, best``) of the active ``rows`` of ``products``."""
+    features = ProductFeatures()
+    columns = rows.select(["product_id", "bid", "status"])  # filtering texts and keywords too costs more
+    features.add(columns.filter(pc.and_(_active(columns), _in(columns.column("product_id"), products))))
+    return features.table()
 
 
 def _equal(a: pa.Array | pa.ChunkedArray, b: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:

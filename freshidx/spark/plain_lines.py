@@ -131,15 +131,31 @@ def _np(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 def _micros(stamps: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Epoch microseconds of :data:`PLAIN_TIMESTAMP` texts, and which are real dates, by the
-    proleptic Gregorian calendar as Python's ``datetime`` and Spark count it."""
-    def part(start: int, stop: int) -> np.ndarray:
-        return pc.cast(pc.utf8_slice_codeunits(stamps, start, stop), pa.int64()).to_numpy(zero_copy_only=False)
+    proleptic Gregorian calendar as Python's ``datetime`` and Spark count it. The shape fixes where
+    each digit is, so the digits are read straight from the UTF-8 bytes (ASCII here)."""
+    n = len(stamps)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, bool)
+    _, offsets_buf, data_buf = stamps.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int32, count=n + 1, offset=stamps.offset * 4).astype(np.int64)
+    data = np.frombuffer(data_buf, np.uint8)
+    starts, lengths = offsets[:-1], np.diff(offsets)
 
-    year, month, day = part(0, 4), part(5, 7), part(8, 10)
-    hour, minute, second = part(11, 13), part(14, 16), part(17, 19)
-    fraction = pc.utf8_slice_codeunits(pc.extract_regex(stamps, r"\.(?P<f>[0-9]+)").field("f"), 0, 6)
-    fraction_us = pc.cast(pc.utf8_rpad(pc.fill_null(fraction, "0"), 6, "0"), pa.int64()).to_numpy(
-        zero_copy_only=False)
+    def digits(first: int, count: int) -> np.ndarray:
+        value = np.zeros(n, np.int64)
+        for k in range(first, first + count):
+            value = value * 10 + (data[starts + k] - ord("0"))
+        return value
+
+    year, month, day = digits(0, 4), digits(5, 2), digits(8, 2)
+    hour, minute, second = digits(11, 2), digits(14, 2), digits(17, 2)
+    # ".f" with 1 to 9 digits, then "Z" or nothing: microseconds are its first six digits (truncated).
+    end = lengths - (data[offsets[1:] - 1] == ord("Z"))
+    fraction_us = np.zeros(n, np.int64)
+    for k in range(6):
+        present = np.flatnonzero(end > 20 + k)
+        fraction_us *= 10
+        fraction_us[present] += data[starts[present] + 20 + k] - ord("0")
     leap = (year % 4 == 0) & ((year % 100 != 0) | (year % 400 == 0))
     month_days = np.array([0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31])[np.clip(month, 0, 12)] + \
         (leap & (month == 2))

@@ -176,7 +176,10 @@ class Parts:
         """The rows of ``batch`` (one per ad) that can change this task's rows: those naming a product of
         these parts and those of an ad with a row in ``state`` (:func:`select_rows` with these parts
         reads the rows of exactly the ads of these parts' products and of those batch ads)."""
-        known = pc.is_in(batch.column("ad_id"), value_set=pc.unique(state.column("ad_id").combine_chunks()))
+        # The batch's ads seen in the state: hashing the batch's ids costs less than hashing the state's.
+        ids = batch.column("ad_id").combine_chunks()
+        seen = state.column("ad_id").filter(pc.is_in(state.column("ad_id"), value_set=ids)).combine_chunks()
+        known = pc.is_in(ids, value_set=pc.unique(seen))
         keep = self.owns_products(batch.column("product_id")) | np.asarray(known.to_numpy(zero_copy_only=False), bool)
         return batch if keep.all() else batch.filter(pa.array(keep))
 
@@ -304,7 +307,8 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
     indexed: list[np.ndarray] = []
     for info in key_info:
         if not isinstance(info, tuple):
-            indexed.append(info.products_of_rows(info.rows_of_ads(batch_ads.wanted(), batch_ads.hashes())))
+            if info.products is not None:  # a kill-list names no product
+                indexed.append(info.products_of_rows(info.rows_of_ads(batch_ads.wanted(), batch_ads.hashes())))
         elif "product_id" in info[0].column_names:
             prior = info[0].filter(pc.is_in(info[0].column("ad_id"), value_set=batch_ads.arrow()))
             strings.append(prior.column("product_id").combine_chunks().drop_null())
