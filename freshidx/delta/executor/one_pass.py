@@ -126,7 +126,9 @@ def _task(job: MicroBatchJob, parsed_by: str | None) -> ShardWriter:
             extra = _bookkeeping(job, parsed.filter(pc.invert(valid_mask)), valid)
         owned = Parts(job.num_shards, frozenset({shard})) if job.num_shards > 1 else None
         rows = merged_rows(config, job.state_files, job.cache_bytes, valid, owned, seconds)
-        commit = write_one_index_shard(config, job.index, job.version, shard, attempt, rows.to_batches())
+        # One batch: the merge leaves many small pieces, and the index step does its per-batch work on each.
+        commit = write_one_index_shard(config, job.index, job.version, shard, attempt,
+                                       rows.combine_chunks().to_batches())
         written = {k: v for k, v in commit.seconds.items() if k != "rows"}  # rows: merged already
         return dataclasses.replace(commit, seconds={**seconds, **written}, extra=extra)
 
