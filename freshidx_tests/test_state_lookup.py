@@ -184,7 +184,7 @@ def _rows(out: pa.Table) -> list[tuple]:
 @pytest.mark.parametrize("seed", range(6))
 def test_key_index_answers_as_the_scan(tmp_path: Path, seed: int, colliding: bool,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The key index (binary search over hashes) selects exactly the rows the is_in scan selects: ads in several
+    """The key index (lookups by hash) selects exactly the rows the is_in scan selects: ads in several
     files, ads that moved product, products on row group edges, non-ASCII ids, ids of different lengths,
     and (seed 5) an id too long for the index, which makes that file fall back to the scan. With a hash of
     three values, nearly every id shares its hash with others: the bytes settle every lookup."""

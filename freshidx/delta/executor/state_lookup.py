@@ -295,7 +295,7 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
                 parts: Parts | None = None, distrusted: list[pa.Array] | None = None) -> Iterator[pa.RecordBatch]:
     """The two passes over the state files (pure Arrow and numpy; tested without Spark). What is decoded
     goes through ``cache`` (a reused worker's next micro-batch decodes only files it has not seen), and
-    a file's keys are looked up in its :class:`~freshidx.delta.executor.key_index.KeyIndex` (binary search: the
+    a file's keys are looked up in its :class:`~freshidx.delta.executor.key_index.KeyIndex` (hash lookups: the
     cost follows the batch, not the state). ``distrusted`` receives the ad ids of the rows read from
     segments not built over the serving full version (:meth:`StateFile.trusted`)."""
     batch_ads = _Ids([pc.unique(keys.column("ad_id").combine_chunks())])
