@@ -238,3 +238,43 @@ def test_wait_ready_can_be_aborted(tmp_path: Path) -> None:
         dev.stop()
     assert len(calls) == 3
     assert dev.group_pids() == []
+
+
+def test_a_taken_port_moves_a_picked_port_and_fails_a_chosen_one(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A socket bound without listening passes the connect probe, then the webserver's bind fails (as when
+    another process takes the port between the probe and the bind): ``dagster dev`` keeps its daemon
+    running without a webserver. A port the caller chose raises at once; a port DagsterDev picked is
+    replaced by another free one and the server comes up."""
+    import socket
+
+    from freshidx.tools import devserver
+    from freshidx.tools.devserver import WebserverPortTaken
+
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))  # no SO_REUSEADDR, no listen: the webserver cannot bind it
+        taken = blocker.getsockname()[1]
+        (tmp_path / "chosen").mkdir()
+        (tmp_path / "picked").mkdir()
+        chosen = DagsterDev(home=_make_home(tmp_path / "chosen"), port=taken, python_file=FIXTURE_DEFS, cwd=tmp_path)
+        try:
+            chosen.start()
+            with pytest.raises(WebserverPortTaken, match=str(taken)):
+                chosen.wait_ready(timeout=READY_TIMEOUT)
+        finally:
+            chosen.stop()
+        assert chosen.group_pids() == []
+
+        ports = iter([taken])
+        real_free_port = devserver.free_port
+        monkeypatch.setattr(devserver, "free_port", lambda host="127.0.0.1": next(ports, None) or real_free_port(host))
+        picked = DagsterDev(home=_make_home(tmp_path / "picked"), python_file=FIXTURE_DEFS, cwd=tmp_path)
+        assert picked.port == taken
+        try:
+            picked.start()
+            picked.wait_ready(timeout=READY_TIMEOUT)
+            assert picked.port != taken and picked.server_info_status() == 200
+            assert picked.location_name == "devserver_fixture_defs.py"
+        finally:
+            picked.stop()
+        assert picked.group_pids() == []

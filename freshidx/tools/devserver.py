@@ -6,7 +6,8 @@ the same way the UI does it:
 
 * readiness = ``/server_info`` answers, every code location is LOADED without a load error, and
   every required daemon reports healthy; a code location that fails to load raises
-  :class:`CodeLocationLoadError` with the Python error immediately (no waiting for a timeout);
+  :class:`CodeLocationLoadError` with the Python error immediately (no waiting for a timeout); so does
+  a webserver that cannot bind its port (:meth:`DagsterDev._move_to_a_free_port`);
 * runs are launched like the UI's "Materialize" button (``launchRun`` of ``__ASSET_JOB`` with an
   asset selection) and backfills like the UI's partition dialog (``launchPartitionBackfill``).
 
@@ -57,6 +58,7 @@ __all__ = [
     "DagsterDevExited",
     "GraphQLError",
     "WaitAborted",
+    "WebserverPortTaken",
     "free_port",
     "packaged_dagster_yaml",
     "prepare_home",
@@ -73,6 +75,14 @@ class DagsterDevExited(DagsterDevError):
 
 class WaitAborted(DagsterDevError):
     """``wait_ready``'s ``abort`` callback asked to stop waiting (e.g. the demo got SIGTERM)."""
+
+
+class WebserverPortTaken(DagsterDevError):
+    """The webserver could not bind its port: another process holds it."""
+
+
+#: What the webserver (uvicorn) logs when its port is taken; how many other free ports a picked port may move to.
+_BIND_FAILED, _PORT_RETRIES = b"error while attempting to bind on address", 3
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -184,6 +194,7 @@ class DagsterDev(WebserverClient):
         else:
             raise ValueError("one of module / python_file / workspace is required")
         super().__init__(host, port if port is not None else free_port(host))
+        self._picked_port, self._port_retries, self._log_start = port is None, 0, 0
         self.home = Path(home).resolve()
         self._env = dict(env or {})
         self.cwd = Path(cwd) if cwd is not None else None
@@ -239,6 +250,7 @@ class DagsterDev(WebserverClient):
                 env.pop(var, None)
         set_pool_limits(self.pool_limits, env, self.log_path)
         with open(self.log_path, "ab") as log:
+            self._log_start = log.tell()  # this start's lines only (the log is appended to)
             self._proc = subprocess.Popen(
                 self.command,
                 env=env,
@@ -288,12 +300,37 @@ class DagsterDev(WebserverClient):
                     detail = f"unhealthy: {unhealthy}"
             except requests.RequestException as exc:
                 detail = f"{type(exc).__name__}: {exc}"
+                if stage == "webserver /server_info" and self._webserver_bind_failed():
+                    self._move_to_a_free_port()
+                    continue
             if time.monotonic() >= deadline:
                 raise TimeoutError(
                     f"dagster dev on {self.url} not ready after {timeout}s (waiting for {stage}; {detail})\n"
                     f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
                 )
             time.sleep(POLL_INTERVAL)
+
+    def _webserver_bind_failed(self) -> bool:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                return _BIND_FAILED in f.read()
+        except OSError:
+            return False
+
+    def _move_to_a_free_port(self) -> None:
+        """Start again on another free port: another process took the one this class picked after its probe
+        (``dagster dev`` would run on without a webserver). A port the caller chose is theirs to free."""
+        taken = self.port
+        self.stop()
+        if not self._picked_port or self._port_retries >= _PORT_RETRIES:
+            raise WebserverPortTaken(f"the webserver could not bind {self.host}:{taken}: another process holds it "
+                                     f"(see {self.log_path})")
+        self._port_retries += 1
+        self._proc = self._pgid = None
+        self._port, self._client = free_port(self.host), None
+        self._session = requests.Session()  # stop() closed the old one
+        self.start()
 
     def stop(self, timeout: float = 90) -> int | None:
         """SIGINT the process group, wait up to ``timeout`` s, then SIGKILL. Idempotent.
