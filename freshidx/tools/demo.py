@@ -33,7 +33,7 @@ from freshidx.settings import Settings, SettingsError
 from freshidx.store import open_store
 from freshidx.tools.demo_stop import DEMO_ID_ENV, shutdown
 from freshidx.tools.demo_watch import Printer, Watcher
-from freshidx.tools.devserver import DagsterDev, WaitAborted, packaged_dagster_yaml, prepare_home
+from freshidx.tools.devserver import DagsterDev, WaitAborted, WebserverPortTaken, packaged_dagster_yaml, prepare_home
 
 if TYPE_CHECKING:
     import dagster as dg
@@ -102,10 +102,15 @@ def cmd_demo(**options: Any) -> int:
     env = _children_env(args, settings, store, demo_id, state_dir)
     out = Printer(args.as_json)
     stopping = _stop_on_signals()
-    instance = _open_instance(dagster_home)
-    _interrupt_stale_runs(instance, out)
     dev = DagsterDev(home=dagster_home, port=args.port, module="freshidx.definitions",
                      env=env, log_path=home / "dagster-dev.log")
+    try:
+        dev.check_port()  # before anything starts
+    except WebserverPortTaken as exc:
+        print(f"--port {args.port}: {exc}", file=sys.stderr)
+        return 2
+    instance = _open_instance(dagster_home)
+    _interrupt_stale_runs(instance, out)
     children = _Children()
     gen_log = open(home / "generator.log", "ab")  # noqa: SIM115 - lives as long as the demo
     try:
@@ -117,6 +122,9 @@ def cmd_demo(**options: Any) -> int:
             dev.wait_ready(timeout=900, abort=stopping)  # a loaded box can take minutes
         except WaitAborted:
             return 0
+        except WebserverPortTaken as exc:  # taken after the check
+            print(f"--port {args.port}: {exc}", file=sys.stderr)
+            return 2
         print(f"  Dagster UI: {dev.url}   (sensors running; Ctrl-C to stop)", flush=True)
         print("  publications, catch-up progress and failed runs are printed below as they happen; the "
               "first delta usually lands within 1-3 min (longer on a busy machine)", flush=True)

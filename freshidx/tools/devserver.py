@@ -1,8 +1,7 @@
 """Supervise a ``dagster dev`` process (webserver + daemon + code server).
 
-Used by ``freshidx demo`` (UI on 127.0.0.1:3000) and by end-to-end tests (free loopback port).
-Everything is driven through the webserver's GraphQL API (:mod:`freshidx.tools.devserver_graphql`),
-the same way the UI does it:
+Used by ``freshidx demo`` (UI on 127.0.0.1:3000) and by end-to-end tests (free loopback port), through
+the webserver's GraphQL API (:mod:`freshidx.tools.devserver_graphql`), the same way the UI does it:
 
 * readiness = ``/server_info`` answers, every code location is LOADED without a load error, and
   every required daemon reports healthy; a code location that fails to load raises
@@ -11,8 +10,7 @@ the same way the UI does it:
 * runs are launched like the UI's "Materialize" button (``launchRun`` of ``__ASSET_JOB`` with an
   asset selection) and backfills like the UI's partition dialog (``launchPartitionBackfill``).
 
-The process is started in its own session (process group), stopped with SIGINT to the whole
-group and SIGKILL as a fallback.
+Started in its own session (process group), stopped with SIGINT to the group and SIGKILL as a fallback.
 """
 
 from __future__ import annotations
@@ -237,10 +235,7 @@ class DagsterDev(WebserverClient):
     def start(self) -> Self:
         if self._proc is not None:
             raise DagsterDevError("already started")
-        probe_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        if _port_in_use(probe_host, self.port):
-            # Otherwise /server_info would be answered by whatever already listens there.
-            raise DagsterDevError(f"port {self.port} on {probe_host} is already in use")
+        self.check_port()
         self.home.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self._env, "DAGSTER_HOME": str(self.home)}
@@ -309,6 +304,12 @@ class DagsterDev(WebserverClient):
                     f"--- tail of {self.log_path} ---\n{_tail(self.log_path)}"
                 )
             time.sleep(POLL_INTERVAL)
+
+    def check_port(self) -> None:
+        """Raise :class:`WebserverPortTaken` if something listens on the port (it would answer for the webserver)."""
+        probe_host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        if _port_in_use(probe_host, self.port):
+            raise WebserverPortTaken(f"{probe_host}:{self.port} is already in use")
 
     def _webserver_bind_failed(self) -> bool:
         try:
