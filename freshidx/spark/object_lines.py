@@ -18,6 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from freshidx.spark.string_buffers import string_layout
+
 # Exactly what Spark expects back from a Python data source or mapInArrow (string, not large_string).
 ARROW_SCHEMA = pa.schema(
     [
@@ -90,14 +92,14 @@ def _block_batches(block: bytes, before: int, key: str, partition_path: str,
 
 def _trimmed(texts: pa.Array) -> tuple[pa.Array, np.ndarray | None]:
     """``texts`` less one trailing ``\\r`` each, and which are not blank (``None``: all of them)."""
-    offsets, data = _layout(texts)
+    offsets, data = string_layout(texts)
     lengths = np.diff(offsets)
     last = np.zeros(len(texts), np.uint8)
     last[lengths > 0] = data[offsets[1:][lengths > 0] - 1]
     cr = last == 0x0D
     if cr.any():  # rare: CRLF files
         texts = pc.if_else(pa.array(cr), pc.utf8_slice_codeunits(texts, 0, -1), texts)
-        offsets, data = _layout(texts)
+        offsets, data = string_layout(texts)
         lengths = np.diff(offsets)
     # A line whose first byte is not whitespace is not blank; the few others are settled one by one.
     first = np.zeros(len(texts), np.uint8)
@@ -109,13 +111,6 @@ def _trimmed(texts: pa.Array) -> tuple[pa.Array, np.ndarray | None]:
     for i in maybe:
         keep[i] = bool(texts[int(i)].as_py().encode().strip())
     return texts, keep
-
-
-def _layout(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """The offsets and data bytes of a string array."""
-    _, offsets, data = texts.buffers()
-    return (np.frombuffer(offsets, np.int32, count=len(texts) + 1, offset=texts.offset * 4),
-            np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8))
 
 
 def _per_line(numbered: Iterable[tuple[int, bytes]], key: str, partition_path: str,

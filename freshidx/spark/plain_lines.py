@@ -35,6 +35,7 @@ from freshidx.records import (
     STATUSES,
 )
 from freshidx.spark.index_format import DOCS_ARROW_SCHEMA
+from freshidx.spark.string_buffers import string_layout
 
 _SPACE = r"[ \t\r]*"
 _TEXT = r'[^"\\\x00-\x1f]*'  # a JSON string's content without an escape or a control character
@@ -136,9 +137,8 @@ def _micros(stamps: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     n = len(stamps)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, bool)
-    _, offsets_buf, data_buf = stamps.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int32, count=n + 1, offset=stamps.offset * 4).astype(np.int64)
-    data = np.frombuffer(data_buf, np.uint8)
+    offsets32, data = string_layout(stamps)
+    offsets = offsets32.astype(np.int64)
     starts, lengths = offsets[:-1], np.diff(offsets)
 
     def digits(first: int, count: int) -> np.ndarray:

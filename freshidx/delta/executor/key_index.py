@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from freshidx.spark.string_buffers import string_layout
+
 __all__ = ["LAYOUT", "MAX_KEY_BYTES", "KeyIndex", "as_keys", "distinct_keys", "key_hashes", "query_keys",
            "rows_and_hits"]
 
@@ -55,9 +57,8 @@ def as_keys(values: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
     n = len(arr)
     if n == 0:
         return np.zeros(0, "S8")
-    _, offsets_buf, data_buf = arr.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int32, count=n + 1, offset=arr.offset * 4).astype(np.int64)
-    data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    offsets32, data = string_layout(arr)
+    offsets = offsets32.astype(np.int64)
     lengths = np.diff(offsets)
     longest = int(lengths.max())
     if longest > MAX_KEY_BYTES:

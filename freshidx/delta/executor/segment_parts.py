@@ -35,9 +35,10 @@ def part_of_keys(keys: np.ndarray, parts: int) -> np.ndarray:
         return np.zeros(0, np.int64)
     width = keys.dtype.itemsize
     grid = np.frombuffer(np.ascontiguousarray(keys).tobytes(), np.uint8).reshape(len(keys), width)
+    used = np.flatnonzero(grid.any(axis=0))  # keys are zero-padded to whole words: skip the padding columns
     h = np.full(len(keys), _FNV_OFFSET, np.uint64)
     with np.errstate(over="ignore"):
-        for j in range(width):
+        for j in range(int(used[-1]) + 1 if len(used) else 0):
             b = grid[:, j].astype(np.uint64)
             h = np.where(b != 0, (h ^ b) * _FNV_PRIME, h)
     return (h % np.uint64(parts)).astype(np.int64)
