@@ -17,8 +17,9 @@ from freshidx.defs.catchup.assets import make_ads_hourly, make_ads_hourly_job, m
 from freshidx.defs.catchup.io_manager import BucketIOManager
 from freshidx.defs.delta.assets import delta_index, delta_index_job
 from freshidx.defs.delta.compaction import delta_compaction, delta_compaction_job, make_compaction_sensor
-from freshidx.defs.delta.continuous import delta_continuous, make_continuous_watchdog
+from freshidx.defs.delta.continuous import make_delta_continuous
 from freshidx.defs.delta.sensor import make_delta_sensor
+from freshidx.defs.delta.watchdog import make_continuous_watchdog
 from freshidx.defs.full.assets import full_index, full_index_job, full_index_schedule
 from freshidx.defs.runs.health import make_run_health_sensor
 from freshidx.defs.shared.assets import hourly_partitions, raw_ad_updates_spec
@@ -80,6 +81,7 @@ def build_resources(settings: Settings) -> dict[str, Any]:
         "store": store,
         "spark": SparkResource(spark_config=dict(settings.spark_conf), remote=settings.spark_remote,
                                master=settings.spark_master, server_state_dir=settings.spark_server_state,
+                               server_url=settings.spark_server_url,
                                keep_sessions=settings.spark_keep_sessions),
         "freshidx": FreshidxSettings.from_settings(settings),
         "index_io_manager": IndexIOManager(store=store),
@@ -95,7 +97,7 @@ def build_definitions(settings: Settings | None = None) -> dg.Definitions:
     return dg.Definitions(
         assets=[raw_ad_updates_spec(settings), *with_freshness_policies([delta_index, full_index], settings),
                 ads_hourly, delta_compaction],
-        jobs=[delta_index_job, full_index_job, ads_hourly_job, delta_compaction_job, delta_continuous],
+        jobs=[delta_index_job, full_index_job, ads_hourly_job, delta_compaction_job, make_delta_continuous(settings)],
         asset_checks=sla_checks(),
         schedules=[full_index_schedule(settings)],
         sensors=[

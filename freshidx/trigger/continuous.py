@@ -7,14 +7,16 @@ than the watermark → idle; newer → ONE micro-batch for the newest, the parti
 This module decides what a tick means (:func:`decide`), when the run ends itself
 (:func:`stop_reason`: a planned restart on runtime or memory, or a stop request), what the loop knows
 about the micro-batches it ran (:class:`LoopRuns`, the ``DeltaRunIndex`` the planner asks, so attempts,
-retries and parking count exactly as for sensor runs) and what its heartbeat says
-(:func:`heartbeat`). The effects (store reads/writes, Spark, Dagster events) are
-``freshidx.defs.delta.continuous``.
+retries and parking count exactly as for sensor runs), what its heartbeat says
+(:func:`heartbeat`) and how long run monitoring lets it live (:func:`max_runtime_tags`). The effects
+(store reads/writes, Spark, Dagster events) are ``freshidx.defs.delta.continuous``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -93,6 +95,54 @@ def stop_reason(limits: Limits, started_at: dt.datetime, now: dt.datetime, rss_m
     if stop.reason is StopReason.MAX_MEMORY and rss_mb is not None and rss_mb >= limits.max_rss_mb * MEMORY_HARD:
         return stop  # far past the bound: no more micro-batches in this process
     return stop if overdue >= RESTART_GRACE.total_seconds() else None
+
+
+# ------------------------------------------------------------------------------------------ run monitoring
+
+#: Dagster's per-run limit (seconds) for run monitoring; it wins over the instance's
+#: ``run_monitoring.max_runtime_seconds``, which is sized for ordinary runs and would cancel this one.
+MAX_RUNTIME_TAG = "dagster/max_runtime"
+#: How long a continuous run may legitimately outlive its planned restart, measured from Dagster's start
+#: time. The restart is taken on the first idle tick once due, but at most :data:`RESTART_GRACE` late
+#: while micro-batches keep coming; the micro-batch begun just before that must finish (it may be a
+#: window rebuild, the slow path of docs/benchmarks.md, stretched by a loaded box and a larger window:
+#: 20 minutes); and the worker's start before the loop's clock starts (code load, resources) and the
+#: shutdown after it (last heartbeat, Spark session release, run end events) take a few minutes at most
+#: (5). Past that the run is hung, and run monitoring cancels it: the limit stays finite.
+RUNTIME_TAG_GRACE = RESTART_GRACE + dt.timedelta(minutes=20) + dt.timedelta(minutes=5)
+
+
+def monitoring_max_runtime(max_runtime_seconds: float) -> int:
+    """Run monitoring's limit for a continuous run planned to restart after ``max_runtime_seconds``:
+    that plus :data:`RUNTIME_TAG_GRACE`, in whole seconds rounded up (never below the plan)."""
+    return math.ceil(max_runtime_seconds + RUNTIME_TAG_GRACE.total_seconds())
+
+
+def max_runtime_tags(max_runtime_seconds: float) -> dict[str, str]:
+    """The run tag every continuous run carries (the job's tags and the watchdog's requests)."""
+    return {MAX_RUNTIME_TAG: str(monitoring_max_runtime(max_runtime_seconds))}
+
+
+def max_runtime_tag_problem(tags: Mapping[str, str], limits: Limits) -> str | None:
+    """Why run monitoring would end this run other than by its planned restart (a tag changed in the
+    launchpad, a run launched without the job's tags), as the warning the run logs at its start; else None.
+    Dagster reads ``dagster/max_runtime``, then ``dagster/max_runtime_seconds``, else the instance default;
+    an unparsable value or 0 means no limit."""
+    value = tags.get(MAX_RUNTIME_TAG, tags.get("dagster/max_runtime_seconds"))
+    need = monitoring_max_runtime(limits.max_runtime_seconds)
+    if value is None:
+        return (f"no {MAX_RUNTIME_TAG} tag: the instance's run_monitoring.max_runtime_seconds applies and may "
+                f"cancel this run before its planned restart (set {MAX_RUNTIME_TAG}={need})")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if seconds == 0:
+        return f"{MAX_RUNTIME_TAG}={value!r} sets no limit: a hung run is never cancelled (set it to {need})"
+    if seconds < need:
+        return (f"{MAX_RUNTIME_TAG}={value} is below this run's planned restart plus its grace ({need} s): run "
+                f"monitoring may cancel it before it restarts itself")
+    return None
 
 
 # ------------------------------------------------------------------------------------------ a tick

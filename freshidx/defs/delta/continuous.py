@@ -17,11 +17,15 @@ The run ends itself on a planned restart (runtime, memory: on the first idle tic
 ``freshidx/stop_requested``: after the micro-batch in progress); a Dagster terminate interrupts it at once (the
 compare-and-swap publication keeps that safe). ``delta_continuous_watchdog`` then starts the next
 run: whenever no run of the job is queued/starting/started (a run whose worker died is reported
-failed first, so a ``kill -9`` is noticed in one tick), never two (deterministic run keys).
+failed first, so a ``kill -9`` is noticed in one tick), never two (deterministic run keys). Every run
+carries its own run monitoring limit, ``dagster/max_runtime`` = the planned restart plus a grace
+(:func:`freshidx.trigger.continuous.max_runtime_tags`): the instance's default for ordinary runs would cancel
+it long before its planned restart, and a run that really hangs is still cancelled.
 """
 # No `from __future__ import annotations`: Dagster inspects the op's and sensor's annotations.
 
 import datetime as dt
+import functools
 import signal
 import threading
 import time
@@ -34,8 +38,6 @@ import psutil
 
 from freshidx.defs.delta.keep_warm import keep_warm
 from freshidx.defs.delta.sensor import DagsterDeltaRuns, partition_observation
-from freshidx.defs.runs.health import run_facts
-from freshidx.defs.runs.status import IN_FLIGHT, RUNNING
 from freshidx.defs.shared.assets import TAG_PIPELINE, TAG_TRIGGER, code_version, hourly_partitions
 from freshidx.defs.shared.io_manager import outcome_metadata, outcome_tags, publish_index_draft, refusal_unless_newer
 from freshidx.defs.shared.lanes import PRIORITY_DELTA, priority_tag
@@ -43,14 +45,13 @@ from freshidx.defs.shared.publishing_io_manager import PublishPolicy
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.delta.build import DeltaPlan, build_delta
 from freshidx.publish.commit import read_pointer, utcnow
-from freshidx.settings import Settings
+from freshidx.settings import PipelineSettings, Settings
 from freshidx.store import ObjectStore
 from freshidx.store.partitions import PartitionId
-from freshidx.trigger import continuous, ledger, run_health
+from freshidx.trigger import continuous, ledger
 from freshidx.trigger.continuous import (
     JOB_NAME,
     TAG_MODE,
-    TAG_WHY,
     TRIGGER,
     BatchStatus,
     Limits,
@@ -142,6 +143,8 @@ def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreReso
     cursor: dict[str, Any] = {}
     context.log.info(f"continuous delta: trigger every {limits.trigger_seconds} s, planned restart at "
                      f"{limits.restart_at(state.started_at).isoformat()} or at {limits.max_rss_mb} MiB RSS")
+    if (unguarded := continuous.max_runtime_tag_problem(context.run.tags, limits)) is not None:
+        context.log.warning(unguarded)
     _warm_up(context, spark)
     stop: Stop | None = None
     last_stop_check = 0.0
@@ -317,74 +320,34 @@ def _write_heartbeat(context: dg.OpExecutionContext, st: ObjectStore, state: Loo
         context.log.warning(f"heartbeat not written: {exc}")
 
 
-@dg.job(
-    name=JOB_NAME,
-    description="Continuous mode (FRESHIDX_DELTA_MODE=continuous): one long-lived run that keeps a Spark "
-    "session warm and publishes each new partition as a delta_index micro-batch; started and restarted by "
-    "delta_continuous_watchdog.",
-    tags={TAG_PIPELINE: PIPELINE, TAG_MODE: "continuous", TAG_TRIGGER: TRIGGER, **priority_tag(PRIORITY_DELTA)},
-)
-def delta_continuous() -> None:
-    delta_continuous_loop()
-
-
-# ------------------------------------------------------------------------------------ watchdog
-
-
-def _dead_worker(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str | None:
-    """Why ``run``'s worker is gone (reported failed here), else None."""
-    if run.status not in RUNNING:
-        return None
-    verdicts = run_health.judge([run_facts(instance, run)], run_health.pid_alive)
-    if not verdicts:
-        return None
-    fresh = instance.get_run_by_id(run.run_id)  # a worker writes its outcome before it exits
-    if fresh is None or fresh.status not in RUNNING:
-        return None
-    instance.report_run_failed(fresh, message=verdicts[0].reason)
-    return verdicts[0].reason
-
-
-def make_continuous_watchdog(settings: Settings) -> dg.SensorDefinition:
-    continuous_mode = settings.delta_mode == "continuous"
-
-    @dg.sensor(
-        name="delta_continuous_watchdog",
-        job=delta_continuous,
-        minimum_interval_seconds=max(1, settings.sensor_interval_seconds - 1),
-        default_status=dg.DefaultSensorStatus.RUNNING if continuous_mode else dg.DefaultSensorStatus.STOPPED,
-        description="Continuous mode's watchdog: starts a delta_continuous run when none is queued or running "
-        "(none at start-up, the previous one ended, crashed or was killed); never two.",
+@functools.cache
+def _continuous_job(max_runtime_seconds: float) -> dg.JobDefinition:
+    # One definition per planned restart: the job the location lists and the one its watchdog targets are
+    # the same object (Dagster refuses two different jobs of one name).
+    @dg.job(
+        name=JOB_NAME,
+        description="Continuous mode (FRESHIDX_DELTA_MODE=continuous): one long-lived run that keeps a Spark "
+        "session warm and publishes each new partition as a delta_index micro-batch; started and restarted by "
+        "delta_continuous_watchdog.",
+        tags={TAG_PIPELINE: PIPELINE, TAG_MODE: "continuous", TAG_TRIGGER: TRIGGER, **priority_tag(PRIORITY_DELTA),
+              **continuous.max_runtime_tags(max_runtime_seconds)},
     )
-    def delta_continuous_watchdog(context: dg.SensorEvaluationContext,
-                                  freshidx: FreshidxSettings) -> dg.RunRequest | dg.SkipReason:
-        if freshidx.delta_mode != "continuous":
-            return dg.SkipReason(f"FRESHIDX_DELTA_MODE={freshidx.delta_mode}: delta_index_sensor triggers the "
-                                 "delta; no continuous run is started")
-        instance = context.instance
-        in_flight = list(instance.get_runs(dg.RunsFilter(job_name=JOB_NAME, statuses=IN_FLIGHT), limit=5))
-        dead: list[str] = []
-        for run in in_flight:
-            why = _dead_worker(instance, run)
-            if why:
-                context.log.warning(f"continuous run {run.run_id}: {why}")
-                dead.append(run.run_id)
-        live = [r for r in in_flight if r.run_id not in dead]
-        if live:
-            r = live[0]
-            return dg.SkipReason(f"continuous run {r.run_id[:8]} is {r.status.value}")
-        previous = list(instance.get_runs(dg.RunsFilter(job_name=JOB_NAME), limit=1))
-        if not previous:
-            why, key = "none at start-up", f"{JOB_NAME}:first"
-        else:
-            prev = instance.get_run_by_id(previous[0].run_id) or previous[0]
-            ended = prev.tags.get("freshidx/ended")
-            why = f"previous ended: {prev.status.value}" + (f" ({ended})" if ended else "")
-            key = f"{JOB_NAME}:after:{prev.run_id}"  # one successor per run: never two
-        context.log.info(f"starting a continuous run: {why}")
-        return dg.RunRequest(run_key=key, tags={TAG_WHY: why, TAG_MODE: "continuous"})
+    def delta_continuous() -> None:
+        delta_continuous_loop()
 
-    return delta_continuous_watchdog
+    return delta_continuous
 
 
-__all__ = ["StopReason", "delta_continuous", "make_continuous_watchdog"]
+def make_delta_continuous(settings: PipelineSettings) -> dg.JobDefinition:
+    """The ``delta_continuous`` job. Its runs, however launched (the watchdog, the UI), carry their own
+    run monitoring limit: the planned restart (``FRESHIDX_CONTINUOUS_MAX_RUNTIME``) plus a grace
+    (:func:`freshidx.trigger.continuous.max_runtime_tags`), not the instance's default for ordinary runs."""
+    return _continuous_job(float(settings.continuous_max_runtime))
+
+
+#: The job for the default settings (imports of earlier releases); the code location builds its own from
+#: its settings (:func:`make_delta_continuous`), which is this object when they keep the default.
+delta_continuous = _continuous_job(float(PipelineSettings.model_fields["continuous_max_runtime"].default))
+
+
+__all__ = ["StopReason", "delta_continuous", "make_delta_continuous"]
