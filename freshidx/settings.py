@@ -255,6 +255,10 @@ class Settings(PipelineSettings, BaseSettings):
     spark_master: str = Field("local[2]", description="master for local mode")
     spark_server_state: str | None = Field(
         None, description="state dir of a supervised `freshidx spark-server` (runs take leases from it)")
+    spark_server_url: str | None = Field(
+        None, description="control endpoint http://host:port of a supervised `freshidx spark-server` "
+                          "(--control-port): leases, kept sessions and status over the network; "
+                          "replaces spark_server_state where runs share no filesystem with the server")
     spark_keep_sessions: bool = Field(
         True, description="delta runs attach to one Connect session the server keeps between runs (warm Python "
                           "workers and caches); needs spark_server_state; false = a new session per run")
@@ -308,7 +312,7 @@ class Settings(PipelineSettings, BaseSettings):
             raise ValueError(f"not a Spark master URL: {v!r}")
         return v
 
-    @field_validator("s3_endpoint_url")
+    @field_validator("s3_endpoint_url", "spark_server_url")
     @classmethod
     def _endpoint(cls, v: str | None) -> str | None:
         if v in (None, ""):

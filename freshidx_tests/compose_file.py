@@ -30,7 +30,7 @@ IMAGE_PYTHON = "/usr/local/bin/python"
 #: What the Dockerfile's ENV lines give every container besides PATH (test_docker_static checks them).
 IMAGE_ENV = {"PYSPARK_PYTHON": IMAGE_PYTHON, "DAGSTER_HOME": "/opt/dagster/home"}
 #: Options whose next argument is a port a process listens on.
-PORT_FLAGS = ("--port", "-p", "--webui-port")
+PORT_FLAGS = ("--port", "-p", "--webui-port", "--control-port")
 
 _VAR = re.compile(
     r"\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_]\w*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}|(?P<bare>[A-Za-z_]\w*))")

@@ -5,6 +5,11 @@
 session with a log file; the image is stood in for by a virtualenv whose ``bin`` leads ``PATH`` (the
 project's, or the instance virtualenv without freshidx for the webserver and daemon); a service's compose
 health check is run the same way. :func:`instance_venv` builds that second virtualenv once.
+
+Every service has a private ``HOME`` and temporary directory (``TMPDIR``, and Spark's scratch space)
+under its own directory, as a container has: nothing is shared between services but what the compose
+file says (the network, and a named volume only with the services that mount it):
+:meth:`Deployment.foreign_paths` says where a service's environment or command points elsewhere.
 """
 
 from __future__ import annotations
@@ -104,11 +109,30 @@ class Deployment:
     def log(self, name: str) -> Path:
         return self.loopback.root / "logs" / f"{name}.log"
 
+    def private_dirs(self, name: str) -> dict[str, str]:
+        """The service's own HOME and temporary directory (a container's are its own)."""
+        home, tmp = self.cwd(name) / "home", self.cwd(name) / "tmp"
+        for path in (home, tmp):
+            path.mkdir(parents=True, exist_ok=True)
+        return {"HOME": str(home), "TMPDIR": str(tmp), "SPARK_LOCAL_DIRS": str(tmp)}
+
     def env(self, name: str) -> dict[str, str]:
         lb = self.loopback
         image = {k: lb.apply(name, v) for k, v in IMAGE_ENV.items()}
         svc = {k: lb.apply(name, v) for k, v in environment(service(self.compose, name)).items()}
-        return {**base_env(self.venv(name)), **image, **svc, **self.extra_env.get(name, {})}
+        return {**base_env(self.venv(name)), **self.private_dirs(name), **image, **svc,
+                **self.extra_env.get(name, {})}
+
+    def foreign_paths(self, name: str) -> list[str]:
+        """Paths under the deployment's root in ``name``'s environment or command that are not its own:
+        neither under its directory nor in a named volume only it mounts."""
+        root = self.loopback.root
+        own = [root / name] + [root / "volumes" / vol for vol in self.loopback.volumes.get(name, {}).values()
+                               if all(vol not in mounts.values() for other, mounts in self.loopback.volumes.items()
+                                      if other != name)]
+        values = [*self.env(name).values(), *self.argv(name, command(service(self.compose, name)))]
+        found = [Path(p) for v in values for p in v.split(os.pathsep) if p.startswith(str(root))]
+        return [str(p) for p in found if not any(p == d or d in p.parents for d in own)]
 
     def argv(self, name: str, args: list[str]) -> list[str]:
         return [self.loopback.apply(name, a) for a in args]
@@ -194,15 +218,18 @@ class Deployment:
         """SIGTERM each service, the last started first (the Connect supervisor drains and stops its JVM);
         then SIGKILL whatever is left of its session."""
         for name in reversed(list(self.procs)):
-            proc = self.procs[name]
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(grace_s)
-            kill_session(proc.pid)
+            self.stop_service(name, grace_s)
+
+    def stop_service(self, name: str, grace_s: float = 90) -> None:
+        proc = self.procs[name]
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(30)
+                proc.wait(grace_s)
+        kill_session(proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
 
 
 def run_in(env: Mapping[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -13,9 +13,11 @@ stand-ins: PostgreSQL (pg_fixture's initdb server, with the service's user and d
 S3 server) and the mc init container (its buckets, read from its command). Services start in
 ``depends_on`` order, each gated by its compose health check, run the same way.
 
-Spark: the Dagster scenario runs on the compose file's own cluster: every run leases the supervised
-Connect server attached to the master and its worker, as in the containers (no local Spark, and not the
-suite's shared Connect server).
+Spark: the Dagster scenarios run on the compose file's own cluster: every run leases the supervised
+Connect server attached to the master and its worker over its control endpoint
+(``FRESHIDX_SPARK_SERVER_URL``), as in the containers (no local Spark, and not the suite's shared Connect
+server). Every service has its own HOME and temporary directory: nothing is shared but PostgreSQL, the S3
+server and the network (:func:`assert_nothing_shared_but_the_network`).
 
 What a user of the deployment sees:
 
@@ -26,6 +28,9 @@ What a user of the deployment sees:
   ledger as a backfill rebuild, never claimed again by catch-up), the backfill's runs are queued behind
   live work (lower priority), the delta sensor keeps publishing meanwhile, and the delta pointer only
   ever moves forward;
+* in continuous mode (a second deployment), the continuous run publishes, holds its lease over the
+  control endpoint, lets go of it when a planned restart of the Connect server (SIGHUP) drains, and
+  publishes again on the restarted server;
 * runs, events and sensor ticks are in PostgreSQL (no SQLite in any DAGSTER_HOME), and a run's logs are
   in the store: the compute log manager's objects exist there, and the webserver, which has its own
   staging directory, serves them through GraphQL ``capturedLogs``.
@@ -33,9 +38,12 @@ What a user of the deployment sees:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import os
 import re
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -50,8 +58,10 @@ import requests
 
 from freshidx.catchup import planner as catchup
 from freshidx.publish.commit import read_pointer
+from freshidx.spark_server.control_client import EndpointControl
 from freshidx.store import ObjectStore, StoreConfig, layout, open_store
 from freshidx.store.partitions import PartitionId
+from freshidx.store.records.progress import Heartbeat
 from freshidx.tools.devserver import BACKFILL_TERMINAL_STATUSES
 from freshidx.tools.devserver_graphql import WebserverClient
 from freshidx.tools.generate import GeneratorConfig, write_partition
@@ -81,6 +91,10 @@ SCENARIO_ENV = {**SLA_OFF, "FRESHIDX_PARTITIONS_START": "2026-11-01", "FRESHIDX_
                 "FRESHIDX_HOURLY_SENSOR_INTERVAL_SECONDS": "5", "FRESHIDX_CLOSE_GRACE_SECONDS": str(CLOSE_GRACE_S),
                 # one hour per run: the backfill is 2 runs, long enough for live publications to land inside it
                 "FRESHIDX_HOURLY_MAX_HOURS_PER_RUN": "1"}
+#: The second scenario: continuous mode, no catch-up, no SLA sensor.
+CONTINUOUS_ENV = {**SLA_OFF, "FRESHIDX_PARTITIONS_START": "2026-11-01", "FRESHIDX_CATCHUP_AUTOSTART": "false",
+                  "FRESHIDX_DELTA_MODE": "continuous"}
+CONNECT = "spark-connect"
 CAPTURED_LOGS_QUERY = """
 query RunLogs($runId: ID!) {
   logsForRun(runId: $runId, limit: 5000) {
@@ -155,8 +169,10 @@ def instance_python() -> Path:
     return instance_venv()
 
 
-@pytest.fixture
-def deployment(tmp_path: Path, instance_python: Path) -> Iterator[tuple[Deployment, PostgresServer]]:
+@contextlib.contextmanager
+def started(tmp_path: Path, instance_python: Path,
+            code_env: dict[str, str]) -> Iterator[tuple[Deployment, PostgresServer]]:
+    """Every service of the compose file started (the code location with ``code_env`` besides its own)."""
     compose = load_compose()
     pg_env = environment(service(compose, POSTGRES))
     pg = make_server(pg_env["POSTGRES_USER"], pg_env["POSTGRES_DB"])
@@ -164,7 +180,7 @@ def deployment(tmp_path: Path, instance_python: Path) -> Iterator[tuple[Deployme
         pytest.skip("no PostgreSQL server binaries (initdb); run scripts/bootstrap.sh as root or "
                     "apt-get install postgresql")
     d = Deployment(compose, loopback_for(compose, tmp_path / "compose", free_port, {IMAGE_PYTHON: sys.executable}),
-                   venvs=dict.fromkeys(INSTANCE_ONLY, instance_python), extra_env={USER_CODE: SCENARIO_ENV})
+                   venvs=dict.fromkeys(INSTANCE_ONLY, instance_python), extra_env={USER_CODE: code_env})
     try:
         for name in start_order(compose):
             if name in (POSTGRES, STORE, STORE_INIT):
@@ -176,6 +192,35 @@ def deployment(tmp_path: Path, instance_python: Path) -> Iterator[tuple[Deployme
         d.stop()
         pg.stop()
         shutil.rmtree(pg.root, ignore_errors=True)
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, instance_python: Path) -> Iterator[tuple[Deployment, PostgresServer]]:
+    with started(tmp_path, instance_python, SCENARIO_ENV) as d:
+        yield d
+
+
+@pytest.fixture
+def continuous_deployment(tmp_path: Path, instance_python: Path) -> Iterator[tuple[Deployment, PostgresServer]]:
+    with started(tmp_path, instance_python, CONTINUOUS_ENV) as d:
+        yield d
+
+
+def assert_nothing_shared_but_the_network(d: Deployment) -> None:
+    """Each service runs with its own HOME and TMPDIR, no environment value or argument points into another
+    service's directory, and the runs reach the Connect server's supervisor by its endpoint, not a state dir."""
+    homes = {d.env(name)["HOME"] for name in d.procs}
+    assert len(homes) == len(d.procs) and len({d.env(name)["TMPDIR"] for name in d.procs}) == len(d.procs)
+    for name in d.procs:
+        assert not d.foreign_paths(name), (name, d.foreign_paths(name))
+    code_env = d.env(USER_CODE)
+    assert "FRESHIDX_SPARK_SERVER_STATE" not in code_env
+    assert code_env["FRESHIDX_SPARK_SERVER_URL"] == control_url(d)
+
+
+def control_url(d: Deployment) -> str:
+    argv = d.argv(CONNECT, command(service(d.compose, CONNECT)))
+    return f"http://127.0.0.1:{argv[argv.index('--control-port') + 1]}"
 
 
 def ready_ui(d: Deployment) -> WebserverClient:
@@ -253,6 +298,7 @@ def test_compose_deployment_catchup_delta_and_ui_backfill_with_a_stock_instance(
         cpu_load: list[Any], deployment: tuple[Deployment, PostgresServer], monkeypatch: pytest.MonkeyPatch) -> None:
     d, postgres = deployment
     ui = ready_ui(d)
+    assert_nothing_shared_but_the_network(d)
     assert_stock_instance_services(d)
     assert_connect_server_on_the_cluster(d)
     assert ui.location_name == "freshidx"  # loaded from the gRPC server of the workspace
@@ -348,3 +394,64 @@ def assert_runs_in_postgres(d: Deployment, postgres: PostgresServer, backfill_id
     for name in (USER_CODE, WEBSERVER, DAEMON):
         home = Path(d.env(name)["DAGSTER_HOME"])
         assert (home / "dagster.yaml").is_file() and not list(home.rglob("*.db")), list(home.rglob("*.db"))
+
+
+def run_messages(d: Deployment, run_id: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The log messages of ``run_id`` as the instance (PostgreSQL) records them."""
+    env = d.env(WEBSERVER)
+    for var, value in env.items():  # what docker/dagster.postgres.yaml reads
+        if var.startswith(("DAGSTER_", "AWS_")):
+            monkeypatch.setenv(var, value)
+    instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
+    try:
+        return [r.event_log_entry.message or "" for r in instance.get_records_for_run(run_id, limit=5000).records]
+    finally:
+        instance.dispose()
+
+
+@pytest.mark.timeout(1800)
+def test_compose_continuous_mode_and_a_planned_connect_restart_over_the_control_endpoint(
+        continuous_deployment: tuple[Deployment, PostgresServer], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Continuous mode publishes; its run holds a lease over the Connect server's control endpoint; a planned
+    restart (SIGHUP: ``planned-manual``) drains it (the run lets go of its lease, the drain does not time
+    out) and the run publishes again on the new server. Nothing shared but PostgreSQL, S3 and the network."""
+    d, _ = continuous_deployment
+    ready_ui(d)
+    assert_nothing_shared_but_the_network(d)
+    control = EndpointControl(control_url(d))
+    code_env = d.env(USER_CODE)
+    store = open_store(StoreConfig.from_env(code_env["FRESHIDX_STORE"], code_env))
+    write_partition(store, GEN, PartitionId(hour(2) + dt.timedelta(minutes=5)))
+    first = poll_until(lambda: read_pointer(store, "delta")[0], timeout=900, interval=1,
+                       what="continuous mode's first publish")
+    heartbeat = Heartbeat.latest(store, "delta")
+    assert heartbeat is not None and first.run_id == heartbeat.run_id  # published by the continuous run
+    run_id = heartbeat.run_id
+
+    def lease_of_the_run() -> list[dict[str, Any]]:
+        return [lease for lease in control.call("GET", "/leases")[1]["leases"] if lease["run_id"] == run_id]
+
+    held = poll_until(lease_of_the_run, timeout=300, interval=0.5, what="the continuous run's endpoint lease")
+    assert held[0]["via"] == "endpoint"
+    before = control.state()
+    assert before is not None and before["status"] == "up"
+
+    os.kill(d.procs[CONNECT].pid, signal.SIGHUP)  # a planned restart: drained first
+
+    def restarted() -> dict[str, Any] | None:
+        state = control.state()
+        return state if state and state.get("restarts", 0) > before.get("restarts", 0) and state["status"] == "up" \
+            else None
+
+    after = poll_until(restarted, timeout=900, interval=1, what="the drained restart of the Connect server")
+    assert after["last_restart_reason"] == "planned-manual" and after["pid"] != before["pid"], after
+    assert after["drain_timed_out_leases"] == [], after  # the drain ended because the lease was released
+    messages = run_messages(d, run_id, monkeypatch)
+    assert any("draining for a restart: session and lease released" in m for m in messages), messages[-20:]
+
+    # The same continuous run leases the new server and publishes the next partition.
+    write_partition(store, GEN, PartitionId(hour(2) + dt.timedelta(minutes=8)))
+    again = poll_until(lambda: (p := read_pointer(store, "delta")[0]) is not None and p.seq > first.seq and p,
+                       timeout=900, interval=1, what="a publication after the restart")
+    assert again.run_id == run_id
+    assert lease_of_the_run(), "the run leased the restarted server over the endpoint"

@@ -32,7 +32,8 @@ DEFAULT_STATE_DIR = Path(".freshidx") / "spark-server"  # freshidx.spark_server.
 def server_config(*, host: str, port: int, master: str, state_dir: Path, restart_every: float,
                   max_heap_fraction: float, max_session_processes: int, driver_memory: str, drain_timeout: float,
                   health_interval: float, hang_timeout: float, cds_dir: Path | None, no_class_data_sharing: bool,
-                  no_cds_dump: bool, conf: Sequence[str], no_warm_up: bool) -> ServerConfig:
+                  no_cds_dump: bool, conf: Sequence[str], no_warm_up: bool, control_port: int | None = 0,
+                  lease_ttl: float = 30.0) -> ServerConfig:
     """The supervisor's configuration from the command's options."""
     from freshidx.spark_server.server_config import ServerConfig
 
@@ -49,7 +50,8 @@ def server_config(*, host: str, port: int, master: str, state_dir: Path, restart
         driver_memory=driver_memory, drain_timeout_s=drain_timeout, health_interval_s=health_interval,
         hang_timeout_s=hang_timeout,
         class_data_sharing=not no_class_data_sharing, cds_dir=cds_dir, cds_dump=not no_cds_dump,
-        warm_up=not no_warm_up,
+        warm_up=not no_warm_up, control_port=port + 1 if control_port is None else control_port,
+        lease_ttl_s=lease_ttl,
     )
 
 
@@ -57,6 +59,7 @@ def _render(state: dict[str, Any]) -> str:
     return (
         f"[{state.get('updated_at')}] spark-server {state.get('status')}: {state.get('url')} pid={state.get('pid')} "
         f"restarts={state.get('restarts')} last={state.get('last_restart_reason')}"
+        + (f" control={state.get('control_url')}" if state.get("control_url") else "")
         + (f" error={state.get('last_error')}" if state.get("status") == "down" and state.get("last_error") else "")
     )
 
@@ -83,6 +86,15 @@ def cmd_spark_server(*, status: bool, as_json: bool, **options: Any) -> int:
         print(json.dumps(state, sort_keys=True, default=str) if as_json else _render(state), flush=True)
 
     sup = SparkConnectSupervisor(cfg, on_state=emit)
+    if cfg.control_port:
+        try:
+            sup.serve_control()
+        except ServerStartError as exc:
+            if options.get("control_port") is not None:  # asked for: a port it cannot have is an error
+                print(f"freshidx spark-server: {exc}", file=sys.stderr)
+                return 2
+            # the default (port + 1) taken: run without, as before the endpoint existed
+            print(f"freshidx spark-server: no control endpoint: {exc}", file=sys.stderr)
     stop = threading.Event()
 
     def on_signal(signum: int) -> None:
@@ -184,6 +196,11 @@ spark_server = LazyCommand(
     _opt("--conf", multiple=True, metavar="KEY=VALUE", help="extra Spark conf (repeatable)"),
     _opt("--no-warm-up", is_flag=True,
          help="report up as soon as the port accepts (the first client then pays the warm-up)"),
+    _opt("--control-port", type=int, default=None,
+         help="HTTP control endpoint on --host for clients that share no state dir (FRESHIDX_SPARK_SERVER_URL="
+         "http://HOST:PORT): status, leases, kept sessions (default: --port + 1, skipped if taken; 0 = off)"),
+    _opt("--lease-ttl", type=float, default=30.0, metavar="SECONDS",
+         help="an endpoint lease its client stops renewing is dropped after this long (default 30)"),
     _opt("--status", is_flag=True, help="print the state of a running supervisor and exit"),
     json_option("print state changes as JSON lines"),
     short_help="run a supervised Spark Connect server (health checks, planned restarts)",

@@ -110,16 +110,20 @@ def record_spark_server_state(store: ObjectStore, state_dir: str | os.PathLike[s
 
 
 def locate_spark_server_state(store: ObjectStore, explicit: str | None = None,
-                              configured: str | None = None) -> ServerStateLocation:
-    """The state dir of the Spark server that serves ``store``; never a CWD-relative guess.
+                              configured: str | None = None, configured_url: str | None = None) -> ServerStateLocation:
+    """The state dir (or control endpoint URL) of the Spark server that serves ``store``; never a CWD-relative
+    guess.
 
-    Order: ``--spark-server-state``; ``FRESHIDX_SPARK_SERVER_STATE``; the record a demo left in the
+    Order: ``--spark-server-state`` (a directory, or an ``http://host:port`` control endpoint);
+    ``FRESHIDX_SPARK_SERVER_URL``; ``FRESHIDX_SPARK_SERVER_STATE``; the record a demo left in the
     store (same host only: the path is local); for a ``file://`` store, ``<parent>/spark-server``
     when the parent is a demo home (``freshidx demo`` keeps ``<home>/store`` and
     ``<home>/spark-server`` side by side). Otherwise none: the store has no known server.
     """
     if explicit:
         return ServerStateLocation(explicit, "--spark-server-state")
+    if configured_url:
+        return ServerStateLocation(configured_url, "FRESHIDX_SPARK_SERVER_URL")
     if configured:
         return ServerStateLocation(configured, "FRESHIDX_SPARK_SERVER_STATE")
     try:
@@ -140,17 +144,15 @@ def spark_server(state_dir: str | None) -> dict[str, Any] | None:
     with what it last said: its ``status`` (e.g. ``restarting``) was frozen when the process died."""
     if not state_dir:
         return None
+    if state_dir.startswith(("http://", "https://")):
+        return _endpoint_server(state_dir)
     from freshidx.spark_server.server_state import read_state
 
     state = read_state(state_dir)
     if state is None:
         return {"status": "not running", "running": False, "state_dir": state_dir,
                 "note": "no state.json: never started there"}
-    keep = ("status", "url", "pid", "supervisor_pid", "hostname", "started_at", "last_restart_at",
-            "last_restart_reason", "restarts", "heap_used_bytes", "heap_max_bytes", "rss_bytes",
-            "session_processes", "consecutive_health_failures", "health_busy_since", "health_busy_failures",
-            "supervisor_alive", "updated_at", "last_error")
-    out: dict[str, Any] = {k: state.get(k) for k in keep}
+    out = spark_server_fields(state)
     out["state_dir"] = state_dir
     alive = state.get("supervisor_alive")
     if alive is False:
@@ -164,6 +166,30 @@ def spark_server(state_dir: str | None) -> dict[str, Any] | None:
     else:
         out["running"] = state.get("status") != "down"
     return out
+
+
+def _endpoint_server(url: str) -> dict[str, Any]:
+    """:func:`spark_server` through the supervisor's control endpoint (it answers: it is running)."""
+    from freshidx.spark_server.server_state import ControlUnreachable, read_endpoint_state
+
+    try:
+        state = read_endpoint_state(url)
+    except ControlUnreachable as exc:
+        return {"status": "not running", "running": False, "state_dir": url, "note": str(exc)}
+    if state is None:
+        return {"status": "not running", "running": False, "state_dir": url, "note": "no state from the endpoint"}
+    out = spark_server_fields(state)
+    out["state_dir"] = url
+    out["running"] = state.get("status") != "down"
+    return out
+
+
+def spark_server_fields(state: dict[str, Any]) -> dict[str, Any]:
+    keep = ("status", "url", "pid", "supervisor_pid", "hostname", "started_at", "last_restart_at",
+            "last_restart_reason", "restarts", "heap_used_bytes", "heap_max_bytes", "rss_bytes",
+            "session_processes", "consecutive_health_failures", "health_busy_since", "health_busy_failures",
+            "supervisor_alive", "updated_at", "last_error")
+    return {k: state.get(k) for k in keep}
 
 
 def continuous_status(store: ObjectStore, now: dt.datetime) -> dict[str, Any] | None:
@@ -298,8 +324,10 @@ def _render_mode(mode: str | None, run: dict[str, Any] | None, known_from: str |
 def _render_server(srv: dict[str, Any] | None, found_by: str | None) -> list[str]:
     if not srv:
         return [f"spark   {NOT_KNOWN}  no Connect server state for this store (runs use local Spark; for a "
-                "server elsewhere pass --spark-server-state DIR or set FRESHIDX_SPARK_SERVER_STATE)"]
-    where = f"  [state {srv['state_dir']}, {found_by or 'given'}]"
+                "server elsewhere pass --spark-server-state DIR|URL or set FRESHIDX_SPARK_SERVER_URL or "
+                "FRESHIDX_SPARK_SERVER_STATE)"]
+    kind = "endpoint" if str(srv["state_dir"]).startswith(("http://", "https://")) else "state"
+    where = f"  [{kind} {srv['state_dir']}, {found_by or 'given'}]"
     if srv.get("running") is False:
         last = f"last state: {srv['last_status']}, " if srv.get("last_status") else ""
         head = f"spark   connect server not running ({last}{srv.get('note')})"

@@ -12,21 +12,22 @@ share one) and never releases it: it ends with the server
 timeout (``spark.connect.session.manager.defaultSessionTimeout``), after which the server answers
 ``INVALID_HANDLE.SESSION_CLOSED`` and the run starts a new id (:func:`attach`).
 
-The id is kept in the supervisor's state dir (``sessions/<name>.json``, beside the leases), so only runs
-that lease a ``freshidx spark-server`` share a session; without one every run opens its own. Beside it is
+The id is kept by the supervisor (``sessions/<name>.json`` in its state dir, beside the leases; read and
+written directly or through its control endpoint: :mod:`~freshidx.spark_server.control_client`), so only
+runs that lease a ``freshidx spark-server`` share a session; without one every run opens its own. Beside it is
 the version of freshidx's code the session's workers run (:func:`freshidx.spark.code_shipping.code_version`):
 a reused worker keeps the modules it imported, so a run with other code starts a new session.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from freshidx.spark_server.control_client import DirectoryControl, ServerControl, control_for
 
 log = logging.getLogger(__name__)
 
@@ -34,29 +35,25 @@ SESSION_CLOSED = "INVALID_HANDLE.SESSION_CLOSED"
 
 
 def session_file(state_dir: str | Path, name: str) -> Path:
-    return Path(state_dir) / "sessions" / f"{name}.json"
+    return DirectoryControl(state_dir).session_file(name)
 
 
-def read_session_id(state_dir: str | Path, name: str, code: str) -> str | None:
+def read_session_id(where: str | Path | ServerControl, name: str, code: str) -> str | None:
     """The kept session ``name`` if its workers run ``code`` (else ``None``: a new one is needed)."""
+    kept = control_for(where).read_session(name)
     try:
-        kept = json.loads(session_file(state_dir, name).read_text(encoding="utf-8"))
-        if kept.get("code") != code:
+        if kept is None or kept.get("code") != code:
             return None
         return str(uuid.UUID(str(kept["session_id"])))  # only a well-formed id is sent to the server
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def new_session_id(state_dir: str | Path, name: str, code: str) -> str:
-    """A fresh id for ``name`` running ``code``, written atomically (two runs racing here both get a
+def new_session_id(where: str | Path | ServerControl, name: str, code: str) -> str:
+    """A fresh id for ``name`` running ``code``, recorded atomically (two runs racing here both get a
     working session; the last write is the one the next run attaches to)."""
     session_id = str(uuid.uuid4())
-    path = session_file(state_dir, name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"session_id": session_id, "code": code}), encoding="utf-8")
-    os.replace(tmp, path)
+    control_for(where).write_session(name, {"session_id": session_id, "code": code})
     return session_id
 
 
@@ -72,13 +69,14 @@ def is_session_closed(exc: BaseException) -> bool:
     return condition == SESSION_CLOSED or SESSION_CLOSED in str(exc)
 
 
-def attach(remote: str, state_dir: str | Path, name: str, connect: Callable[[str], Any]) -> Any:
+def attach(remote: str, where: str | Path | ServerControl, name: str, connect: Callable[[str], Any]) -> Any:
     """``connect(url)`` to the kept session ``name`` (created on the server by its first use); a closed
     one is replaced by a new id once, and so is one whose workers run other code than this process."""
     from freshidx.spark.code_shipping import code_version
 
     code = code_version()
-    session_id = read_session_id(state_dir, name, code) or new_session_id(state_dir, name, code)
+    control = control_for(where)
+    session_id = read_session_id(control, name, code) or new_session_id(control, name, code)
     try:
         return connect(with_session_id(remote, session_id))
     except Exception as exc:
@@ -87,7 +85,7 @@ def attach(remote: str, state_dir: str | Path, name: str, connect: Callable[[str
         _close_failed_client(session_id)
         log.info("kept Spark Connect session %s (%s) was closed by the server; starting a new one",
                  name, session_id)
-        return connect(with_session_id(remote, new_session_id(state_dir, name, code)))
+        return connect(with_session_id(remote, new_session_id(control, name, code)))
 
 
 def _close_failed_client(session_id: str) -> None:

@@ -1,13 +1,16 @@
 """Leases: how a client tells the supervised Spark Connect server that it is using it.
 
 The server cannot tell the supervisor which client operations are running, so clients say so:
-:func:`acquire_lease` writes ``state_dir/leases/<run-id>--<pid>-<nonce>.json`` while a freshidx run
-uses the server, and waits while the server is starting/draining/restarting/down, raising
-:class:`ServerUnavailable` after ``timeout_s``. The lease is written *before* the state is re-read,
-and the supervisor writes ``draining`` *before* it lists leases (:func:`active_leases`), so a client
-either sees ``draining`` (and withdraws) or the supervisor sees its lease. Leases of dead processes on
-this host are reaped. Client sessions do not survive a restart: create the Spark Connect session
-inside the lease.
+:func:`acquire_lease` holds a lease while a freshidx run uses the server, and waits while the server
+is starting/draining/restarting/down, raising :class:`ServerUnavailable` after ``timeout_s``. Where the
+lease lives is the control's business (:mod:`freshidx.spark_server.control_client`): a file
+``state_dir/leases/<run-id>--<pid>-<nonce>.json`` in the one-host mode, or the supervisor's memory
+behind its control endpoint (renewed in the background, expired after a TTL). Either way a client
+either sees ``draining`` (and withdraws) or the supervisor's drain sees its lease: the directory
+client writes its lease *before* it re-reads the state and the supervisor writes ``draining``
+*before* it lists leases (:func:`active_leases`); the endpoint decides both under one lock. Leases of
+dead processes on this host are reaped. Client sessions do not survive a restart: create the Spark
+Connect session inside the lease.
 
 Client side only: no pyspark import (a run imports this before it has any Spark session).
 """
@@ -16,19 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import re
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from freshidx import procs
-from freshidx.spark_server.server_state import HOSTNAME, atomic_write_json, now_iso, read_state, state_is_usable
-
-_SAFE_RUN_ID = re.compile(r"[^A-Za-z0-9._-]")
+from freshidx.spark_server.control_client import ServerControl, control_for
+from freshidx.spark_server.server_state import HOSTNAME
 
 
 class ServerUnavailable(RuntimeError):
@@ -40,11 +39,12 @@ class Lease:
     """A client's claim that it is using the server: no planned restart while it is held."""
 
     run_id: str
-    path: Path
+    path: Path | None  # the lease file (directory mode)
     url: str
     server_pid: int | None
     acquired_at: str
     waited_s: float
+    lease_id: str = ""
 
 
 def _lease_dir(state_dir: Path) -> Path:
@@ -53,58 +53,47 @@ def _lease_dir(state_dir: Path) -> Path:
 
 @contextlib.contextmanager
 def acquire_lease(
-    state_dir: Path | str, run_id: str, timeout_s: float = 300.0, *, poll_s: float = 0.2
+    where: Path | str | ServerControl, run_id: str, timeout_s: float = 300.0, *, poll_s: float = 0.2
 ) -> Iterator[Lease]:
     """Hold a lease on the supervised server for the duration of the ``with`` block.
 
-    Waits while the server is starting, draining, restarting or down; raises
-    :class:`ServerUnavailable` if it is not ``up`` within ``timeout_s``. The yielded
-    :class:`Lease` carries the ``sc://`` URL to connect to. Several leases with the same ``run_id``
-    (e.g. steps of one run in different processes) are independent.
+    ``where`` is the supervisor's state directory, its control endpoint (``http://host:port``) or a
+    :class:`~freshidx.spark_server.control_client.ServerControl`. Waits while the server is starting,
+    draining, restarting, down (or its endpoint does not answer); raises :class:`ServerUnavailable` if it
+    is not ``up`` within ``timeout_s``. The yielded :class:`Lease` carries the ``sc://`` URL to connect
+    to. Several leases with the same ``run_id`` (e.g. steps of one run in different processes) are
+    independent.
     """
-    state_dir = Path(state_dir)
-    leases = _lease_dir(state_dir)
-    leases.mkdir(parents=True, exist_ok=True)
-    safe = _SAFE_RUN_ID.sub("_", run_id)[:100] or "run"
-    path = leases / f"{safe}--{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+    control = control_for(where)
     t0 = time.monotonic()
     deadline = t0 + timeout_s
-    state: dict[str, Any] | None = None
     while True:
-        state = read_state(state_dir)
-        if state_is_usable(state):
-            assert state is not None
-            lease_doc = {
-                "run_id": run_id, "pid": os.getpid(), "hostname": HOSTNAME,
-                "acquired_at": now_iso(), "server_pid": state.get("pid"),
-            }
-            atomic_write_json(path, lease_doc)
-            # Re-read *after* the lease is visible: the supervisor writes "draining" before it lists
-            # leases, so either we see "draining" here, or it sees our lease.
-            again = read_state(state_dir)
-            if state_is_usable(again) and again is not None and again.get("pid") == state.get("pid"):
-                break
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        grant, state = control.try_lease(run_id)
+        if grant is not None:
+            break
         if time.monotonic() >= deadline:
-            status = (state or {}).get("status", "no state file")
-            if state and state.get("supervisor_alive") is False:
-                status = f"{status}, but its supervisor (pid {state.get('supervisor_pid')}) is not running"
-            raise ServerUnavailable(
-                f"Spark Connect server supervised in {state_dir} not available after {timeout_s:.0f}s "
-                f"(status: {status}; last restart reason: {(state or {}).get('last_restart_reason')}). "
-                "Is `freshidx spark-server` running?"
-            )
+            raise ServerUnavailable(_unavailable(control, state, timeout_s))
         time.sleep(poll_s)
-    lease = Lease(
-        run_id=run_id, path=path, url=str(state.get("url")), server_pid=state.get("pid"),
-        acquired_at=lease_doc["acquired_at"], waited_s=round(time.monotonic() - t0, 3),
-    )
+    lease = Lease(run_id=run_id, path=grant.path, url=grant.url, server_pid=grant.server_pid,
+                  acquired_at=grant.acquired_at, waited_s=round(time.monotonic() - t0, 3), lease_id=grant.lease_id)
     try:
-        yield lease
+        with control.keep_alive(grant):
+            yield lease
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        control.release(grant)
+
+
+def _unavailable(control: ServerControl, state: dict[str, Any] | None, timeout_s: float) -> str:
+    status = (state or {}).get("status", "no state file")
+    if state and state.get("supervisor_alive") is False:
+        status = f"{status}, but its supervisor (pid {state.get('supervisor_pid')}) is not running"
+    if state and state.get("error"):
+        status = f"{status}: {state['error']}"
+    return (
+        f"Spark Connect server {control.where} not available after {timeout_s:.0f}s "
+        f"(status: {status}; last restart reason: {(state or {}).get('last_restart_reason')}). "
+        "Is `freshidx spark-server` running?"
+    )
 
 
 def active_leases(state_dir: Path | str, *, reap_stale: bool = True) -> list[dict[str, Any]]:

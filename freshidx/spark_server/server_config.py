@@ -60,6 +60,9 @@ class ServerConfig:
     class_data_sharing: bool = True
     cds_dir: Path | None = None
     cds_dump: bool = True
+    # The control endpoint (control_server.py) on ``host``: 0 = none (the CLI's default is port + 1).
+    control_port: int = 0
+    lease_ttl_s: float = 30.0  # an endpoint lease not renewed for this long is dropped
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser().absolute()
@@ -73,6 +76,8 @@ class ServerConfig:
             raise ValueError(f"max_session_processes must be >= 0: {self.max_session_processes}")
         if self.health_failures < 1:
             raise ValueError("health_failures must be >= 1")
+        if not 0 <= self.control_port < 65536 or self.lease_ttl_s <= 0:
+            raise ValueError(f"control_port out of range ({self.control_port}) or lease_ttl_s <= 0")
         if self.hang_timeout_s <= 0:
             raise ValueError(f"hang_timeout_s must be > 0: {self.hang_timeout_s}")
         parse_memory(self.driver_memory)  # validates

@@ -158,8 +158,8 @@ class ServerProcess:
     def _start(self) -> dict[str, Any]:
         self._take_lock()
         with self._state_lock:
-            if not self._state:
-                self._state = {
+            if "supervisor_pid" not in self._state:  # (the control endpoint may have added its fields)
+                self._state = {**self._state,
                     "status": None, "restarts": 0, "supervisor_pid": os.getpid(),
                     "supervisor_started_at": now_iso(), "hostname": HOSTNAME, "url": self.config.url,
                     "host": self.config.host, "port": self.config.port, "master": self.config.master,
@@ -331,7 +331,7 @@ class ServerProcess:
         self.request_stop()
         with self._proc_lock:  # waits for a start/restart in progress to notice the request
             self._terminate()
-            if self._state:
+            if "supervisor_pid" in self._state:  # this supervisor started (it owns the state dir)
                 self._update_state(status="down", pid=None, restarting_reason=None, stopped_at=now_iso())
             self._release_lock()
 

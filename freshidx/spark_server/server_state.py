@@ -1,6 +1,9 @@
 """The supervisor's state file, ``state_dir/state.json``: written atomically by the supervisor (one per
 state dir), read by clients (:mod:`freshidx.spark_server.lease`), ``freshidx status`` and the demo.
 
+The same state is served by the supervisor's control endpoint (``GET /status``,
+:mod:`freshidx.spark_server.control_server`): :func:`read_endpoint_state`.
+
 Fields are the supervisor's (``status`` from :data:`~freshidx.spark_server.server_config.STATUSES`, ``pid``
 of the JVM, ``url``, restart counters, heap and progress samples …) plus ``hostname`` and
 ``supervisor_pid``, which let a reader on the same host tell a live supervisor from a stale file.
@@ -13,6 +16,8 @@ import json
 import os
 import socket
 import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +26,11 @@ from freshidx import procs
 #: This host's name: pids in a state or lease file are only meaningful on the host that wrote them.
 HOSTNAME = socket.gethostname()
 STATE_FILE = "state.json"
+URL_SETTING = "FRESHIDX_SPARK_SERVER_URL"
+
+
+class ControlUnreachable(RuntimeError):
+    """The control endpoint did not answer (one line naming ``FRESHIDX_SPARK_SERVER_URL``)."""
 
 
 def now_iso() -> str:
@@ -67,3 +77,21 @@ def state_is_usable(state: dict[str, Any] | None) -> bool:
     if state.get("hostname") == HOSTNAME:
         return bool(state.get("supervisor_alive")) and procs.pid_alive(state.get("pid"))
     return True
+
+
+def unreachable(base_url: str, exc: BaseException) -> ControlUnreachable:
+    reason = getattr(exc, "reason", exc)
+    return ControlUnreachable(f"Spark server control endpoint {URL_SETTING}={base_url} unreachable: {reason}")
+
+
+def read_endpoint_state(base_url: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """The supervisor's state from its control endpoint ``GET /status`` (None if it has none);
+    :class:`ControlUnreachable` when nothing answers."""
+    try:
+        with urllib.request.urlopen(f"{base_url.rstrip('/')}/status", timeout=timeout_s) as resp:
+            doc = json.loads(resp.read())
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, ValueError) as exc:  # URLError, timeouts, refused connections, bad URLs
+        raise unreachable(base_url, exc) from None
+    return doc if isinstance(doc, dict) else None

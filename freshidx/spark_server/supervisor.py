@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from freshidx import procs
+from freshidx.spark_server.control_client import DirectoryControl
+from freshidx.spark_server.control_server import ControlPlane, ControlServer
 from freshidx.spark_server.jvm import run_jcmd
 from freshidx.spark_server.lease import active_leases
 from freshidx.spark_server.progress import ProgressTracker, python_worker_cpu_s
@@ -62,6 +64,42 @@ class SparkConnectSupervisor(ServerProcess):
         self._busy_failures = 0
         self._restart_requested: str | None = None
         self._pending_reason: str | None = None  # a restart that failed and must be retried
+        # Leases and kept sessions behind the control endpoint; a lease is granted under the state lock,
+        # under which _drain writes "draining" before it lists leases (control_server.py).
+        self.control = ControlPlane(self.state, self._usable, self._state_lock, DirectoryControl(self.state_dir),
+                                    ttl_s=config.lease_ttl_s)
+        self._control_server: ControlServer | None = None
+
+    # ---- the control endpoint (freshidx.spark_server.control_server) ------------------------
+
+    def _usable(self, state: dict[str, Any]) -> bool:
+        proc = self._proc
+        return state.get("status") == "up" and proc is not None and proc.poll() is None
+
+    def serve_control(self, port: int | None = None) -> str:
+        """Serve the control endpoint on the Connect server's host and ``port`` (default the config's);
+        returns its URL, recorded in the state as ``control_url``. :class:`ServerStartError` if it cannot bind."""
+        port = self.config.control_port if port is None else port
+        if self._control_server is None:
+            try:
+                self._control_server = ControlServer(self.control, self.config.host, port).start()
+            except OSError as exc:
+                raise ServerStartError(f"control endpoint: cannot listen on {self.config.host}:{port} "
+                                       f"(--control-port): {exc}") from None
+            with self._state_lock:  # written with the next state change (once this supervisor owns the dir)
+                self._state.update(control_url=self._control_server.url, lease_ttl_s=self.control.ttl_s)
+        return self._control_server.url
+
+    def held_leases(self) -> list[dict[str, Any]]:
+        """Every lease held: lease files of the state dir and leases taken over the endpoint."""
+        return active_leases(self.state_dir) + self.control.leases()
+
+    def stop(self) -> None:
+        """Stop the server (:meth:`ServerProcess.stop`), then the control endpoint."""
+        super().stop()
+        server, self._control_server = self._control_server, None
+        if server is not None:
+            server.stop()
 
     def request_restart(self, reason: str = "planned-manual") -> None:
         """Ask :meth:`run_forever` for a drained restart at its next tick."""
@@ -98,7 +136,7 @@ class SparkConnectSupervisor(ServerProcess):
         self._update_state(status="draining", drain_started_at=now_iso(), draining_reason=reason)
         deadline = time.monotonic() + self.config.drain_timeout_s
         while True:
-            leases = active_leases(self.state_dir)
+            leases = self.held_leases()
             if not leases:
                 self._update_state(drain_timed_out_leases=[])
                 return True
@@ -240,7 +278,7 @@ class SparkConnectSupervisor(ServerProcess):
         t0 = time.monotonic()
         ok = self.health_check()
         t1 = time.monotonic()
-        leased = bool(active_leases(self.state_dir))
+        leased = bool(self.held_leases())
         client = self._status_client
         status = client.sample() if client is not None else None
         t2 = time.monotonic()

@@ -33,13 +33,17 @@ _MAX_RUNS = 100
 _PID_EVENTS = 20  # the pid event is among a run's first engine events
 
 
-def run_facts(instance: dg.DagsterInstance, run: dg.DagsterRun) -> run_health.RunFacts:
-    """What the run-health judge needs about ``run``: status and the worker pid it logged."""
+def run_facts(instance: dg.DagsterInstance, run: dg.DagsterRun, location: str | None = None) -> run_health.RunFacts:
+    """What the run-health judge needs about ``run``: status, the worker pid it logged, the worker's
+    identity tag, and whether code location ``location`` (the judging sensor's; None = unknown) launched it."""
     conn = instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT,
                                         limit=_PID_EVENTS, ascending=True)
     pid, at, exited = run_health.worker_pid(
         (r.event_log_entry.message or "", r.event_log_entry.timestamp) for r in conn.records)
-    return run_health.RunFacts(run.run_id, run.status.value, pid, at, exited)
+    origin = run.remote_job_origin
+    launched_here = location is None or origin is None or origin.location_name == location
+    return run_health.RunFacts(run.run_id, run.status.value, pid, at, exited,
+                               worker=run.tags.get(run_health.TAG_WORKER), launched_here=launched_here)
 
 
 def checks_worker_pids(instance: dg.DagsterInstance) -> bool:
@@ -51,13 +55,15 @@ def checks_worker_pids(instance: dg.DagsterInstance) -> bool:
         return False
 
 
-def reap_dead_runs(instance: dg.DagsterInstance, store: ObjectStore | None = None,
-                   alive=run_health.pid_alive) -> list[run_health.Verdict]:  # type: ignore[no-untyped-def]
-    """Report every in-flight run whose worker is gone; return what was decided."""
+def reap_dead_runs(instance: dg.DagsterInstance, store: ObjectStore | None = None,  # type: ignore[no-untyped-def]
+                   alive=run_health.pid_alive, location: str | None = None,
+                   place: str | None = None) -> list[run_health.Verdict]:
+    """Report every in-flight run whose worker is gone; return what was decided. ``location`` is the
+    judging code location's name, ``place`` where its pids are (default :func:`run_health.here`)."""
     if not checks_worker_pids(instance):
         return []
     runs = instance.get_runs(dg.RunsFilter(statuses=RUNNING), limit=_MAX_RUNS)
-    verdicts = run_health.judge([run_facts(instance, r) for r in runs], alive)
+    verdicts = run_health.judge([run_facts(instance, r, location) for r in runs], alive, place)
     done: list[run_health.Verdict] = []
     # A store that cannot be written still lets every dead run end; the sensor's tick then fails loudly.
     unwritten: list[Exception] = []
@@ -118,7 +124,8 @@ def interrupt_runs(instance: dg.DagsterInstance, reason: str = run_health.SHUTDO
     for r in runs:
         if kill_workers and r.status in RUNNING:
             f = run_facts(instance, r)
-            if f.pid is not None and f.pid_recorded_at is not None and run_health.pid_alive(f.pid, f.pid_recorded_at):
+            if (f.pid is not None and f.pid_recorded_at is not None and run_health.judged_here(f, run_health.here())
+                    and run_health.pid_alive(f.pid, f.pid_recorded_at)):
                 procs.kill_all([f.pid])
         run = instance.get_run_by_id(r.run_id)
         if run is None or run.is_finished:
@@ -173,7 +180,8 @@ def make_run_health_sensor(interval_seconds: int = 5) -> dg.SensorDefinition:
     )
     def freshidx_run_health_sensor(context: dg.SensorEvaluationContext,
                                    store: ObjectStoreResource) -> dg.SkipReason:
-        done = reap_dead_runs(context.instance, store.open())
+        origin = context.code_location_origin
+        done = reap_dead_runs(context.instance, store.open(), location=origin.location_name if origin else None)
         for v in done:
             context.log.warning(f"run {v.run_id}: {v.reason}")
         return dg.SkipReason("; ".join(f"{v.run_id[:8]}: {v.reason}" for v in done) or "all in-flight runs alive")

@@ -22,6 +22,7 @@ from freshidx.spark.session import (
     is_cluster_master,
 )
 from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.trigger.run_health import TAG_WORKER, worker_identity
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,9 @@ class SparkResource(LazyPySparkResource):
     process (Dagster runs are one process each, and the test suite shares one session); Connect client
     sessions are always created anew (``create()``) and closed at teardown.
 
-    With ``server_state_dir`` the Connect session is leased from a ``freshidx spark-server``
-    (:func:`freshidx.spark_server.open_connect_session`); that package is imported only then.
+    With ``server_url`` (its control endpoint) or ``server_state_dir`` the Connect session is leased from a
+    ``freshidx spark-server`` (:func:`freshidx.spark_server.open_connect_session`); that package is imported
+    only then.
 
     On a cluster master the driver ships the installed ``freshidx`` package to the executors as a
     zip (:func:`freshidx.spark.code_shipping.ship_to_cluster`), see docs/deployment.md for what else the workers need.
@@ -93,20 +95,35 @@ class SparkResource(LazyPySparkResource):
     server_state_dir: str | None = None
     """State dir of a `freshidx spark-server` supervisor: runs hold a lease while they use it, so a
     planned restart drains first, and a run arriving during a restart waits (then fails clearly)."""
+    server_url: str | None = None
+    """Control endpoint ``http://host:port`` of a `freshidx spark-server` (``--control-port``): leases, kept
+    sessions and status over the network, for runs that share no filesystem with the server. Wins over
+    ``server_state_dir``."""
     # A drained restart on a loaded 2-core box can take minutes: a retry must outwait one.
     lease_timeout_seconds: float = 300.0
     keep_sessions: bool = True
     """Runs that ask for a kept session (``session(keep_as="delta")``: every freshidx run asks, by its
     pipeline's name) attach to one server-side Connect session by name instead of opening a new one
     (warm Python workers, plan cache, decoded state; and no Python worker daemon left behind per run:
-    :mod:`freshidx.spark_server.kept_session`). Needs ``server_state_dir``; ``False`` = a new session per run."""
+    :mod:`freshidx.spark_server.kept_session`). Needs ``server_url`` or ``server_state_dir``; ``False`` = a new
+    session per run."""
 
     _exit: Any = PrivateAttr(default=None)
     _app_info: Any = PrivateAttr(default=None)
     _run_id: str = PrivateAttr(default="adhoc")
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        self._run_id = context.run_id or "adhoc"
+        self._run_id = context.run.run_id if context.run else "adhoc"
+        if context.run is not None and context.instance is not None:
+            # Where this run's worker pid means something: run health judges it only there
+            # (freshidx.trigger.run_health); never a reason to fail the run.
+            with contextlib.suppress(Exception):
+                context.instance.add_run_tags(context.run.run_id, {TAG_WORKER: worker_identity()})
+
+    @property
+    def supervisor(self) -> str | None:
+        """Where the supervised server's leases and kept sessions are: its endpoint, else its state dir."""
+        return self.server_url or self.server_state_dir
 
     @property
     def spark_session(self) -> Any:
@@ -138,11 +155,11 @@ class SparkResource(LazyPySparkResource):
             return build_connect_session(url, conf)
 
         stack = contextlib.ExitStack()
-        if self.server_state_dir:
+        if self.supervisor:
             from freshidx.spark_server import open_connect_session
 
             session = stack.enter_context(open_connect_session(
-                remote, self.server_state_dir, self._run_id, build=build,
+                remote, self.supervisor, self._run_id, build=build,
                 keep_as=keep_as if self.keep_sessions else None, lease_timeout_s=self.lease_timeout_seconds))
         else:
             session = build(remote)
@@ -178,11 +195,11 @@ class SparkResource(LazyPySparkResource):
 
     def server_draining(self) -> bool:
         """Whether the supervised Connect server drains for a planned restart (False without one)."""
-        if not (self.remote and self.server_state_dir):
+        if not (self.remote and self.supervisor):
             return False
         from freshidx.spark_server import server_status
 
-        return server_status(self.server_state_dir) == "draining"
+        return server_status(self.supervisor) == "draining"
 
     def spark_metadata(self) -> dict[str, dg.MetadataValue]:
         """The Spark application of this run's session, for materialization metadata: ``spark_app_id`` and
@@ -202,10 +219,10 @@ class SparkResource(LazyPySparkResource):
     def _application_info(self) -> tuple[str | None, str | None]:
         try:
             app_id, ui = application_info(self._spark_session)
-            if ui is None and self.remote and self.server_state_dir:
+            if ui is None and self.remote and self.supervisor:
                 from freshidx.spark_server import server_ui_url
 
-                ui = server_ui_url(self.server_state_dir)  # a supervised server picks its UI port
+                ui = server_ui_url(self.supervisor)  # a supervised server picks its UI port
             return app_id, ui
         except Exception as exc:  # metadata only: the run's outcome does not depend on it
             log.warning("no Spark application info for the materialization metadata: %s", exc)
