@@ -244,8 +244,6 @@ def test_the_docs_set_the_limits_of_every_pool() -> None:
         assert f"docker/k8s/{name}" in section, name
 
 
-@pytest.mark.xfail(strict=True, reason="the image lacks dagster-k8s, which Dagster's Helm guide requires of a "
-                   "code-location image (its run pods load an instance naming K8sRunLauncher): add it to the image")
 def test_the_image_has_what_a_run_pod_loads() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     dockerfile = (REPO / "docker" / "Dockerfile").read_text()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command: set up (venv, packages, Java check) and run the main job on the embedded default:
 # local object store under ./.freshidx, a supervised Spark Connect server (--spark local: a SparkSession
-# per run), Dagster UI + daemon on http://127.0.0.1:3000.
+# per run), a Dagster code server, UI (http://127.0.0.1:3000) and daemon; the demo restarts any of them that exits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh

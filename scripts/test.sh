@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One command: set up (venv, packages, Java check), lint, and run the whole test suite.
 # Tests start their own servers (moto S3, dagster dev) on free loopback ports.
-#   bash scripts/test.sh            the full suite (what CI runs)
+#   bash scripts/test.sh            the full suite on Python 3.11 (requirements.lock), then the version lanes
+#                                   (scripts/python_lanes.sh: Python 3.12 with the lowest pyspark/pyarrow/tantivy,
+#                                   Python 3.13 beside the lowest dagster): what CI runs
 #   bash scripts/test.sh --fast     the fast lane: every test that starts no JVM and no dagster dev
-# Other arguments are passed to pytest.
+# Other arguments are passed to pytest (and leave the version lanes out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
@@ -22,4 +24,9 @@ fi
 # (conftest.MODULE_SECONDS). The cores are busy ~100% of the run (JVMs, dagster dev, Dagster runs);
 # a fourth worker still overlaps the waits of start-ups and sensor ticks (four were faster than three
 # in clean clones with the deployment tests; the figures: docs/benchmarks.md).
-exec .venv/bin/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=25 freshidx_tests "$@"
+rc=0
+.venv/bin/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=25 freshidx_tests "$@" || rc=$?
+if [[ $# -eq 0 ]]; then
+    bash scripts/python_lanes.sh || rc=1
+fi
+exit $rc

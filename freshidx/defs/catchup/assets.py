@@ -38,26 +38,30 @@ ADS_HOURLY_JOB = "ads_hourly_job"
 
 
 def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
-    @dg.asset(
+    # A multi_asset of one output: @asset's backfill_policy parameter is beta, multi_asset's is stable,
+    # and the policy (UI backfills of at most hourly_max_hours_per_run hours per run) is the same.
+    @dg.multi_asset(
         name=catchup.ASSET,
-        description=(
-            "Every closed hour of raw_ad_updates, validated (invalid records quarantined with a reason and "
-            "counted), deduplicated to one row per ad and version, written as an immutable Parquet bucket "
-            "and published per hour by the stage → manifest → compare-and-swap protocol. Each hour is "
-            "processed exactly once by the catch-up sensor; late data produces a correction version; UI "
-            "backfills rebuild hours without ever moving a pointer to fewer inputs."
-        ),
+        outs={catchup.ASSET: dg.AssetOut(
+            description=(
+                "Every closed hour of raw_ad_updates, validated (invalid records quarantined with a reason and "
+                "counted), deduplicated to one row per ad and version, written as an immutable Parquet bucket "
+                "and published per hour by the stage → manifest → compare-and-swap protocol. Each hour is "
+                "processed exactly once by the catch-up sensor; late data produces a correction version; UI "
+                "backfills rebuild hours without ever moving a pointer to fewer inputs."
+            ),
+            io_manager_key="bucket_io_manager",
+            group_name="buckets",
+            kinds={"spark", "parquet"},
+            owners=OWNERS,
+            tags={"freshidx/lane": "catchup"},
+        )},
         partitions_def=hourly_partitions(settings),
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=settings.hourly_max_hours_per_run),
-        io_manager_key="bucket_io_manager",
         # A Spark Connect restart under the build (drained, or a dead JVM) fails it with an ordinary
         # exception; retrying here keeps it from costing one of the catch-up's per-hour attempts.
         retry_policy=dg.RetryPolicy(max_retries=2, delay=30),
-        group_name="buckets",
-        kinds={"spark", "parquet"},
-        owners=OWNERS,
         deps=["raw_ad_updates"],
-        tags={"freshidx/lane": "catchup"},
         pool=POOL_HEAVY,  # one heavy build at a time beside the delta (freshidx.defs.shared.lanes)
     )
     def ads_hourly(
@@ -98,7 +102,7 @@ def _ready_hours(context: dg.AssetExecutionContext, st: ObjectStore, cfg: Settin
         if claim:
             tid = TriggerId.from_suffix(hid, claim).then(Mark.RUN)
             catchup.record(st, catchup.ASSET, hour, tid, Decision.STARTED, "run started for the claim",
-                           run_id=context.run_id, run_key=tags.get("dagster/run_key"))
+                           run_id=context.run.run_id, run_key=tags.get("dagster/run_key"))
         listed_at = utcnow()
         listing = list_hour(st, cfg.source, hour)
         ready = check_ready(st, listing, policy, now=listed_at, quiet_seconds=cfg.quiet_seconds,
@@ -120,7 +124,7 @@ def _build_hours(context: dg.AssetExecutionContext, store: ObjectStoreResource, 
     from freshidx.catchup.hourly_build import build_buckets
 
     tags = context.run.tags
-    run_info = {"run_id": context.run_id, "trigger": kind, "run_key": tags.get("dagster/run_key"),
+    run_info = {"run_id": context.run.run_id, "trigger": kind, "run_key": tags.get("dagster/run_key"),
                 "backfill": tags.get("dagster/backfill"), "code_version": code_version(),
                 "readiness": cfg.readiness_for(cfg.source), "claims": claims}
     crash_point("bucket_build")  # tests: the run dies mid-hour like a kill -9 (claim taken, run STARTED)
@@ -130,7 +134,7 @@ def _build_hours(context: dg.AssetExecutionContext, store: ObjectStoreResource, 
     # A failure drops the session, so a step retry reconnects.
     with spark.session(keep_as=catchup.ASSET) as session:
         built = build_buckets(session, store.store_config(), asset=catchup.ASSET, source=cfg.source,
-                              hours=todo, run_id=context.run_id,
+                              hours=todo, run_id=context.run.run_id,
                               parts=cfg.hourly_parts, run_info=run_info, kind=kind,
                               max_future_skew_seconds=cfg.max_future_skew_seconds,
                               quarantine_once=True)  # a bad record is quarantined by its first reader
@@ -218,7 +222,7 @@ def make_ads_hourly_job(ads_hourly: dg.AssetsDefinition) -> Any:
     """The catch-up's job: its runs come before compaction and UI backfills in the queue
     (freshidx.defs.shared.lanes)."""
     return dg.define_asset_job(
-        ADS_HOURLY_JOB, selection=[ads_hourly], partitions_def=ads_hourly.partitions_def,
+        ADS_HOURLY_JOB, selection=[ads_hourly],  # partitioned like ads_hourly (Dagster infers it)
         tags={TAG_PIPELINE: catchup.ASSET, **priority_tag(PRIORITY_CATCHUP)},
         description="Builds ads_hourly buckets (what ads_hourly_sensor launches for the catch-up).")
 

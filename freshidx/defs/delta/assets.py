@@ -112,7 +112,7 @@ def delta_index(
     with spark.session(keep_as=DELTA_PIPELINE) as session:
         draft = build_delta(
             session, st, store.store_config(), settings,
-            DeltaPlan(partition=partition, watermark=watermark, run_id=context.run_id, run_info=info,
+            DeltaPlan(partition=partition, watermark=watermark, run_id=context.run.run_id, run_info=info,
                       force_rebuild=config.rebuild),
             on_stage=lambda name, s: context.log.info(f"{name}: {s:.2f}s"),
         )
@@ -125,7 +125,7 @@ def _link_accepted_trigger(context: dg.AssetExecutionContext, st: ObjectStore, p
     if attempt and context.run.tags.get(TAG_PARTITION) == partition.path:
         ledger.record_partition(
             st, "delta", partition, Decision.STARTED, "run started for accepted trigger",
-            tid=TriggerId(partition.compact).claim(int(attempt)).then(Mark.RUN), run_id=context.run_id,
+            tid=TriggerId(partition.compact).claim(int(attempt)).then(Mark.RUN), run_id=context.run.run_id,
             run_key=context.run.tags.get("dagster/run_key"), attempt=int(attempt))
 
 
@@ -133,14 +133,14 @@ def _nothing_new_before_build(context: dg.AssetExecutionContext, st: ObjectStore
     """The delta for ``partition`` is not newer than the serving one: decided by the one rule on a
     draft that was never built (position is all :func:`compare_to_serving` reads for the delta)."""
     current, _ = read_pointer(st, "delta")
-    probe = DraftManifest(index="delta", version="not-built", position=iso(partition.at), run_id=context.run_id,
+    probe = DraftManifest(index="delta", version="not-built", position=iso(partition.at), run_id=context.run.run_id,
                           shards=[], doc_count=0, num_shards=0, source_partition=partition.path)
     verdict, why = compare_to_serving(st, probe, current)
     if verdict == "newer":  # pragma: no cover - the caller checked partition <= watermark
         raise dg.Failure(description=f"internal: {partition.path} is newer than the pointer", allow_retries=False)
     ledger.record_partition(st, "delta", partition, decision_for(verdict), f"{why} (not built)",
-                            tid=TriggerId(partition.compact).by_run(Mark.REFUSED, context.run_id),
-                            run_id=context.run_id, extra={"outcome": verdict})
+                            tid=TriggerId(partition.compact).by_run(Mark.REFUSED, context.run.run_id),
+                            run_id=context.run.run_id, extra={"outcome": verdict})
     tags = {TAG_OUTCOME: verdict, "freshidx/source_partition": partition.path}
     meta = {"outcome": verdict, "reason": why, "source_partition": partition.path,
             "serving_version": current.version if current else "none",

@@ -59,10 +59,10 @@ def delta_compaction(
         _not_published(context, {"outcome": "nothing_to_do", "reason": why, "based_on": serving or ""})
         return
     tags = context.run.tags
-    run_info = {"run_id": context.run_id, "trigger": tags.get(TAG_TRIGGER, "manual"),
+    run_info = {"run_id": context.run.run_id, "trigger": tags.get(TAG_TRIGGER, "manual"),
                 "run_key": tags.get("dagster/run_key"), "code_version": code_version()}
     with spark.session(keep_as=PIPELINE) as session:
-        result = compact_delta(session, st, store.store_config(), settings, run_id=context.run_id,
+        result = compact_delta(session, st, store.store_config(), settings, run_id=context.run.run_id,
                                run_info=run_info)
     context.log.info(f"compaction {result.outcome}: {result.reason}")
     metadata = {
@@ -83,13 +83,13 @@ def delta_compaction(
     if result.outcome != "published":
         _not_published(context, metadata)
         return
-    context.instance.add_run_tags(context.run_id, {TAG_OUTCOME: result.outcome})
+    context.instance.add_run_tags(context.run.run_id, {TAG_OUTCOME: result.outcome})
     yield dg.MaterializeResult(metadata=metadata)
 
 
 def _not_published(context: dg.AssetExecutionContext, metadata: dict) -> None:
     context.log.info(f"delta_compaction: {metadata['outcome']}: {metadata['reason']}")
-    context.instance.add_run_tags(context.run_id, {TAG_OUTCOME: str(metadata["outcome"])})
+    context.instance.add_run_tags(context.run.run_id, {TAG_OUTCOME: str(metadata["outcome"])})
     context.log_event(dg.AssetObservation(asset_key=COMPACTION_KEY, metadata=metadata))
 
 

@@ -88,7 +88,7 @@ def full_index(
     # No pre-build shortcut here: the same cutoff can be newer (late partitions), which only the
     # built draft's inputs can tell.
     with spark.session(keep_as=FULL_INDEX) as session:
-        draft = build_full(session, st, store.store_config(), settings, cutoff=cutoff, run_id=context.run_id,
+        draft = build_full(session, st, store.store_config(), settings, cutoff=cutoff, run_id=context.run.run_id,
                            run_info=info, force_raw=config.from_raw,
                            cutoff_configured=bool((config.cutoff_partition or "").strip()))
     yield from output_if_newer(context, st, draft)

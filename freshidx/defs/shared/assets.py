@@ -25,8 +25,8 @@ from freshidx.defs.shared.io_manager import (  # TAG_SKIPPED re-exported: the se
     TAG_SKIPPED,
     outcome_metadata,
     outcome_tags,
-    refusal_unless_newer,
 )
+from freshidx.delta.after_build import refusal_unless_newer
 from freshidx.publish.commit import DraftManifest, iso, utcnow
 from freshidx.settings import Settings
 from freshidx.store import ObjectStore, layout
@@ -191,10 +191,10 @@ def output_if_newer(context: dg.AssetExecutionContext, st: ObjectStore, draft: D
     """Yield the draft for the publishing IO manager only if it is newer than what is serving.
 
     The IO manager compares again inside its compare-and-swap loop (a publisher may win meanwhile);
-    this early compare (:func:`~freshidx.defs.shared.io_manager.refusal_unless_newer`) only decides whether the
-    run has anything to materialize at all.
+    this early compare (:func:`~freshidx.delta.after_build.refusal_unless_newer`, the first step after the
+    build) only decides whether the run has anything to materialize at all.
     """
-    result = refusal_unless_newer(st, draft, context.run_id)
+    result = refusal_unless_newer(st, draft, context.run.run_id)
     if result is None:
         yield dg.Output(draft)
         return
@@ -207,7 +207,7 @@ def report_nothing_new(context: dg.AssetExecutionContext, index: str, why: str, 
                        meta: dict) -> None:
     """An ``AssetObservation`` "nothing new: …" on the asset and the outcome's run tags (no materialization)."""
     headline = f"nothing new: {index} not published: {why}"
-    context.instance.add_run_tags(context.run_id, tags)
+    context.instance.add_run_tags(context.run.run_id, tags)
     # An observation, not a materialization: the asset page keeps the serving version as the
     # latest materialization and shows this event in the asset's timeline.
     context.log_event(dg.AssetObservation(asset_key=context.asset_key, description=headline, metadata=meta))
@@ -225,7 +225,7 @@ def run_info(context: dg.AssetExecutionContext, settings: Settings) -> dict:
     """The draft's run record: which run built it, why it exists, with which code and settings."""
     tags = context.run.tags
     return {
-        "run_id": context.run_id,
+        "run_id": context.run.run_id,
         "trigger": run_info_trigger(context),
         "run_key": tags.get("dagster/run_key"),
         "attempt": tags.get(TAG_ATTEMPT),
