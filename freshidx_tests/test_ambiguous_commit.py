@@ -16,7 +16,7 @@ from typing import Literal
 
 import pytest
 
-from freshidx.defs.shared.io_manager import record_outcome
+from freshidx.delta.after_build import record_outcome
 from freshidx.publish.commit import DraftManifest, PublishResult, publish, read_pointer
 from freshidx.store import (
     ListPage,

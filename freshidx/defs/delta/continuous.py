@@ -4,12 +4,11 @@
 ``FRESHIDX_CONTINUOUS_TRIGGER_SECONDS``, evaluates the latest-only rule of the sensor
 (:func:`freshidx.trigger.latest_only.plan_tick`/``apply``: the same ledger entries, folded partitions,
 attempts and parking). On something new it runs one micro-batch with the code a sensor-triggered
-``delta_index`` run uses: :func:`freshidx.delta.build.build_delta`, then the asset's early compare and the
-publishing IO manager's gate → manifest → compare-and-swap → ledger (the ledger settles the folded
-partitions) (:func:`~freshidx.defs.shared.io_manager.refusal_unless_newer`,
-:func:`~freshidx.defs.shared.io_manager.publish_index_draft`) and
-:func:`~freshidx.defs.shared.io_manager.outcome_metadata`, reported as an
-``AssetMaterialization`` of ``delta_index`` so the asset page, its plots and checks look the same.
+``delta_index`` run uses: :func:`freshidx.delta.build.build_delta`, then the step after the build that the
+publishing IO manager takes too (:func:`freshidx.delta.after_build.after_build`: the early compare, gate →
+manifest → compare-and-swap → ledger, which settles the folded partitions), and
+:func:`~freshidx.defs.shared.io_manager.outcome_metadata`, reported as an ``AssetMaterialization`` of
+``delta_index`` so the asset page, its plots and checks look the same.
 The decisions (when to stop, what a tick means, how an attempt counts) are :mod:`freshidx.trigger.continuous`.
 
 The run ends itself on a planned restart (runtime, memory: on the first idle tick once due, see
@@ -39,10 +38,11 @@ import psutil
 from freshidx.defs.delta.keep_warm import keep_warm
 from freshidx.defs.delta.sensor import DagsterDeltaRuns, partition_observation
 from freshidx.defs.shared.assets import TAG_PIPELINE, TAG_TRIGGER, code_version, hourly_partitions
-from freshidx.defs.shared.io_manager import outcome_metadata, outcome_tags, publish_index_draft, refusal_unless_newer
+from freshidx.defs.shared.io_manager import outcome_metadata, outcome_tags
 from freshidx.defs.shared.lanes import PRIORITY_DELTA, priority_tag
 from freshidx.defs.shared.publishing_io_manager import PublishPolicy
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
+from freshidx.delta.after_build import after_build
 from freshidx.delta.build import DeltaPlan, build_delta
 from freshidx.publish.commit import read_pointer, utcnow
 from freshidx.settings import PipelineSettings, Settings
@@ -275,18 +275,16 @@ def _micro_batch(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectS
             )
     except Exception as exc:  # a failed attempt, as a failed run is in sensor mode; the planner retries/parks
         return failed_attempt(context, runs, req, exc)
-    try:  # what delta_index's body and its IO manager do with the draft, in the same two steps
-        refused = refusal_unless_newer(st, draft, context.run_id)
-        result = refused if refused is not None else publish_index_draft(st, draft, context.run_id)
+    try:  # what delta_index's body and its IO manager do with the draft: the same step after the build
+        done = after_build(st, draft, context.run_id)
     except Exception as exc:  # e.g. PublishError (CAS contention), a store error: the attempt failed
         return failed_attempt(context, runs, req, exc)
+    result = done.result
     status = continuous.batch_status(result.outcome, result.reason)
     runs.record(req.run_key, status, result.reason)
-    attempted = refused is None  # a publication attempt reached the gate (and the CAS, unless invalid)
-    meta = outcome_metadata(st, draft, result, skipped=str(req.skipped),
-                            manifest_written=result.outcome != "invalid" and attempted)
+    meta = outcome_metadata(st, draft, result, skipped=str(req.skipped), manifest_written=done.manifest_written)
     state.last_version = draft.version if result.outcome == "published" else state.last_version
-    if result.outcome == "published" or (attempted and result.outcome != "invalid"):
+    if done.manifest_written:
         # A materialization per publication attempt that reached the CAS, as the IO manager reports it.
         state.published += result.outcome == "published"
         context.log_event(dg.AssetMaterialization(asset_key="delta_index", metadata={**meta, **spark.spark_metadata()},

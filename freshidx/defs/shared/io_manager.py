@@ -1,49 +1,34 @@
 """The IO manager that publishes the delta and full indexes: one draft, one publication per run.
 
-The asset body stages shards (from executors) and returns a :class:`DraftManifest`; the shared
-flow (gate → manifest → compare-and-swap of ``CURRENT``) is :class:`PublishingIOManager`'s. What
-is this manager's: the ledger entries of an index publication (:func:`record_outcome`), its
-metadata (:func:`outcome_metadata`) and the run tags (:func:`outcome_tags`).
-
-A publication outside a Dagster output (the continuous loop's micro-batch) takes the same two steps
-as an asset run with this manager: :func:`refusal_unless_newer` (what the asset body decides before
-yielding its draft) and :func:`publish_index_draft` (what this manager does with it).
+The asset body stages shards (from executors) and yields a :class:`DraftManifest` only when it is newer
+than what serves; this manager hands it to the Dagster-free step after a build
+(:func:`freshidx.delta.after_build.after_build`: gate → manifest → compare-and-swap of ``CURRENT`` → ledger
+and settlement, the continuous loop's micro-batch takes the same step) and translates its result into
+Dagster: the metadata (:func:`outcome_metadata`), the run tags (:func:`outcome_tags`) and a failed run
+when the draft was invalid.
 """
 
 
-import datetime as dt
-import logging
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import dagster as dg
 
 from freshidx.defs.shared.publishing_io_manager import (
     Publication,
     PublishingIOManager,
-    PublishPolicy,
     running_step,
     serving_pointer,
 )
-from freshidx.delta.compact import rebase_onto_compaction
-from freshidx.delta.executor.one_pass import STEPS as MICRO_BATCH_STEPS
-from freshidx.publish.commit import (
-    DraftManifest,
-    Pointer,
-    PublishResult,
-    compare_to_serving,
-    parse_iso,
-    read_manifest,
-    read_pointer,
-    record_refusal,
-    utcnow,
-)
-from freshidx.store import NotFound, ObjectStore, layout
-from freshidx.store.partitions import PartitionId
-from freshidx.trigger import ledger
-from freshidx.trigger.lifecycle import Decision, Mark, TriggerId, decision_for, full_trigger_id
+from freshidx.delta.after_build import after_build
+from freshidx.delta.after_build import publish_index_draft as publish_index_draft  # re-exported: the simulation
+from freshidx.delta.after_build import record_outcome as record_outcome  # re-exported: the simulation
+from freshidx.delta.after_build import refusal_unless_newer as refusal_unless_newer  # re-exported: the simulation
+from freshidx.publish.commit import DraftManifest, PublishResult, parse_iso, read_manifest, utcnow
+from freshidx.store import ObjectStore, layout
+from freshidx.trigger.settlement import published_draft
+from freshidx.trigger.settlement import settle_after_publication as settle_after_publication  # re-exported
 
-log = logging.getLogger(__name__)
 TAG_OUTCOME = "freshidx/outcome"
 TAG_SKIPPED = "freshidx/skipped_count"
 
@@ -51,19 +36,18 @@ TAG_SKIPPED = "freshidx/skipped_count"
 class IndexIOManager(PublishingIOManager):
     """Stages are already written; this publishes them atomically and records the outcome."""
 
-    #: The fixed part of the gate; force and the drop guard come with the draft's run record.
-    #: Not a config field: nobody sets it per run, and a field would pre-fill the launchpad. A delta
-    #: micro-batch whose base a compaction replaced is moved onto it (nothing else is ever rebased).
-    policy: ClassVar[PublishPolicy] = PublishPolicy(allow_empty=False, rebase=rebase_onto_compaction)
-
     def publications(self, obj: DraftManifest) -> list[Publication[DraftManifest]]:
         if not isinstance(obj, DraftManifest):
             raise dg.Failure(f"index assets must return a DraftManifest, got {type(obj).__name__}")
-        return [Publication(obj, obj, self.policy.with_run_record(obj))]
+        # No policy here: the gate's is the step after the build's (force and the drop guard come with
+        # the draft's run record; a micro-batch whose base a compaction replaced is moved onto it).
+        return [Publication(obj, obj)]
 
-    def record(self, store: ObjectStore, pub: Publication[DraftManifest], result: PublishResult,
-               run_id: str) -> None:
-        record_outcome(store, pub.subject, result, run_id)
+    def publish_one(self, store: ObjectStore, pub: Publication[DraftManifest], run_id: str) -> None:
+        # The asset body yielded the draft only because it was newer (its early compare); the step after
+        # the build publishes, records and settles it, as the continuous loop's micro-batch does.
+        done = after_build(store, pub.subject, run_id, compared=True, before_publish=lambda: self.before_publish(pub))
+        pub.outcome, pub.reason, pub.result = done.result.outcome, done.result.reason, done.result
 
     def metadata(self, store: ObjectStore, publications: Sequence[Publication[DraftManifest]]) -> dict[str, Any]:
         draft, result = _single(publications)
@@ -98,40 +82,11 @@ class IndexIOManager(PublishingIOManager):
         return {"pointer": pointer.to_dict(), "manifest": read_manifest(store, index, pointer.version).to_dict()}
 
 
-def refusal_unless_newer(store: ObjectStore, draft: DraftManifest, run_id: str) -> PublishResult | None:
-    """The one rule before any publication attempt (:func:`~freshidx.publish.commit.compare_to_serving`):
-    None when ``draft`` is newer than what is serving (publish it); otherwise the refusal, recorded in
-    the store and the ledger, with no publication attempt. The compare-and-swap compares again (a
-    publisher may win meanwhile); this early compare decides whether there is anything to publish."""
-    current, _ = read_pointer(store, draft.index)
-    verdict, why = compare_to_serving(store, draft, current)
-    if verdict == "newer":
-        return None
-    result = PublishResult(verdict, draft.version, why, current)
-    record_refusal(store, draft, verdict, why, current)
-    record_outcome(store, draft, result, run_id)
-    return result
-
-
-def publish_index_draft(store: ObjectStore, draft: DraftManifest, run_id: str) -> PublishResult:
-    """What :class:`IndexIOManager` does with a draft: the gate → manifest → compare-and-swap of
-    ``CURRENT`` under its policy and the draft's run record, then the ledger (:func:`record_outcome`)."""
-    result = IndexIOManager.policy.with_run_record(draft).publish(store, draft)
-    record_outcome(store, draft, result, run_id)
-    return result
-
-
 def _single(publications: Sequence[Publication[DraftManifest]]) -> tuple[DraftManifest, PublishResult]:
     """An index output is one draft, always sent to :func:`publish` (nothing settles it before)."""
     (pub,) = publications
     assert pub.result is not None
     return pub.subject, pub.result
-
-
-def published_draft(obj: DraftManifest, result: PublishResult) -> DraftManifest:
-    """The draft :func:`~freshidx.publish.commit.publish` actually validated and wrote (a micro-batch rebased
-    onto a compaction serves other segments and counts than the asset's ``obj``), else ``obj``."""
-    return result.draft if result.draft is not None else obj
 
 
 def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResult, *,
@@ -171,13 +126,6 @@ def outcome_metadata(store: ObjectStore, obj: DraftManifest, result: PublishResu
     if skipped is not None:
         meta["skipped_partitions"] = dg.MetadataValue.int(int(skipped))
     return meta
-
-
-def step_seconds(obj: DraftManifest, result: PublishResult) -> dict[str, float]:
-    """Where a micro-batch's time went, for its ledger entry: the build's steps its manifest has (``parse``,
-    ``state``, ``merge``, ``index``, ``upload``) and ``publish`` (known only once the pointer moved)."""
-    steps = {k: float(obj.stats[f"{k}_seconds"]) for k in MICRO_BATCH_STEPS if f"{k}_seconds" in obj.stats}
-    return {**steps, "publish": round(result.seconds, 3)}
 
 
 def _delta_metadata(obj: DraftManifest) -> dict[str, Any]:
@@ -226,81 +174,3 @@ def outcome_tags(obj: DraftManifest, result: PublishResult) -> dict[str, str]:
         **({"freshidx/source_partition": obj.source_partition} if obj.source_partition else {}),
         **({"freshidx/cutoff": obj.cutoff} if obj.cutoff else {}),
     }
-
-
-def record_outcome(store: ObjectStore, obj: DraftManifest, result: PublishResult, run_id: str) -> None:
-    """The ledger entries of one publication (create-once; a lost response to our own write counts
-    as written, see ``ObjectStore.create_or_same``), then, when this run moved the pointer, the
-    decisions of the partitions it settled (:func:`settle_after_publication`)."""
-    obj = published_draft(obj, result)
-    partition = PartitionId.parse(obj.source_partition) if obj.source_partition else None
-    pipeline = obj.index
-    if partition is not None:
-        trigger = TriggerId(partition.compact)
-        if result.outcome == "invalid":  # not final: the partition is retried
-            ledger.record_partition(store, pipeline, partition, decision_for(result.outcome), result.reason,
-                                    tid=trigger.by_run(Mark.INVALID, run_id), run_id=run_id,
-                                    extra={"version": obj.version})
-        elif not ledger.record_partition(store, pipeline, partition, decision_for(result.outcome), result.reason,
-                                         run_id=run_id, extra={"version": obj.version,
-                                                               "seconds": step_seconds(obj, result)}) \
-                and result.outcome == "published":
-            # A decision was taken before this run published the partition (e.g. the sensor skipped it
-            # while this UI run was in flight): the final entry cannot change, so say what happened.
-            earlier = ledger.decision(store, pipeline, partition)
-            earlier_decision = earlier.decision if earlier is not None else None
-            if earlier_decision != Decision.PUBLISHED:
-                ledger.record_partition(
-                    store, pipeline, partition, Decision.PUBLISHED,
-                    f"{result.reason} (after the decision {earlier_decision!r} was recorded)",
-                    tid=trigger.by_run(Mark.PUBLISHED, run_id), run_id=run_id, extra={"version": obj.version})
-    if obj.cutoff:
-        cut = parse_iso(obj.cutoff)
-        trigger_id = full_trigger_id(cut, obj.version)
-        ledger.record(
-            store, layout.ledger_key(pipeline, cut.strftime("%Y-%m-%d"), trigger_id),
-            ledger.Entry(pipeline, trigger_id, decision_for(result.outcome), result.reason,
-                         scope=f"cutoff {obj.cutoff}", run_id=run_id,
-                         extra={"version": obj.version, "outcome": result.outcome}),
-        )
-    if result.outcome == "published" and result.pointer is not None and result.pointer.version == obj.version:
-        try:
-            settle_after_publication(store, obj, result.pointer, run_id)
-        except Exception as exc:  # the version is published; a later publication settles the rest
-            log.warning("%s %s published, but settling the ledger failed: %s", obj.index, obj.version, exc)
-
-
-def _scan_hours(obj: DraftManifest) -> int:
-    # The sensor's default (FRESHIDX_MAX_SCAN_HOURS unset): the window plus one hour.
-    window = obj.window_minutes or 300
-    return (window + 59) // 60 + 1
-
-
-def settle_after_publication(store: ObjectStore, obj: DraftManifest, pointer: Pointer, run_id: str) -> list[str]:
-    """Partitions the sensor can no longer see get their decision from the run that hid them
-    (whatever triggered the run, every visible partition is explained: docs/architecture.md#nothing-visible-is-lost)."""
-    source = obj.source or ""
-    if not source:
-        return []
-    if obj.index == "delta" and obj.source_partition:
-        published = PartitionId.parse(obj.source_partition)
-        window_start = parse_iso(obj.window_start) if obj.window_start else None
-        previous: PartitionId | None = None
-        if pointer.seq > 1:
-            try:
-                before = Pointer.history(store, obj.index, pointer.seq - 1)
-                previous = PartitionId.parse(before.source_partition) if before.source_partition else None
-            except NotFound:
-                # No history entry (a crash lost it): settle the window only, never claim a first start.
-                previous = PartitionId(window_start) if window_start else published
-        return ledger.settle_publication(store, "delta", source, published, previous, window_start,
-                                         scan_hours=_scan_hours(obj), version=obj.version, run_id=run_id)
-    if obj.index == "full" and obj.cutoff and obj.listed_at:
-        delta, _ = read_pointer(store, "delta")
-        watermark = PartitionId.parse(delta.source_partition) if delta and delta.source_partition else None
-        window = dt.timedelta(minutes=obj.window_minutes or 300)
-        cutoff = PartitionId(parse_iso(obj.cutoff))
-        return ledger.settle_full(store, source, cutoff=cutoff, delta_watermark=watermark, window=window,
-                                  listed_at=parse_iso(obj.listed_at), version=obj.version,
-                                  run_id=run_id)
-    return []

@@ -62,7 +62,8 @@ class Publication(Generic[S]):
 
     subject: S  # what the subclass made it from (the draft itself, an hour's bucket)
     draft: DraftManifest | None  # None: nothing was built, a hook settles it before publishing
-    policy: PublishPolicy
+    #: None: the subclass publishes through its pipeline's own step after the build (the index IO manager).
+    policy: PublishPolicy | None = None
     outcome: str = ""  # publish()'s outcome, or a refusal decided before publishing ("not_ready", …)
     reason: str = ""
     result: PublishResult | None = None
@@ -130,6 +131,7 @@ class PublishingIOManager(dg.ConfigurableIOManager):
 
     def publish_one(self, store: ObjectStore, pub: Publication[Any], run_id: str) -> None:
         assert pub.draft is not None, "a publication without a draft is settled before publishing"
+        assert pub.policy is not None, "a publication without a policy is published by the subclass"
         self.before_publish(pub)
         result = pub.policy.publish(store, pub.draft)
         pub.outcome, pub.reason, pub.result = result.outcome, result.reason, result
@@ -148,9 +150,10 @@ class PublishingIOManager(dg.ConfigurableIOManager):
     def before_publish(self, pub: Publication[Any]) -> None:
         """Called right before :func:`publish` (crash-safety tests stop the process here)."""
 
-    @abstractmethod
     def record(self, store: ObjectStore, pub: Publication[Any], result: PublishResult, run_id: str) -> None:
-        """The ledger entries of one publication attempt."""
+        """The ledger entries of one publication attempt (:meth:`publish_one` calls it; a subclass that
+        publishes through its pipeline's own step overrides :meth:`publish_one`, and that step records)."""
+        raise NotImplementedError(f"{type(self).__name__} records no publication")
 
     @abstractmethod
     def metadata(self, store: ObjectStore, publications: Sequence[Publication[Any]]) -> dict[str, Any]:
