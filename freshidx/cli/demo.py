@@ -24,5 +24,6 @@ demo = LazyCommand(
                  help="connect (default): a supervised Spark Connect server shared by all runs; "
                  "local: a SparkSession per run (~8-20 s start-up each)"),
     click.Option(["--spark-port"], type=int, default=15002, help="Spark Connect port on 127.0.0.1"),
-    help="run generator + dagster dev (UI and daemon) on a local store",
+    help="run the generator, a Spark server, a Dagster code server, UI and daemon on a local store, each "
+         "restarted when it exits",
 )

@@ -1,10 +1,17 @@
 """``freshidx demo``: the main job on the embedded default.
 
-Starts the upstream simulator, a supervised Spark Connect server and ``dagster dev`` (UI + daemon,
-sensors running) on a local store, then prints every publication (index, version, partition, lag),
-the catch-up progress and every failed run with its reason as they happen. Everything lives under
-``./.freshidx/`` (store, Dagster instance, logs). The delta runs in continuous mode (one long-lived
-``delta_continuous`` run) unless ``FRESHIDX_DELTA_MODE`` is set; the start-up lines say which.
+Starts the upstream simulator, a supervised Spark Connect server and what ``dagster dev`` would start
+(a code server, the webserver and the daemon, as separate processes: :mod:`freshidx.tools.demo_dagster`)
+on a local store, then prints every publication (index, version, partition, lag), the catch-up progress
+and every failed run with its reason as they happen. Everything lives under ``./.freshidx/`` (store,
+Dagster instance, workspace, logs). The delta runs in continuous mode (one long-lived ``delta_continuous``
+run) unless ``FRESHIDX_DELTA_MODE`` is set; the start-up lines say which.
+
+The demo outlives a crash of any part: each child that exits is restarted with back-off and the restart
+is printed (one line) and counted in the closing line; the UI is not on the data path, so a dead
+webserver never stops a publication. Run workers whose code server died are re-parented to the demo (a
+child subreaper) and stay under it (:mod:`freshidx.tools.demo_supervisor`; docs/deployment.md, "What
+restarts what").
 
 Stops (Ctrl-C / SIGTERM, at any moment, also during start-up) are clean: in-flight runs are tagged
 ``freshidx/interrupted`` and terminated (then marked canceled/failed "interrupted by shutdown" if
@@ -27,13 +34,22 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from freshidx.settings import Settings, SettingsError
 from freshidx.store import open_store
+from freshidx.tools.demo_dagster import DagsterCommands, DagsterParts, dagster_env, port_in_use
 from freshidx.tools.demo_stop import DEMO_ID_ENV, shutdown
+from freshidx.tools.demo_supervisor import Supervisor
 from freshidx.tools.demo_watch import Printer, Watcher
-from freshidx.tools.devserver import DagsterDev, WaitAborted, WebserverPortTaken, packaged_dagster_yaml, prepare_home
+from freshidx.tools.devserver import (
+    DagsterDevError,
+    WaitAborted,
+    WebserverPortTaken,
+    free_port,
+    packaged_dagster_yaml,
+    prepare_home,
+)
 
 if TYPE_CHECKING:
     import dagster as dg
@@ -75,14 +91,6 @@ def data_start(store: ObjectStore, source: str, history_minutes: int, now: dt.da
     return f"{start:%Y-%m-%dT%H}:00"
 
 
-@dataclass
-class _Children:
-    """The processes the demo started so far: what the stop must end, whenever it comes."""
-
-    server: subprocess.Popen[bytes] | None = None
-    generator: subprocess.Popen[bytes] | None = None
-
-
 def cmd_demo(**options: Any) -> int:
     args = DemoArgs(**options)
     home = Path(args.home).resolve()
@@ -94,6 +102,9 @@ def cmd_demo(**options: Any) -> int:
     except SettingsError as exc:
         print(exc, file=sys.stderr)
         return 2
+    if port_in_use(args.port):  # before anything starts
+        print(f"--port {args.port}: 127.0.0.1:{args.port} is already in use", file=sys.stderr)
+        return 2
     home.mkdir(parents=True, exist_ok=True)
     dagster_home = prepare_home(home / "dagster_home", packaged_dagster_yaml())
     demo_id = os.environ.get(DEMO_ID_ENV) or uuid.uuid4().hex
@@ -101,51 +112,85 @@ def cmd_demo(**options: Any) -> int:
     state_dir = home / "spark-server"
     env = _children_env(args, settings, store, demo_id, state_dir)
     out = Printer(args.as_json)
-    stopping = _stop_on_signals()
-    dev = DagsterDev(home=dagster_home, port=args.port, module="freshidx.definitions",
-                     env=env, log_path=home / "dagster-dev.log")
-    try:
-        dev.check_port()  # before anything starts
-    except WebserverPortTaken as exc:
-        print(f"--port {args.port}: {exc}", file=sys.stderr)
-        return 2
+    stopping = _stop_on_signals()  # before any child starts: they inherit SIGINT's default, not an "ignore"
     instance = _open_instance(dagster_home)
     _interrupt_stale_runs(instance, out)
-    children = _Children()
-    gen_log = open(home / "generator.log", "ab")  # noqa: SIM115 - lives as long as the demo
+    sup = Supervisor(out.event)
+    parts = _dagster_parts(args, home, dagster_home, env, instance, sup)
     try:
         if stopping():
             return 0
-        _start_children(args, home, state_dir, settings, store, env, children, gen_log)
-        dev.start()
-        try:
-            dev.wait_ready(timeout=900, abort=stopping)  # a loaded box can take minutes
-        except WaitAborted:
-            return 0
-        except WebserverPortTaken as exc:  # taken after the check
-            print(f"--port {args.port}: {exc}", file=sys.stderr)
-            return 2
-        print(f"  Dagster UI: {dev.url}   (sensors running; Ctrl-C to stop)", flush=True)
+        _start_children(args, home, state_dir, settings, store, env, sup)
+        code = _start_dagster(args, parts, stopping)
+        if code is not None:
+            return code
+        print(f"  Dagster UI: {parts.url}   (sensors running; Ctrl-C to stop)", flush=True)
         print("  publications, catch-up progress and failed runs are printed below as they happen; the "
               "first delta usually lands within 1-3 min (longer on a busy machine)", flush=True)
         watch = Watcher(store, settings.source, instance, out)
-        return _watch(args, home, dev, children.generator, children.server, watch, stopping)
+        return _watch(args, sup, watch, stopping)
     finally:
-        # Whoever read our output may be gone (closed terminal, killed pipe reader): a print must not
-        # abort the stop and leave the JVM and the generator behind.
-        with contextlib.suppress(OSError):
-            print("stopping … (ending in-flight runs, then dagster dev, the generator and the Spark server)",
-                  flush=True)
-        summary = shutdown(dev, children.generator, children.server, state_dir, instance, demo_id)
-        gen_log.close()
-        instance.dispose()
-        with contextlib.suppress(OSError):
-            out.event("stopped", "stopped: " + ", ".join(f"{k} {v}" for k, v in summary.items()), **summary)
+        _stop(parts, sup, state_dir, instance, demo_id, out)
+
+
+def _dagster_parts(args: DemoArgs, home: Path, dagster_home: Path, env: dict[str, str],
+                   instance: dg.DagsterInstance, sup: Supervisor) -> DagsterParts:
+    """The code server, webserver and daemon (not started yet), their workspace and logs in ``home``."""
+    import dagster as dg
+
+    commands = DagsterCommands(web_port=args.port, code_port=free_port(), workspace=home / "workspace.yaml",
+                               instance_ref=dg.serialize_value(instance.get_ref()),
+                               startup_timeout=instance.code_server_process_startup_timeout)
+    return DagsterParts(sup, commands, dagster_env(env, dagster_home), home)
+
+
+def _start_dagster(args: DemoArgs, parts: DagsterParts, stopping: Callable[[], bool]) -> int | None:
+    """Code server, then (once it serves) webserver and daemon; None when all are ready, else the exit code."""
+    print(f"  starting the Dagster code server, then the UI on 127.0.0.1:{args.port} and the daemon … "
+          f"(logs: {parts.logs}/{{code-server,webserver,daemon}}.log)", flush=True)
+    try:
+        parts.start_code_server()
+        parts.wait_code_server(timeout=900, abort=stopping)  # a loaded box can take minutes
+        parts.start_ui_and_daemon()
+        parts.wait_ready(timeout=900, abort=stopping)
+    except WaitAborted:
+        return 0
+    except WebserverPortTaken as exc:  # taken after the check
+        print(f"--port {args.port}: {exc}", file=sys.stderr)
+        return 2
+    except (DagsterDevError, TimeoutError) as exc:  # a code location that does not load, or no start at all
+        print(f"freshidx demo: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    return None
+
+
+def _stop(parts: DagsterParts, sup: Supervisor, state_dir: Path, instance: dg.DagsterInstance, demo_id: str,
+          out: Printer) -> None:
+    # Whoever read our output may be gone (closed terminal, killed pipe reader): a print must not
+    # abort the stop and leave the JVM and the generator behind.
+    with contextlib.suppress(OSError):
+        print("stopping … (ending in-flight runs, then the daemon, webserver and code server, the generator "
+              "and the Spark server)", flush=True)
+    restarts = sup.restarts()
+    summary = shutdown(parts, _live(sup, "generator"), _live(sup, "spark-server"), state_dir, instance, demo_id)
+    sup.reap()
+    instance.dispose()
+    summary["restarts"] = sum(restarts.values())
+    text = ", ".join(f"{k} {v}" for k, v in summary.items())
+    if restarts:
+        text += " (" + ", ".join(f"{name} {n}" for name, n in restarts.items()) + ")"
+    with contextlib.suppress(OSError):
+        out.event("stopped", "stopped: " + text, **summary, restarts_by_child=restarts)
+
+
+def _live(sup: Supervisor, name: str) -> subprocess.Popen[bytes] | None:
+    child = sup.get(name)
+    return child.proc if child is not None and child.running else None
 
 
 def _children_env(args: DemoArgs, settings: Settings, store: ObjectStore, demo_id: str,
                   state_dir: Path) -> dict[str, str]:
-    """What the demo's children (dagster dev and its runs, the generator, the Spark server) get beside
+    """What the demo's children (code server and its runs, webserver, daemon, generator, Spark server) get beside
     the demo's own environment."""
     env = {"FRESHIDX_STORE": settings.store, DEMO_ID_ENV: demo_id, DELTA_MODE_ENV: settings.delta_mode}
     env.setdefault("PYSPARK_PYTHON", os.environ.get("PYSPARK_PYTHON") or sys.executable)
@@ -153,23 +198,30 @@ def _children_env(args: DemoArgs, settings: Settings, store: ObjectStore, demo_i
         env["FRESHIDX_PARTITIONS_START"] = data_start(store, settings.source, args.history_minutes,
                                                       dt.datetime.now(dt.UTC))
     if args.spark == "connect":
-        # The runs' environment points at the supervised server (started later): set before DagsterDev
-        # copies ``env``. Runs started before the server is up wait for it (lease).
+        # The runs' environment points at the supervised server (started later): set before the Dagster
+        # processes' environment is made from ``env``. Runs started before the server is up wait for it (lease).
         env["FRESHIDX_SPARK_REMOTE"] = f"sc://127.0.0.1:{args.spark_port}"
         env["FRESHIDX_SPARK_SERVER_STATE"] = str(state_dir)
     return env
 
 
 def _start_children(args: DemoArgs, home: Path, state_dir: Path, settings: Settings, store: ObjectStore,
-                    env: dict[str, str], children: _Children, gen_log: IO[bytes]) -> None:
-    """Start the Spark server (``--spark connect``) and the generator, and say what starts."""
+                    env: dict[str, str], sup: Supervisor) -> None:
+    """Start the Spark server (``--spark connect``) and the generator under ``sup``, and say what starts."""
     if args.spark == "connect":
-        children.server = _start_spark_server(args, home, env, state_dir, store)
-    children.generator = _start_generator(args, settings.store, env, gen_log)
+        sup.add("spark-server", lambda _: _start_spark_server(args, home, env, state_dir), state_dir / "server.log")
+        from freshidx.serve.status import record_spark_server_state
+
+        # `freshidx status --store` finds this demo's server state from any directory / --home.
+        record_spark_server_state(store, state_dir)
+        print(f"  starting Spark Connect server on 127.0.0.1:{args.spark_port} (state: {state_dir})")
+    sup.add("generator", lambda restarts: _start_generator(args, settings.store, env, home, restarts),
+            home / "generator.log")
     print(f"freshidx demo: store {settings.store}")
     print(f"  generator writes a partition every {args.every:.0f}s  (log: {home / 'generator.log'})")
     print(f"  delta mode: {_describe_mode(settings)}")
-    print(f"  starting dagster dev on 127.0.0.1:{args.port} … (log: {home / 'dagster-dev.log'})")
+    print("  every part (code server, UI, daemon, generator, Spark server) is restarted when it exits "
+          "(1 s, doubling to 30 s)")
 
 
 def _describe_mode(settings: Settings) -> str:
@@ -204,51 +256,43 @@ def _interrupt_stale_runs(instance: dg.DagsterInstance, out: Printer) -> None:
                   "(not counted as failed attempts)", runs=left)
 
 
-def _start_generator(args: DemoArgs, store_uri: str, env: dict[str, str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+def _start_generator(args: DemoArgs, store_uri: str, env: dict[str, str], home: Path,
+                     restarts: int) -> subprocess.Popen[bytes]:
     """The data generator, writing a partition every ``args.every`` seconds (in its own session: a
-    terminal Ctrl-C reaches only the demo, whose shutdown stops it)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "freshidx.tools.generate", "--store", store_uri, "--every", str(args.every),
-         "--history-minutes", str(args.history_minutes), "--seed", str(args.seed)],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True,
-    )
+    terminal Ctrl-C reaches only the demo, whose shutdown stops it). A restart writes no history again
+    (it would rewrite hours already processed)."""
+    history = args.history_minutes if restarts == 0 else 0
+    with open(home / "generator.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "freshidx.tools.generate", "--store", store_uri, "--every", str(args.every),
+             "--history-minutes", str(history), "--seed", str(args.seed)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True,
+        )
 
 
-def _start_spark_server(args: DemoArgs, home: Path, env: dict[str, str], state_dir: Path,
-                        store: ObjectStore) -> subprocess.Popen[bytes]:
-    """Start the supervised Spark Connect server (``env`` already points the runs at it)."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "freshidx.spark_server.server", "--port", str(args.spark_port),
-         "--state-dir", str(state_dir), "--no-cds-dump"],  # first start fast: map `spark-cds`'s archive, never dump
-        stdout=open(home / "spark-server.out", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-        env={**os.environ, **env}, start_new_session=True,
-    )
-    from freshidx.serve.status import record_spark_server_state
-
-    # `freshidx status --store` finds this demo's server state from any directory / --home.
-    record_spark_server_state(store, state_dir)
-    print(f"  starting Spark Connect server on 127.0.0.1:{args.spark_port} (state: {state_dir})")
-    return server
+def _start_spark_server(args: DemoArgs, home: Path, env: dict[str, str], state_dir: Path) -> subprocess.Popen[bytes]:
+    """The supervised Spark Connect server (``env`` already points the runs at it); a restarted one kills
+    the JVM its predecessor left (freshidx.spark_server.state_dir)."""
+    with open(home / "spark-server.out", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "freshidx.spark_server.server", "--port", str(args.spark_port),
+             "--state-dir", str(state_dir), "--no-cds-dump"],  # first start fast: map `spark-cds`'s archive
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True,
+        )
 
 
-def _watch(args: DemoArgs, home: Path, dev: DagsterDev, generator: subprocess.Popen[bytes] | None,
-           server: subprocess.Popen[bytes] | None, watch: Watcher, stopped: Callable[[], bool]) -> int:
-    """Print what happens until a stop, ``--duration`` or a child's exit; returns the exit code."""
+def _watch(args: DemoArgs, sup: Supervisor, watch: Watcher, stopped: Callable[[], bool]) -> int:
+    """Restart what exited and print what happens, until a stop or ``--duration``; returns the exit code."""
     deadline = time.monotonic() + args.duration if args.duration else None
+    last_watch = 0.0
     while not stopped() and (deadline is None or time.monotonic() < deadline):
-        if generator is not None and generator.poll() is not None:
-            print(f"generator exited with {generator.returncode}; see {home / 'generator.log'}",
-                  file=sys.stderr)
-            return 1
-        if server is not None and server.poll() is not None:
-            print(f"spark-server exited with {server.returncode}; see {home / 'spark-server'}", file=sys.stderr)
-            return 1
-        if not dev.is_running:
-            print(f"dagster dev exited; see {home / 'dagster-dev.log'}", file=sys.stderr)
-            return 1
-        watch.poll()
-        time.sleep(2)  # display refresh cadence, not synchronisation
+        sup.poll()
+        if time.monotonic() - last_watch >= 2:  # display refresh cadence
+            watch.poll()
+            last_watch = time.monotonic()
+        time.sleep(0.5)  # restart reaction time, not synchronisation
     return 0
+
 
 def _open_instance(dagster_home: Path) -> dg.DagsterInstance:
     import dagster as dg

@@ -1,6 +1,7 @@
 """How ``freshidx demo`` stops (:func:`shutdown`): in-flight runs tagged interrupted and terminated like
-the UI's Terminate button, then ``dagster dev``, the generator and the Spark server, and last every
-process that still carries the demo's id."""
+the UI's Terminate button, then the Dagster processes (daemon, webserver, code server), the generator and
+the Spark server, and last every process that still carries the demo's id: run workers the demo adopted
+after their code server died included (:mod:`freshidx.tools.demo_supervisor`)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,30 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import dagster as dg
 
-    from freshidx.tools.devserver import DagsterDev
-
 #: Every child of a demo carries its id in this variable: the stop's last sweep finds them by it.
 DEMO_ID_ENV = "FRESHIDX_DEMO_ID"
-TERMINATE_GRACE_S = 20.0  # runs get this long to end after Terminate, before dagster dev stops
+TERMINATE_GRACE_S = 20.0  # runs get this long to end after Terminate, before the Dagster processes stop
 SUPERVISOR_GRACE_S = 45.0  # the Spark supervisor drains/stops its JVM within its own stop timeout
 
 
-def shutdown(dev: DagsterDev, generator: subprocess.Popen[bytes] | None, server: subprocess.Popen[bytes] | None,
+class DagsterProcesses(Protocol):
+    """What the stop needs of the Dagster side: the demo's supervised parts
+    (:class:`~freshidx.tools.demo_dagster.DagsterParts`) or one ``dagster dev`` (``DagsterDev``)."""
+
+    @property
+    def is_running(self) -> bool: ...
+
+    def terminate_runs(self, run_ids: list[str]) -> dict[str, str]: ...
+
+    def stop(self) -> object: ...
+
+
+def shutdown(dev: DagsterProcesses, generator: subprocess.Popen[bytes] | None, server: subprocess.Popen[bytes] | None,
              state_dir: Path, instance: dg.DagsterInstance, demo_id: str) -> dict[str, int]:
     """Stop everything the demo started; never raises. Returns counts for the closing line."""
     from freshidx.defs.runs.health import interrupt_runs
@@ -52,8 +63,8 @@ def shutdown(dev: DagsterDev, generator: subprocess.Popen[bytes] | None, server:
     return summary
 
 
-def _terminate_runs(dev: DagsterDev, instance: dg.DagsterInstance) -> int:
-    """Tag unfinished runs interrupted, then Terminate them through dagster dev (like the UI), so
+def _terminate_runs(dev: DagsterProcesses, instance: dg.DagsterInstance) -> int:
+    """Tag unfinished runs interrupted, then Terminate them through the webserver (like the UI), so
     workers end their Spark work and record CANCELED; waits at most :data:`TERMINATE_GRACE_S`."""
     import dagster as dg
 
@@ -65,11 +76,15 @@ def _terminate_runs(dev: DagsterDev, instance: dg.DagsterInstance) -> int:
     if not ids:
         return 0
     tag_interrupted(instance, ids)  # before they end: no sensor may count them as failures
+    results: dict[str, str] | None = None
     with contextlib.suppress(Exception):
-        dev.terminate_runs(ids)
+        results = dev.terminate_runs(ids)
+    # A run whose Terminate failed (the code server that launched it was restarted since) does not end by
+    # itself: no waiting for it; the stop marks it interrupted and the sweep ends its worker.
+    waited = ids if results is None else [i for i in ids if results.get(i) == "TerminateRunSuccess"]
 
     def all_finished() -> bool:
-        return all((r := instance.get_run_by_id(i)) is None or r.is_finished for i in ids)
+        return all((r := instance.get_run_by_id(i)) is None or r.is_finished for i in waited)
 
     _wait(all_finished, TERMINATE_GRACE_S)
     return len(ids)
