@@ -153,6 +153,14 @@ def test_config_rejects_bad_values_naming_the_field(field: str, value: Any) -> N
         GeneratorConfig(**{field: value})
 
 
+def test_a_ten_million_document_window_is_a_valid_config() -> None:
+    # The benches seed 1.25 ads per document: a 10M-document window draws from 12.5M ad ids.
+    cfg = GeneratorConfig(ads=12_500_000, products=4_000_000)
+    assert cfg.ads == 12_500_000
+    with pytest.raises(ValueError, match=r"GeneratorConfig\.ads\b"):
+        GeneratorConfig(ads=1_000_000_001)
+
+
 def test_config_rejects_rates_that_do_not_add_up() -> None:
     with pytest.raises(ValueError, match="delete_rate"):
         GeneratorConfig(delete_rate=0.6, pause_rate=0.6)

@@ -81,6 +81,7 @@ __all__ = [
 ]
 
 SOURCE_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+_MAX_IDS = 1_000_000_000
 _MAX_CHANGES = 1_000_000  # with the 5x burst and duplicates, sequences stay far below 60 000 000
 _BURST_FACTOR = 5
 _MIN_BID, _MAX_BID = 0.05, 20.0
@@ -133,9 +134,10 @@ class GeneratorConfig:
                 f"got {self.source!r}"
             )
         _check_int("seed", self.seed)
-        _check_int("ads", self.ads, 1, 10_000_000)
-        _check_int("products", self.products, 1, 10_000_000)
-        _check_int("campaigns", self.campaigns, 1, 10_000_000)
+        # Ids are drawn from these ranges (nothing is kept per id): a 100M-document window is in range.
+        _check_int("ads", self.ads, 1, _MAX_IDS)
+        _check_int("products", self.products, 1, _MAX_IDS)
+        _check_int("campaigns", self.campaigns, 1, _MAX_IDS)
         _check_int("changes_per_partition", self.changes_per_partition, 1, _MAX_CHANGES)
         _check_int("files_per_partition", self.files_per_partition, 1, 10_000)
         for name in ("malformed_rate", "duplicate_rate", "delete_rate", "pause_rate", "burst_probability"):
