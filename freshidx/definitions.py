@@ -16,8 +16,8 @@ from dagster_aws.s3 import S3Resource
 from freshidx.defs.catchup.assets import make_ads_hourly, make_ads_hourly_job, make_hourly_sensor
 from freshidx.defs.catchup.io_manager import BucketIOManager
 from freshidx.defs.delta.assets import delta_index, delta_index_job
-from freshidx.defs.delta.compaction import delta_compaction, delta_compaction_job, make_compaction_sensor
-from freshidx.defs.delta.continuous import make_delta_continuous
+from freshidx.defs.delta.compaction_job import delta_compaction, delta_compaction_job, make_compaction_sensor
+from freshidx.defs.delta.continuous_job import make_delta_continuous
 from freshidx.defs.delta.sensor import make_delta_sensor
 from freshidx.defs.delta.watchdog import make_continuous_watchdog
 from freshidx.defs.full.assets import full_index, full_index_job, full_index_schedule

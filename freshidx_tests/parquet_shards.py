@@ -18,7 +18,7 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from freshidx.records import ACTIVE
+from freshidx.raw_record import ACTIVE
 from freshidx.spark.shards import (
     COVERED_ARROW_SCHEMA,
     COVERED_FILE,

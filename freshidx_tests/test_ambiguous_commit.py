@@ -27,8 +27,8 @@ from freshidx.store import (
     layout,
     open_store,
 )
-from freshidx.store.base import dump_json
 from freshidx.store.local import LocalStore
+from freshidx.store.object_store import dump_json
 from freshidx.store.partitions import PartitionId
 from freshidx.trigger import ledger
 from freshidx_tests.conftest import make_s3_config

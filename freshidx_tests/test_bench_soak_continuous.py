@@ -70,7 +70,7 @@ def test_run_end_says_planned_restart_memory_crash_or_still_running() -> None:
 
 
 def test_scan_run_log_reads_the_loops_lines() -> None:
-    from freshidx.trigger.continuous import decide
+    from freshidx.trigger.continuous_rules import decide
     from freshidx.trigger.latest_only import DeltaApplied, DeltaRequest
 
     started = decide(DeltaApplied([], DeltaRequest(PartitionId.parse(p(1)), 1, 2), None)).reason  # what the loop logs
@@ -87,7 +87,7 @@ def test_scan_run_log_reads_the_loops_lines() -> None:
 
 
 def test_the_failure_line_the_loop_logs_is_the_one_counted() -> None:
-    from freshidx.defs.delta.continuous import failed_attempt
+    from freshidx.defs.delta.continuous_job import failed_attempt
     from freshidx.trigger.latest_only import DeltaRequest
 
     logged: list[str] = []

@@ -15,7 +15,7 @@ through the CLI (``freshidx status --json`` / ``freshidx ledger --json``) and th
 Then (the UI tells the truth): on every asset's Checks tab, each check's description
 and state as shown (the list entry's status and icon, "Evaluation result", the latest evaluation's
 text) match what the checks report through GraphQL, the descriptions are the ones defined in
-``freshidx.sla.checks``, and the reported state is what the checks compute from the store right now.
+``freshidx.sla.check_rules``, and the reported state is what the checks compute from the store right now.
 
 Runs are followed with GraphQL polling (cheap on a busy 2-core box), and the UI's run page is read
 when a run starts and once it has ended. Needs ``/usr/bin/chromium`` and the ``playwright`` package;
@@ -39,7 +39,7 @@ import pytest
 from freshidx.catchup import planner as catchup
 from freshidx.publish.commit import read_pointer
 from freshidx.settings import Settings
-from freshidx.sla import checks as sla
+from freshidx.sla import check_rules as sla
 from freshidx.store import ObjectStore, StoreConfig, layout, open_store
 from freshidx.store.partitions import PartitionId
 from freshidx.tools.devserver import BACKFILL_TERMINAL_STATUSES, RUN_TERMINAL_STATUSES, DagsterDev, prepare_home

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from freshidx.sla import checks as sla
+from freshidx.sla import check_rules as sla
 from freshidx.store import StoreConfig, open_store
 from freshidx.store.partitions import PartitionId
 from freshidx.tools.devserver import DagsterDev, prepare_home

@@ -8,7 +8,7 @@ from freshidx.defs.shared.assets import store_kind
 from freshidx.defs.sla.checks import tick_summary
 from freshidx.publish.commit import Pointer, iso
 from freshidx.settings import Settings
-from freshidx.sla import checks as sla
+from freshidx.sla import check_rules as sla
 from freshidx.store import StoreConfig, open_store
 from freshidx.store.partitions import PartitionId
 from freshidx.tools.generate import write_partition

@@ -129,7 +129,7 @@ def test_every_partition_example_in_operations_md_works(store: ObjectStore, loca
 
 def test_delta_compaction_entries_are_listed(local_store_config: StoreConfig,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    from freshidx.delta import compact as compact_delta
+    from freshidx.delta import compaction_run as compact_delta
 
     st = open_store(local_store_config)
     # The compaction's own writer: ledger/delta_compaction/<date>/<time>-<run>.json, scope "delta <version>".

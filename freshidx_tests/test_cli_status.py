@@ -151,8 +151,8 @@ def test_state_from_another_host_is_not_judged_by_local_pids(tmp_path: Path,
 
 def test_merged_segment_kind_is_shown_in_full(local_store_config: StoreConfig, capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from freshidx.delta import compact as compact_delta
-    from freshidx.delta import compaction
+    from freshidx.delta import compaction_plan
+    from freshidx.delta import compaction_run as compact_delta
     from freshidx.publish.commit import publish
     from freshidx.settings import Settings
     from freshidx_tests.test_compaction import three_segments_published
@@ -167,8 +167,8 @@ def test_merged_segment_kind_is_shown_in_full(local_store_config: StoreConfig, c
 
     assert cli.main(["status", "--store", local_store_config.uri, "--json"]) == 0
     segs = json.loads(capsys.readouterr().out)["delta"]["segments"]
-    assert [g["kind"] for g in segs] == [compaction.MERGED_KIND, "incremental"], segs
+    assert [g["kind"] for g in segs] == [compaction_plan.MERGED_KIND, "incremental"], segs
     assert cli.main(["status", "--store", local_store_config.uri]) == 0
     out = capsys.readouterr().out
-    assert f" {compaction.MERGED_KIND} {segs[0]['docs']} docs, " in out and " incremental " in out, out
+    assert f" {compaction_plan.MERGED_KIND} {segs[0]['docs']} docs, " in out and " incremental " in out, out
     assert " com " not in out and " inc " not in out

@@ -1,4 +1,4 @@
-"""Background compaction of delta segments (docs/architecture.md#compaction; :mod:`freshidx.delta.compaction`).
+"""Background compaction of delta segments (docs/architecture.md#compaction; :mod:`freshidx.delta.compaction_plan`).
 
 Pure planning and splicing first; then one Spark scenario through the real assets and the serving
 library: micro-batches, a compaction that loses its compare-and-swap to a micro-batch and republishes
@@ -20,9 +20,9 @@ import dagster as dg
 import pytest
 
 from freshidx.defs.shared.publishing_io_manager import Publication, PublishingIOManager
-from freshidx.delta import compact as cd
-from freshidx.delta import compaction
-from freshidx.delta.compact import PIPELINE, compact_delta
+from freshidx.delta import compaction_plan
+from freshidx.delta import compaction_run as cd
+from freshidx.delta.compaction_run import PIPELINE, compact_delta
 from freshidx.delta.segments import Segment, files_to_read, segments_of
 from freshidx.publish import retention
 from freshidx.publish.commit import DraftManifest, publish, read_manifest, read_pointer
@@ -58,46 +58,46 @@ def seg(n: int, docs: int = 10, *, listed: int | None = None) -> Segment:
 
 def test_plan_merges_the_smallest_consecutive_run_down_to_half_the_limit() -> None:
     segs = [seg(0, 500), *(seg(n, 10) for n in range(5, 45, 5)), seg(45, 3)]  # 10 segments
-    assert compaction.plan_compaction(segs[:8], max_segments=8, full_cutoff=None) is None
-    plan = compaction.plan_compaction(segs, max_segments=8, full_cutoff=None)
+    assert compaction_plan.plan_compaction(segs[:8], max_segments=8, full_cutoff=None) is None
+    plan = compaction_plan.plan_compaction(segs, max_segments=8, full_cutoff=None)
     assert plan is not None
     # 10 -> 4 (= 8 // 2): a run of 7; the big window-rebuild segment first stays alone.
     assert (plan.start, plan.end, plan.segments_after) == (3, 9, 4), plan.describe()
     assert plan.versions == [f"v{n}" for n in range(15, 50, 5)]
-    plan = compaction.plan_compaction(segs, max_segments=8, full_cutoff=None, target=8)
+    plan = compaction_plan.plan_compaction(segs, max_segments=8, full_cutoff=None, target=8)
     assert plan is not None and len(plan.run) == 3 and plan.segments_after == 8
 
 
 def test_plan_ignores_segments_the_full_index_covers() -> None:
     segs = [seg(n) for n in range(0, 50, 5)]  # 10 segments at 0..45
     cutoff = at(20).at  # 0..20 are dropped by the next micro-batch: 5 left, within 8
-    assert not compaction.needs_compaction(segs, 8, cutoff)
-    assert compaction.plan_compaction(segs, max_segments=8, full_cutoff=cutoff) is None
-    plan = compaction.plan_compaction(segs, max_segments=4, full_cutoff=cutoff)
+    assert not compaction_plan.needs_compaction(segs, 8, cutoff)
+    assert compaction_plan.plan_compaction(segs, max_segments=8, full_cutoff=cutoff) is None
+    plan = compaction_plan.plan_compaction(segs, max_segments=4, full_cutoff=cutoff)
     assert plan is not None and plan.start >= 5 and all(s.position > cutoff.isoformat() for s in plan.run)
 
 
 def test_merged_segment_replaces_the_run_in_place() -> None:
     segs = [seg(0), seg(5, listed=9), seg(10, listed=4), seg(15)]
-    plan = compaction.plan_compaction(segs, max_segments=3, full_cutoff=None, target=3)
+    plan = compaction_plan.plan_compaction(segs, max_segments=3, full_cutoff=None, target=3)
     assert plan is not None and plan.versions == ["v0", "v5"]
     run = [segs[1], segs[2]]
-    m = compaction.merged_segment(run, version="m", shards=[], doc_count=7, covered_count=9, compacted_at="now")
+    m = compaction_plan.merged_segment(run, version="m", shards=[], doc_count=7, covered_count=9, compacted_at="now")
     assert m.position == segs[2].position  # the newest partition it holds
     assert m.listed_at == segs[2].listed_at  # the earliest listing: late files are read again, never skipped
     assert m.files == ["f5", "f10"]
-    assert [c["version"] for c in compaction.constituents(m)] == ["v5", "v10"]
-    spliced = compaction.splice(segs, ["v5", "v10"], m)
+    assert [c["version"] for c in compaction_plan.constituents(m)] == ["v5", "v10"]
+    spliced = compaction_plan.splice(segs, ["v5", "v10"], m)
     assert spliced is not None and [s.version for s in spliced] == ["v0", "m", "v15"]
-    assert compaction.original_versions(spliced) == ["v0", "v5", "v10", "v15"]
+    assert compaction_plan.original_versions(spliced) == ["v0", "v5", "v10", "v15"]
     # A newer micro-batch appended: still spliceable. The run broken up or gone: not.
-    assert compaction.splice([*segs, seg(20)], ["v5", "v10"], m) is not None
-    assert compaction.splice([segs[0], segs[2], segs[3]], ["v5", "v10"], m) is None
-    assert compaction.splice([seg(30)], ["v5", "v10"], m) is None
+    assert compaction_plan.splice([*segs, seg(20)], ["v5", "v10"], m) is not None
+    assert compaction_plan.splice([segs[0], segs[2], segs[3]], ["v5", "v10"], m) is None
+    assert compaction_plan.splice([seg(30)], ["v5", "v10"], m) is None
     # A merged segment of merged segments lists the originals.
-    m2 = compaction.merged_segment([segs[0], m], version="m2", shards=[], doc_count=1, covered_count=1,
+    m2 = compaction_plan.merged_segment([segs[0], m], version="m2", shards=[], doc_count=1, covered_count=1,
                                    compacted_at="now")
-    assert [c["version"] for c in compaction.constituents(m2)] == ["v0", "v5", "v10"]
+    assert [c["version"] for c in compaction_plan.constituents(m2)] == ["v0", "v5", "v10"]
 
 
 def test_a_merged_segment_rests_on_a_full_version_only_if_its_whole_run_does() -> None:
@@ -105,7 +105,8 @@ def test_a_merged_segment_rests_on_a_full_version_only_if_its_whole_run_does() -
     on_f1 = [dataclasses.replace(seg(n), full_version="f1") for n in (5, 10)]
 
     def merged(run: list[Segment]) -> Segment:
-        return compaction.merged_segment(run, version="m", shards=[], doc_count=1, covered_count=1, compacted_at="x")
+        return compaction_plan.merged_segment(run, version="m", shards=[], doc_count=1, covered_count=1,
+                                              compacted_at="x")
 
     assert merged(on_f1).full_version == "f1"
     assert merged([seg(0), *on_f1]).full_version is None  # seg(0): written before the field, or over none
@@ -119,8 +120,8 @@ def test_files_to_read_is_unchanged_by_a_compaction_of_the_kept_segments() -> No
     from freshidx.delta.segments import FullBase
 
     segs = [seg(10, listed=12), seg(15), seg(20)]
-    m = compaction.merged_segment(segs[:2], version="m", shards=[], doc_count=1, covered_count=1, compacted_at="x")
-    compacted = compaction.splice(segs, ["v10", "v15"], m)
+    m = compaction_plan.merged_segment(segs[:2], version="m", shards=[], doc_count=1, covered_count=1, compacted_at="x")
+    compacted = compaction_plan.splice(segs, ["v10", "v15"], m)
     assert compacted is not None
     full = FullBase("f", at(5).at, at(6).at)
     t = at(0).at
@@ -131,17 +132,17 @@ def test_files_to_read_is_unchanged_by_a_compaction_of_the_kept_segments() -> No
 
 def test_rebase_a_micro_batch_onto_a_compaction_of_its_base() -> None:
     segs = [seg(10), seg(15), seg(20)]
-    m = compaction.merged_segment(segs[:2], version="m", shards=[], doc_count=1, covered_count=1, compacted_at="x")
-    compacted = compaction.splice(segs, ["v10", "v15"], m)
+    m = compaction_plan.merged_segment(segs[:2], version="m", shards=[], doc_count=1, covered_count=1, compacted_at="x")
+    compacted = compaction_plan.splice(segs, ["v10", "v15"], m)
     assert compacted is not None
     new = seg(25)
-    rebased = compaction.rebase_after_compaction([*segs, new], "v25", compacted, None)
+    rebased = compaction_plan.rebase_after_compaction([*segs, new], "v25", compacted, None)
     assert rebased is not None and [s.version for s in rebased] == ["m", "v20", "v25"]
     # The micro-batch dropped v10 (a full index at 12): the merged segment mixes covered and uncovered.
-    assert compaction.rebase_after_compaction([segs[1], segs[2], new], "v25", compacted, at(12).at) is None
+    assert compaction_plan.rebase_after_compaction([segs[1], segs[2], new], "v25", compacted, at(12).at) is None
     # Anything else serving (another micro-batch's segment): never rebased, the next attempt builds on it.
     other = [*segs, seg(22)]
-    assert compaction.rebase_after_compaction([*segs, new], "v25", other, None) is None
+    assert compaction_plan.rebase_after_compaction([*segs, new], "v25", other, None) is None
 
 
 # ------------------------------------------------------------- publication races, without Spark
@@ -199,8 +200,8 @@ def test_compaction_retries_over_a_micro_batch_or_gives_up(store_config: StoreCo
     assert segs is not None
     if meanwhile == "micro_batch":
         assert (result.outcome, result.attempts, pointer.version) == ("published", 2, result.version), result
-        assert [s.version for s in segs][1:] == [later[0].version] and segs[0].kind == compaction.MERGED_KIND
-        assert compaction.original_versions(segs) == [a.version, b.version, c.version, later[0].version]
+        assert [s.version for s in segs][1:] == [later[0].version] and segs[0].kind == compaction_plan.MERGED_KIND
+        assert compaction_plan.original_versions(segs) == [a.version, b.version, c.version, later[0].version]
         assert (pointer.position, pointer.source_partition) == (later[0].position, later[0].source_partition)
         # M's files stay under the version that built them (whose own manifest was refused): garbage
         # collection keeps them while a kept version serves M, and drops the merged segments' versions.
@@ -212,7 +213,7 @@ def test_compaction_retries_over_a_micro_batch_or_gives_up(store_config: StoreCo
         assert pointer.version == later[0].version and [s.version for s in segs] == [later[0].version]
     else:
         assert result.outcome == "gave_up" and "no longer holds" in result.reason, result
-        assert compaction.original_versions(segs) == [a.version, b.version, c.version]
+        assert compaction_plan.original_versions(segs) == [a.version, b.version, c.version]
     (entry,) = [e for e in ledger.read(store, PIPELINE) if e["run_id"] == "r-" + meanwhile]
     assert entry["decision"] == ("published" if meanwhile == "micro_batch" else "refused")
     assert entry["extra"]["merged"] == [a.version, b.version, c.version]
@@ -235,7 +236,8 @@ def test_micro_batch_that_loses_to_a_compaction_appends_to_it(store_config: Stor
     # The result carries the draft publish() wrote (the rebased one), not the caller's.
     assert result.draft is not None and result.draft.to_dict() == manifest and result.draft is not micro
     segs = segments_of(manifest)
-    assert segs is not None and compaction.original_versions(segs) == [a.version, b.version, c.version, micro.version]
+    assert segs is not None
+    assert compaction_plan.original_versions(segs) == [a.version, b.version, c.version, micro.version]
 
 
 def test_job_with_nothing_to_compact_records_no_materialization(make_harness: Any) -> None:
@@ -323,9 +325,9 @@ def test_compaction_keeps_answers_and_never_loses_a_segment(tmp_path: Path, spar
             version, after = _serving(h)
             assert version == result.version
             assert raced[0] in [s.version for s in after], "the micro-batch's segment was lost"
-            assert compaction.original_versions(after) == [*(s.version for s in segs), raced[0]]
+            assert compaction_plan.original_versions(after) == [*(s.version for s in segs), raced[0]]
             # K = 2: the 3 segments are merged down to K // 2 = 1, the micro-batch's segment follows.
-            assert len(after) == 2 and after[0].kind == compaction.MERGED_KIND
+            assert len(after) == 2 and after[0].kind == compaction_plan.MERGED_KIND
             w.check("after a compaction that lost its first compare-and-swap")
             entries = [e for e in ledger.read(h.store, PIPELINE) if e["run_id"] == "compaction-race"]
             assert [e["decision"] for e in entries] == ["published"] and entries[0]["extra"]["attempts"] == 2

@@ -18,8 +18,8 @@ import pytest
 from freshidx.publish.commit import read_pointer
 from freshidx.settings import Settings, SettingsError, parse_duration
 from freshidx.store import layout
-from freshidx.trigger import continuous, ledger
-from freshidx.trigger.continuous import BatchStatus, Limits, LoopRuns, StopReason, TickKind
+from freshidx.trigger import continuous_rules, ledger
+from freshidx.trigger.continuous_rules import BatchStatus, Limits, LoopRuns, StopReason, TickKind
 from freshidx.trigger.latest_only import DeltaApplied, DeltaRequest, DeltaRun
 from freshidx_tests.harness import Harness, at
 from freshidx_tests.polling import poll_until
@@ -48,36 +48,36 @@ def test_settings_mode_and_durations() -> None:
 
 
 def test_stop_reasons() -> None:
-    assert continuous.stop_reason(LIMITS, T, T + dt.timedelta(seconds=599), 999) is None
-    stop = continuous.stop_reason(LIMITS, T, T + dt.timedelta(seconds=600), 10)
+    assert continuous_rules.stop_reason(LIMITS, T, T + dt.timedelta(seconds=599), 999) is None
+    stop = continuous_rules.stop_reason(LIMITS, T, T + dt.timedelta(seconds=600), 10)
     assert stop is not None and stop.reason is StopReason.MAX_RUNTIME and "planned restart" in stop.message
-    stop = continuous.stop_reason(LIMITS, T, T + dt.timedelta(seconds=5), 1000.5)
+    stop = continuous_rules.stop_reason(LIMITS, T, T + dt.timedelta(seconds=5), 1000.5)
     assert stop is not None and stop.reason is StopReason.MAX_MEMORY and "1000 MiB" in stop.detail
-    stop = continuous.stop_reason(LIMITS, T, T + dt.timedelta(seconds=900), 5000, "received SIGTERM")
+    stop = continuous_rules.stop_reason(LIMITS, T, T + dt.timedelta(seconds=900), 5000, "received SIGTERM")
     assert stop is not None and stop.reason is StopReason.STOP_REQUESTED  # a request wins
-    assert continuous.stop_reason(LIMITS, T, T, None) is None  # memory unknown: no memory stop
+    assert continuous_rules.stop_reason(LIMITS, T, T, None) is None  # memory unknown: no memory stop
     # A planned restart waits for an idle tick (a pending micro-batch runs first), within a grace.
     due = T + dt.timedelta(seconds=601)
-    assert continuous.stop_reason(LIMITS, T, due, 10, pending=True) is None
-    late = due + continuous.RESTART_GRACE
-    assert continuous.stop_reason(LIMITS, T, late, 10, pending=True).reason is StopReason.MAX_RUNTIME  # type: ignore[union-attr]
-    assert continuous.stop_reason(LIMITS, T, T, 1200, pending=True) is None
-    assert continuous.stop_reason(LIMITS, T, T, 1500, pending=True).reason is StopReason.MAX_MEMORY  # type: ignore[union-attr]
-    assert continuous.stop_reason(LIMITS, T, T, 10, "stop", pending=True).reason is StopReason.STOP_REQUESTED  # type: ignore[union-attr]
+    assert continuous_rules.stop_reason(LIMITS, T, due, 10, pending=True) is None
+    late = due + continuous_rules.RESTART_GRACE
+    assert continuous_rules.stop_reason(LIMITS, T, late, 10, pending=True).reason is StopReason.MAX_RUNTIME  # type: ignore[union-attr]
+    assert continuous_rules.stop_reason(LIMITS, T, T, 1200, pending=True) is None
+    assert continuous_rules.stop_reason(LIMITS, T, T, 1500, pending=True).reason is StopReason.MAX_MEMORY  # type: ignore[union-attr]
+    assert continuous_rules.stop_reason(LIMITS, T, T, 10, "stop", pending=True).reason is StopReason.STOP_REQUESTED  # type: ignore[union-attr]
     assert LIMITS.restart_at(T) == T + dt.timedelta(minutes=10)
 
 
 def test_tick_decision_and_attempt_accounting() -> None:
     req = DeltaRequest(at(25), attempt=1, skipped=5)
-    action = continuous.decide(DeltaApplied([], req, None))
+    action = continuous_rules.decide(DeltaApplied([], req, None))
     assert action.kind is TickKind.MICRO_BATCH and action.request == req and "folded 5" in action.reason
-    idle = continuous.decide(DeltaApplied([], None, "no partition newer than year=2026/…"))
+    idle = continuous_rules.decide(DeltaApplied([], None, "no partition newer than year=2026/…"))
     assert idle.kind is TickKind.IDLE and idle.reason.startswith("no partition newer")
 
-    assert continuous.batch_status("published", "published") is BatchStatus.SUCCESS
-    assert continuous.batch_status("superseded", "superseded: …") is BatchStatus.SUCCESS
-    assert continuous.batch_status("invalid", "validation failed: base changed: built on …") is BatchStatus.RETRY
-    assert continuous.batch_status("invalid", "validation failed: doc count collapsed") is BatchStatus.FAILURE
+    assert continuous_rules.batch_status("published", "published") is BatchStatus.SUCCESS
+    assert continuous_rules.batch_status("superseded", "superseded: …") is BatchStatus.SUCCESS
+    assert continuous_rules.batch_status("invalid", "validation failed: base changed: built on …") is BatchStatus.RETRY
+    assert continuous_rules.batch_status("invalid", "validation failed: doc count collapsed") is BatchStatus.FAILURE
 
     class Others:
         def in_flight(self) -> list[DeltaRun]:
@@ -100,38 +100,38 @@ def test_tick_decision_and_attempt_accounting() -> None:
     assert runs.ended_how("delta:old:a1") == "sensor-mode failure"
     assert runs.by_run_key("delta:old:a1") == DeltaRun("old", "FAILURE", False)
     lost = runs.by_run_key("delta:dead-continuous-run:a1")  # its run died mid-batch: an ended attempt at once
-    assert lost is not None and not lost.in_flight and lost.status == continuous.LOST and not lost.interrupted
+    assert lost is not None and not lost.in_flight and lost.status == continuous_rules.LOST and not lost.interrupted
 
 
 def test_when_the_idle_loop_warms_its_workers() -> None:
-    w = continuous.Warmth()
+    w = continuous_rules.Warmth()
     state = ("full-1", "delta-1")
     assert w.look_due(T, published=False) and w.warm_due(T, state)  # never looked, never warmed
     w.checked_at, w.state, w.warmed_at = T, state, T
     soon = T + dt.timedelta(seconds=1)
     assert not w.look_due(soon, published=False) and w.look_due(soon, published=True)  # a publication: at once
-    assert w.look_due(T + continuous.WARM_CHECK, published=False)
+    assert w.look_due(T + continuous_rules.WARM_CHECK, published=False)
     assert not w.warm_due(soon, state)  # nothing changed, the workers were busy a second ago
     assert w.warm_due(soon, ("full-1", "delta-2")) and w.warm_due(soon, ("full-2", "delta-1"))
-    assert w.warm_due(T + continuous.KEEP_WARM, state)  # before Spark stops an idle worker (a minute)
-    assert dt.timedelta(minutes=1) > continuous.KEEP_WARM
+    assert w.warm_due(T + continuous_rules.KEEP_WARM, state)  # before Spark stops an idle worker (a minute)
+    assert dt.timedelta(minutes=1) > continuous_rules.KEEP_WARM
     assert Settings.from_env({}).continuous_keep_warm
     assert not Settings.from_env({"FRESHIDX_CONTINUOUS_KEEP_WARM": "false"}).continuous_keep_warm
 
 
 def test_heartbeat_roundtrip() -> None:
-    state = continuous.LoopState("run-1", T, LIMITS, ticks=3, batches=1, published=1, last_tick=T)
-    assert continuous.heartbeat_due(state, T, acted=False)  # never written yet
-    hb = continuous.heartbeat(state, T + dt.timedelta(seconds=2))
+    state = continuous_rules.LoopState("run-1", T, LIMITS, ticks=3, batches=1, published=1, last_tick=T)
+    assert continuous_rules.heartbeat_due(state, T, acted=False)  # never written yet
+    hb = continuous_rules.heartbeat(state, T + dt.timedelta(seconds=2))
     state.heartbeat_at = T
-    assert not continuous.heartbeat_due(state, T + dt.timedelta(seconds=2), acted=False)
-    assert continuous.heartbeat_due(state, T + dt.timedelta(seconds=2), acted=True)
-    seen = continuous.describe_heartbeat(hb, T + dt.timedelta(seconds=5))
+    assert not continuous_rules.heartbeat_due(state, T + dt.timedelta(seconds=2), acted=False)
+    assert continuous_rules.heartbeat_due(state, T + dt.timedelta(seconds=2), acted=True)
+    seen = continuous_rules.describe_heartbeat(hb, T + dt.timedelta(seconds=5))
     assert seen is not None and seen["state"] == "live" and seen["run_id"] == "run-1"
     assert str(seen["planned_restart_at"]).startswith("2026-11-24T12:10")
-    assert continuous.describe_heartbeat(hb, T + dt.timedelta(hours=1))["state"] == "silent"  # type: ignore[index]
-    ended = continuous.heartbeat(state, T, ended=continuous.Stop(StopReason.MAX_RUNTIME, "ran 600 s"))
-    assert continuous.describe_heartbeat(ended, T)["state"] == "ended"  # type: ignore[index]
+    assert continuous_rules.describe_heartbeat(hb, T + dt.timedelta(hours=1))["state"] == "silent"  # type: ignore[index]
+    ended = continuous_rules.heartbeat(state, T, ended=continuous_rules.Stop(StopReason.MAX_RUNTIME, "ran 600 s"))
+    assert continuous_rules.describe_heartbeat(ended, T)["state"] == "ended"  # type: ignore[index]
 
 
 # ------------------------------------------------------------------------------------------ Dagster
@@ -234,9 +234,9 @@ def test_status_shows_mode_and_live_run(local_store_config: Any, monkeypatch: py
     # The mode comes from the store, never from this shell's FRESHIDX_DELTA_MODE.
     monkeypatch.setenv("FRESHIDX_DELTA_MODE", "sensor")
     assert status.collect(st, "ad_updates", now)["delta_mode"] is None  # nothing published, no run
-    state = continuous.LoopState("abcdef12-run", now - dt.timedelta(seconds=30), LIMITS, ticks=30, batches=2,
+    state = continuous_rules.LoopState("abcdef12-run", now - dt.timedelta(seconds=30), LIMITS, ticks=30, batches=2,
                                  published=2, last_tick=now)
-    st.put_json(layout.continuous_heartbeat_key(), continuous.heartbeat(state, now))
+    st.put_json(layout.continuous_heartbeat_key(), continuous_rules.heartbeat(state, now))
     s = status.collect(st, "ad_updates", now)
     assert s["continuous"]["state"] == "live" and s["continuous"]["run_id"] == "abcdef12-run"
     assert s["delta_mode"] == "continuous"
@@ -260,7 +260,7 @@ def test_sigterm_ends_the_trigger_wait_at_once() -> None:
     import signal
     import time
 
-    from freshidx.defs.delta.continuous import _Stopper
+    from freshidx.defs.delta.continuous_job import _Stopper
 
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach only the main thread")  # the handler would not be installed
@@ -278,7 +278,7 @@ def test_sigterm_ends_the_trigger_wait_at_once() -> None:
 
 def test_failed_micro_batches_count_as_attempts_and_park(make_harness: Any, spark: Any,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import freshidx.defs.delta.continuous as defs_continuous
+    import freshidx.defs.delta.continuous_job as defs_continuous
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("executor lost\nstack…")

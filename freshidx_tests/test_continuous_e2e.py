@@ -18,13 +18,13 @@ import dagster as dg
 import pytest
 
 from freshidx.defs.runs.health import run_facts
-from freshidx.defs.runs.status import IN_FLIGHT
+from freshidx.defs.runs.run_status import IN_FLIGHT
 from freshidx.publish.commit import read_pointer
 from freshidx.store import StoreConfig, open_store
 from freshidx.tools.devserver import DagsterDev, prepare_home
 from freshidx.tools.generate import write_partition
 from freshidx.trigger import ledger
-from freshidx.trigger.continuous import JOB_NAME, TAG_WHY
+from freshidx.trigger.continuous_rules import JOB_NAME, TAG_WHY
 from freshidx_tests.polling import poll_until
 from freshidx_tests.test_daemon_e2e import (
     GEN,

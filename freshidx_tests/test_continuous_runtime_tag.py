@@ -17,8 +17,8 @@ import dagster as dg
 import pytest
 
 from freshidx.settings import Settings
-from freshidx.trigger import continuous
-from freshidx.trigger.continuous import MAX_RUNTIME_TAG, RESTART_GRACE, RUNTIME_TAG_GRACE, Limits
+from freshidx.trigger import continuous_rules
+from freshidx.trigger.continuous_rules import MAX_RUNTIME_TAG, RESTART_GRACE, RUNTIME_TAG_GRACE, Limits
 
 GRACE = RUNTIME_TAG_GRACE.total_seconds()
 
@@ -27,16 +27,16 @@ def test_grace_covers_the_deferred_restart_and_stays_finite() -> None:
     # The loop may take its planned restart RESTART_GRACE late, then finish a micro-batch and shut down.
     assert RESTART_GRACE + dt.timedelta(minutes=10) < RUNTIME_TAG_GRACE
     assert GRACE == 1800  # the figure docs/operations.md gives
-    assert continuous.monitoring_max_runtime(86400) == 86400 + 1800
-    assert continuous.monitoring_max_runtime(120) == 1920
+    assert continuous_rules.monitoring_max_runtime(86400) == 86400 + 1800
+    assert continuous_rules.monitoring_max_runtime(120) == 1920
 
 
 def test_limit_is_whole_seconds_rounded_up() -> None:
-    assert continuous.monitoring_max_runtime(90.2) == 90 + 1800 + 1
-    assert continuous.monitoring_max_runtime(90.0) == 1890
-    assert continuous.max_runtime_tags(0.5) == {MAX_RUNTIME_TAG: "1801"}
+    assert continuous_rules.monitoring_max_runtime(90.2) == 90 + 1800 + 1
+    assert continuous_rules.monitoring_max_runtime(90.0) == 1890
+    assert continuous_rules.max_runtime_tags(0.5) == {MAX_RUNTIME_TAG: "1801"}
     # Dagster parses the tag with float(): a whole number, no exponent, no decimals.
-    assert continuous.max_runtime_tags(31 * 24 * 3600) == {MAX_RUNTIME_TAG: str(31 * 24 * 3600 + 1800)}
+    assert continuous_rules.max_runtime_tags(31 * 24 * 3600) == {MAX_RUNTIME_TAG: str(31 * 24 * 3600 + 1800)}
 
 
 LIMITS = Limits(trigger_seconds=0.5, max_runtime_seconds=120, max_rss_mb=2048)
@@ -54,7 +54,7 @@ LIMITS = Limits(trigger_seconds=0.5, max_runtime_seconds=120, max_rss_mb=2048)
     ({MAX_RUNTIME_TAG: "a day"}, "sets no limit"),
 ])
 def test_a_run_says_when_monitoring_would_not_guard_it(tags: dict[str, str], says: str | None) -> None:
-    problem = continuous.max_runtime_tag_problem(tags, LIMITS)
+    problem = continuous_rules.max_runtime_tag_problem(tags, LIMITS)
     assert problem is None if says is None else (problem is not None and says in problem), problem
 
 
@@ -94,13 +94,13 @@ def test_the_job_and_the_watchdog_request_carry_the_limit(tmp_path: Path, instan
     # A run created as the daemon creates the watchdog's (the job's tags, then the request's) carries it.
     run = instance.create_run_for_job(job, tags={**job.tags, **req.tags}, status=dg.DagsterRunStatus.NOT_STARTED)
     assert run.tags[MAX_RUNTIME_TAG] == limit
-    assert continuous.max_runtime_tag_problem(run.tags, Limits.from_settings(
+    assert continuous_rules.max_runtime_tag_problem(run.tags, Limits.from_settings(
         Settings.from_env({"FRESHIDX_CONTINUOUS_MAX_RUNTIME": runtime}))) is None
     instance.delete_run(run.run_id)
 
 
 def test_default_settings_job_is_the_importable_one(tmp_path: Path) -> None:
-    from freshidx.defs.delta.continuous import delta_continuous, make_delta_continuous
+    from freshidx.defs.delta.continuous_job import delta_continuous, make_delta_continuous
 
     default = Settings.from_env({}, store=(tmp_path / "store").as_uri())
     assert make_delta_continuous(default) is delta_continuous  # one object: no duplicate job in a location

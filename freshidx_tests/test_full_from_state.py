@@ -18,8 +18,8 @@ from typing import Any
 import dagster as dg
 import pyarrow.parquet as pq
 
-from freshidx.full.build import build_full
-from freshidx.full.plan import FullBuildKind
+from freshidx.full.full_build import build_full
+from freshidx.full.full_plan import FullBuildKind
 from freshidx.publish.commit import DraftManifest, parse_iso, read_manifest, read_pointer
 from freshidx.serve import status
 from freshidx.serve.searcher import Searcher

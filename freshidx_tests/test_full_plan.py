@@ -1,4 +1,4 @@
-"""Pure planning of a full build (:mod:`freshidx.full.plan`): from state only when the serving full version
+"""Pure planning of a full build (:mod:`freshidx.full.full_plan`): from state only when the serving full version
 and the delta's segments hold every raw file up to the cutoff and every segment knew what the full version
 knows; otherwise raw, with the reason."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from freshidx.delta.compaction import merged_segment
+from freshidx.delta.compaction_plan import merged_segment
 from freshidx.delta.segments import Segment
-from freshidx.full.plan import FullBuildKind, RawReason, ServingFull, plan_full
+from freshidx.full.full_plan import FullBuildKind, RawReason, ServingFull, plan_full
 from freshidx.spark.index_format import FORMAT
 from freshidx.store import ObjectInfo
 from freshidx.store.partitions import PartitionId

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from freshidx.records import (
+from freshidx.raw_record import (
     MAX_BID,
     MAX_TITLE_CHARS,
     RAW_FIELDS,
@@ -40,7 +40,7 @@ P0 = PartitionId(T0)
 REPO = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------------------------------
-# An independent strict validator, written from records.py only (not from the generator)
+# An independent strict validator, written from raw_record.py only (not from the generator)
 # ---------------------------------------------------------------------------------------------
 
 _ISO_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z$")

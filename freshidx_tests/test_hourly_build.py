@@ -31,7 +31,7 @@ from freshidx.catchup.hourly_build import (
     hour_file_list,
 )
 from freshidx.publish.commit import PublishResult, iso, publish, read_manifest, read_pointer
-from freshidx.records import MAX_BID, MAX_TITLE_CHARS, RAW_FIELDS, STATUSES
+from freshidx.raw_record import MAX_BID, MAX_TITLE_CHARS, RAW_FIELDS, STATUSES
 from freshidx.spark.shards import DOCS_ARROW_SCHEMA
 from freshidx.spark.transform import ID_FIELDS, TYPED_FIELDS
 from freshidx.store import ObjectInfo, ObjectStore, StoreConfig, layout, open_store

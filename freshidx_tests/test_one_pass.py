@@ -12,12 +12,12 @@ import pytest
 from pyspark.sql import SparkSession
 
 from freshidx.cli.quarantine import entries
-from freshidx.delta.build import DeltaPlan, build_delta
+from freshidx.delta.delta_build import DeltaPlan, build_delta
 from freshidx.delta.executor import one_pass
 from freshidx.delta.executor.state_lookup import state_file_refs
 from freshidx.delta.executor.warm_state import warm_state
 from freshidx.delta.serving_state import state_layers
-from freshidx.full.build import build_full
+from freshidx.full.full_build import build_full
 from freshidx.publish.commit import publish
 from freshidx.serve.searcher import Searcher
 from freshidx.settings import Settings

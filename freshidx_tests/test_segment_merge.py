@@ -1,4 +1,4 @@
-"""The micro-batch merge in Arrow (freshidx.delta.merge) answers exactly as the Spark rule it stands in for:
+"""The micro-batch merge in Arrow (freshidx.delta.segment_merge) answers exactly as the Spark rule it stands in for:
 ``latest_per_ad`` as Spark's ``max(struct(...))`` (ties on version, time and status settled by the other
 columns, nulls first, arrays element by element) and ``segment_rows`` as ``transform.expand_to_products``
 over a state of one row per ad."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from freshidx.delta import merge as segment_merge
+from freshidx.delta import segment_merge
 from freshidx.spark import transform
 from freshidx.spark.index_format import DOCS_ARROW_SCHEMA
 from freshidx.spark.index_shards import DOCS_DDL

@@ -22,7 +22,7 @@ import dagster as dg
 import pytest
 
 from freshidx.publish.commit import read_manifest, read_pointer
-from freshidx.records import STATUSES
+from freshidx.raw_record import STATUSES
 from freshidx.serve import status
 from freshidx.store import StoreConfig, layout
 from freshidx.store.partitions import PartitionId

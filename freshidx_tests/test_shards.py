@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from freshidx import records as R
+from freshidx import raw_record as R
 from freshidx.spark.shards import (
     COVERED_ARROW_SCHEMA,
     COVERED_FILE,

@@ -14,10 +14,10 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from freshidx.full.build import files_up_to, inputs_digest
+from freshidx.full.full_build import files_up_to, inputs_digest
 from freshidx.publish.commit import read_manifest, read_pointer
 from freshidx.settings import Settings
-from freshidx.sla import checks as sla
+from freshidx.sla import check_rules as sla
 from freshidx.store import StoreConfig, open_store
 from freshidx.store.partitions import PartitionId
 from freshidx.tools.generate import write_partition

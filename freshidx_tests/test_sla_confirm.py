@@ -3,7 +3,7 @@
 While the serving delta covers the newest visible partition, the SLA sensor records a materialization of
 the same version (an unchanged data version) once the last one is older than half the warn window; it
 records none while newer data waits, so the policy still goes red when the delta falls behind data that
-exists. The pure rule (:func:`freshidx.sla.checks.still_current`) first, then the real sensor on a real instance.
+exists. The pure rule (:func:`freshidx.sla.check_rules.still_current`) first, then the real sensor on a real instance.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from freshidx.publish.commit import Pointer, iso, utcnow
 from freshidx.settings import Settings
-from freshidx.sla import checks as sla
+from freshidx.sla import check_rules as sla
 from freshidx.store import ObjectStore, layout
 from freshidx.store.partitions import PartitionId
 from freshidx_tests.test_latest_only_planner import at

@@ -261,7 +261,7 @@ def test_newest_layer_answers_as_every_row(tmp_path: Path, seed: int) -> None:
     import datetime as dt
     import random
 
-    from freshidx.delta import merge as segment_merge
+    from freshidx.delta import segment_merge
 
     rng = random.Random(seed)
     t0 = dt.datetime(2026, 11, 27, tzinfo=dt.UTC)

@@ -8,7 +8,7 @@ burst_probability=0.0)`` at minutes -400, -60, -30, 0, 5 and 10 after ``harness.
 (the second refused as unchanged); partitions 15 and 20, one sensor tick and its run (15 folded into 20);
 a manual ``delta_index`` of partition 10 (refused before building); partition 25, tick and run; one
 ``ads_hourly_sensor`` tick and its run (hours 02-04); then the continuous heartbeat
-(``freshidx.trigger.continuous.heartbeat``) and the Spark server's runtime record
+(``freshidx.trigger.continuous_rules.heartbeat``) and the Spark server's runtime record
 (``freshidx.serve.status.record_spark_server_state``). :data:`EXPECTED_HITS` is what ``Searcher`` answered
 on that store. Every record kind is in it; the Dagster instance and the lock files are not.
 """

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from freshidx import records as R
+from freshidx import raw_record as R
 from freshidx.spark import transform as T
 from freshidx.spark.raw_source import RAW_LINES_SCHEMA
 

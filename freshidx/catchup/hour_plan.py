@@ -3,7 +3,7 @@ not ready, claim it for a run. Both the window scan (:mod:`freshidx.catchup.plan
 sweep (:mod:`freshidx.catchup.late`) plan with these, so neither imports the other's module: the planner
 builds on the sweep, the sweep on this.
 
-The types are the planners' shared vocabulary (:mod:`freshidx.trigger.plan`) with what only the catch-up
+The types are the planners' shared vocabulary (:mod:`freshidx.trigger.tick_plan`) with what only the catch-up
 needs: a run's start time (its stuck timeout), the hours a request claims, cancels, the frontier state.
 No Dagster here.
 """
@@ -20,7 +20,7 @@ from freshidx.catchup.state import CatchupState, trigger
 from freshidx.publish.commit import iso, parse_iso
 from freshidx.store import layout
 from freshidx.trigger.lifecycle import LOST_REQUEST_GRACE, Decision, Mark, TriggerId, attempt_state
-from freshidx.trigger.plan import Record, RunIndex, TickPlan
+from freshidx.trigger.tick_plan import Record, RunIndex, TickPlan
 
 ASSET = "ads_hourly"
 
@@ -35,7 +35,7 @@ CANCELED = "canceled"
 
 @dataclass(frozen=True)
 class CatchupRun:
-    """What the planner needs of one run of the asset (a :class:`freshidx.trigger.plan.RunView`; the sensor
+    """What the planner needs of one run of the asset (a :class:`freshidx.trigger.tick_plan.RunView`; the sensor
     answers from the Dagster instance)."""
 
     run_id: str

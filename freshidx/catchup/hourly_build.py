@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 
 from freshidx.catchup.bucket_writer import write_buckets_parts
 from freshidx.publish.commit import DraftManifest, iso, new_version
-from freshidx.records import DEFAULT_MAX_FUTURE_SKEW_SECONDS
+from freshidx.raw_record import DEFAULT_MAX_FUTURE_SKEW_SECONDS
 from freshidx.spark import transform
 from freshidx.spark.quarantine_once import ConflictReport, quarantined_files, report_conflicts
 from freshidx.spark.raw_source import read_raw_lines

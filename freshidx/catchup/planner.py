@@ -8,7 +8,7 @@ frontier state); :func:`apply` carries it out. :mod:`freshidx.defs.catchup.asset
 
 What the catch-up keeps per hour (its ledger entries and their grammar, the processed test, the
 frontier ``STATE``) is :mod:`freshidx.catchup.state`; late data is :mod:`freshidx.catchup.late`; the plan's
-types (the planners' vocabulary, :mod:`freshidx.trigger.plan`) and the steps that plan one hour, which
+types (the planners' vocabulary, :mod:`freshidx.trigger.tick_plan`) and the steps that plan one hour, which
 the late-data sweep takes too, are :mod:`freshidx.catchup.hour_plan`.
 """
 
@@ -58,7 +58,7 @@ from freshidx.settings import Settings
 from freshidx.store import ObjectStore, layout
 from freshidx.trigger.lifecycle import LOST_REQUEST_GRACE, Decision, attempt_state
 from freshidx.trigger.listing import newest_partition
-from freshidx.trigger.plan import claims_won
+from freshidx.trigger.tick_plan import claims_won
 
 # Part of this module's API though defined elsewhere: the plan's types and the steps that plan one hour in
 # hour_plan, the grace with the lifecycle, the hour ledger and frontier state in catchup.state (the Dagster

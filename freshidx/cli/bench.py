@@ -1,4 +1,4 @@
-"""``freshidx bench {build|query|delta|floor|freshness|soak}``: the benchmarks' options.
+"""``freshidx bench {build|query|delta|floor|freshness|soak|simulate}``: the benchmarks' options.
 
 The benchmarks: :mod:`freshidx.tools.bench` (build), :mod:`freshidx.tools.bench_query` (query) and
 :mod:`freshidx.tools.bench_freshness` (freshness, soak); ``python -m freshidx.tools.bench`` and
@@ -189,10 +189,23 @@ floor = LazyCommand(
     "tantivy index of the same documents): floor_s, spark_s, ratio",
 )
 
+simulate = LazyCommand(
+    "simulate", "freshidx.tools.bench_simulate:cmd_bench_simulate",
+    _opt("--schedules", type=click.IntRange(min=1), default=10_000, help="schedules to run (default 10000)"),
+    _opt("--seed", type=int, default=0, help="the first schedule's seed; schedule i is seed + i (default 0)"),
+    _opt("--workers", type=click.IntRange(min=0), default=1,
+         help="processes (default 1; 0: one per core)"),
+    json_option("print the result as JSON on stdout (summary on stderr)"),
+    help="deterministic simulation of the commit protocol: the real publish, ledger, compaction, gc and "
+    "rollback code over an in-memory store with seeded interleavings, lost responses and crashes; "
+    "schedules/s and violations, each with the command that reproduces it",
+)
+
 bench_group = LazyGroup(
-    "bench", [build, query, delta, floor, freshness, soak],
+    "bench", [build, query, delta, floor, freshness, soak, simulate],
     help="benchmarks: index build throughput, query latency, incremental delta cost, the micro-batch against "
-         "its single-process floor, end-to-end freshness, soak (Connect server or continuous mode)",
+         "its single-process floor, end-to-end freshness, soak (Connect server or continuous mode), the commit "
+         "protocol's deterministic simulation",
 )
 #: ``python -m freshidx.tools.bench_freshness``: the two end-to-end benchmarks alone.
 freshness_group = LazyGroup(

@@ -48,21 +48,21 @@ def cmd_retry(*, store: str | None, pipeline: str, partition: str | None, hour: 
 
 
 def _retry_hour(store: str | None, hour_id: str | None, reason: str) -> int:
-    from freshidx.catchup import planner as catchup
+    from freshidx.catchup import planner
     from freshidx.trigger.lifecycle import Decision, Mark, attempt_state
 
     try:
-        hour = catchup.parse_hour_id(hour_id or "")
+        hour = planner.parse_hour_id(hour_id or "")
     except ValueError:
         print(f"freshidx ledger retry: --hour: expected YYYYMMDDTHH, got {hour_id!r}", file=sys.stderr)
         return 2
     st = _open(store, reads_only=False)
-    if catchup.processed(st, catchup.ASSET, hour):
+    if planner.processed(st, planner.ASSET, hour):
         print(f"{hour_id} is already processed; launch a backfill of it from the UI to rebuild it", file=sys.stderr)
         return 1
-    trigger = catchup.trigger(hour)
-    n = attempt_state(catchup.hour_entries(st, catchup.ASSET, hour), trigger.base).grants + 1
-    while not catchup.record(st, catchup.ASSET, hour, trigger.then(Mark.GRANT, n), Decision.RETRY_GRANTED, reason):
+    trigger = planner.trigger(hour)
+    n = attempt_state(planner.hour_entries(st, planner.ASSET, hour), trigger.base).grants + 1
+    while not planner.record(st, planner.ASSET, hour, trigger.then(Mark.GRANT, n), Decision.RETRY_GRANTED, reason):
         n += 1
     print(f"granted {trigger.then(Mark.GRANT, n)}: the catch-up sensor retries the hour on its next tick")
     return 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from freshidx.delta.compact import rebase_onto_compaction
+from freshidx.delta.compaction_run import rebase_onto_compaction
 from freshidx.delta.executor.one_pass import STEPS as MICRO_BATCH_STEPS
 from freshidx.publish.commit import (
     DraftManifest,

@@ -1,7 +1,7 @@
 """What serves now, as the builds read it: the full version a build rests on and the delta's segments.
 
 Both builds start here (a delta micro-batch: what it merges with and appends to; a full build: what it
-can be built from, :mod:`freshidx.full.plan`). Reads pointers and manifests only.
+can be built from, :mod:`freshidx.full.full_plan`). Reads pointers and manifests only.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A full version built from the published state, one product bucket per task
-(docs/architecture.md#full-index-from-state; when it applies: :mod:`freshidx.full.plan`).
+(docs/architecture.md#full-index-from-state; when it applies: :mod:`freshidx.full.full_plan`).
 
 The serving full version's shards are its product buckets: a full build sends every product to shard
 ``pmod(hash(xxhash64(product_id)), N)`` (Spark's hash partitioning of ``shard_rows``), so one product's

@@ -15,7 +15,7 @@ rebuilt from different inputs listed later than the serving version's (late part
 cutoff). The same cutoff and the same inputs digest is ``unchanged``: nothing new, refused.
 
 Publication knows no pipeline: a pipeline that can move its draft onto a version published meanwhile
-hands :func:`publish` a ``rebase`` (the delta: onto a compaction of its base, :mod:`freshidx.delta.compact`).
+hands :func:`publish` a ``rebase`` (the delta: onto a compaction of its base, :mod:`freshidx.delta.compaction_run`).
 
 Ambiguous commits (Iceberg's "commit state unknown"): a 412 or a timeout on our own conditional
 write does not prove that somebody else won, because the write may have been applied and only its
@@ -190,7 +190,7 @@ def next_pointer(draft: DraftManifest, current: Pointer | None) -> Pointer:
 
 
 #: Moves a draft onto the serving version ``current`` when the pipeline that built it knows how (a delta
-#: micro-batch onto a compaction of its base: :func:`freshidx.delta.compact.rebase_onto_compaction`); None: no.
+#: micro-batch onto a compaction of its base: :func:`freshidx.delta.compaction_run.rebase_onto_compaction`); None: no.
 Rebase = Callable[[ObjectStore, Pointer, DraftManifest], DraftManifest | None]
 
 

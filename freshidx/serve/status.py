@@ -194,7 +194,7 @@ def spark_server_fields(state: dict[str, Any]) -> dict[str, Any]:
 
 def continuous_status(store: ObjectStore, now: dt.datetime) -> dict[str, Any] | None:
     """The continuous run's heartbeat (``continuous/delta/heartbeat.json``), as status shows it."""
-    from freshidx.trigger.continuous import describe_heartbeat
+    from freshidx.trigger.continuous_rules import describe_heartbeat
 
     try:
         hb = Heartbeat.latest(store, "delta")

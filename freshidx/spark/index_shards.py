@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from freshidx.records import ACTIVE
+from freshidx.raw_record import ACTIVE
 from freshidx.spark.index_format import INDEX_DIR, IndexBuilder
 from freshidx.spark.product_features import ProductFeatures
 from freshidx.spark.raw_source import store_from_json, store_to_json

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from freshidx.records import (
+from freshidx.raw_record import (
     DEFAULT_MAX_FUTURE_SKEW_SECONDS,
     ID_FIELDS,
     MAX_BID,

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pajson
 
-from freshidx.records import (
+from freshidx.raw_record import (
     ID_FIELDS,
     MAX_BID,
     MAX_TITLE_CHARS,

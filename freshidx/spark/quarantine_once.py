@@ -38,7 +38,7 @@ from freshidx.spark import transform
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.transform import CONFLICT_COLUMNS
 from freshidx.store import ObjectStore, StoreConfig
-from freshidx.store.base import check_key
+from freshidx.store.object_store import check_key
 from freshidx.store.records import QuarantineDone, QuarantineLine
 
 DONE_DIR = "_done/"

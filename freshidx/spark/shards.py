@@ -7,7 +7,7 @@ attempt number in their keys) are never published.
 
 :func:`write_sharded` runs one writer per shard (the tantivy shards of
 :mod:`freshidx.spark.index_shards`); the file helpers are :mod:`freshidx.spark.task_files` (which
-:mod:`freshidx.catchup.bucket_writer` reuses), the quarantine files :mod:`freshidx.spark.quarantine`.
+:mod:`freshidx.catchup.bucket_writer` reuses), the quarantine files :mod:`freshidx.spark.quarantine_writer`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from freshidx.spark.index_format import COVERED_FILE as COVERED_FILE
 from freshidx.spark.index_format import DOCS_ARROW_SCHEMA as DOCS_ARROW_SCHEMA
 from freshidx.spark.index_format import DOCS_FILE as DOCS_FILE
-from freshidx.spark.quarantine import QuarantineCommit, quarantine_key, write_quarantine
+from freshidx.spark.quarantine_writer import QuarantineCommit, quarantine_key, write_quarantine
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.task_files import (
     BufferedParquet,

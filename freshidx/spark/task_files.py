@@ -1,5 +1,5 @@
 """Executor-side file helpers every Spark writer shares (the shard jobs of :mod:`freshidx.spark.shards`,
-the quarantine of :mod:`freshidx.spark.quarantine`, :mod:`freshidx.catchup.bucket_writer`): the task's
+the quarantine of :mod:`freshidx.spark.quarantine_writer`, :mod:`freshidx.catchup.bucket_writer`): the task's
 ids, key-segment names, zstd Parquet written in row groups, and uploads hashed on the way
 (:class:`ShardFile`, the description a commit message lists)."""
 
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from freshidx.store import StoreConfig
-from freshidx.store.base import check_key
+from freshidx.store.object_store import check_key
 
 ROW_GROUP_ROWS = 128 * 1024
 COPY_CHUNK_BYTES = 8 * 1024 * 1024

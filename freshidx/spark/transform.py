@@ -13,8 +13,8 @@ the first failing rule, in this order:
    after the closing brace, or ``keywords`` present but not an array (the only optional field, which
    has no rule of its own);
 3. ``missing_field:<field>``: a required field is absent or JSON ``null`` (ids: also blank), first in
-   :data:`~freshidx.records.RAW_FIELDS` order;
-4. ``bad_status``: not one of :data:`~freshidx.records.STATUSES` (case-sensitive);
+   :data:`~freshidx.raw_record.RAW_FIELDS` order;
+4. ``bad_status``: not one of :data:`~freshidx.raw_record.STATUSES` (case-sensitive);
 5. ``bad_bid``: not a JSON number, NaN/±Infinity, or outside ``[0, MAX_BID]``. A string bid (even
    ``"1.5"``) is rejected: the record schema says double;
 6. ``bad_updated_at``: not ``YYYY-MM-DD[T ]HH:MM:SS[.f{1,9}][Z|±HH:MM|±HHMM]`` or not a real instant.
@@ -38,7 +38,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from freshidx.records import (
+from freshidx.raw_record import (
     ACTIVE,
     DEFAULT_MAX_FUTURE_SKEW_SECONDS,
     ID_FIELDS,

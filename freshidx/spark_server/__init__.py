@@ -19,7 +19,7 @@ The modules, one job each:
   endpoint :mod:`~freshidx.spark_server.control_server` when nothing but the network is shared);
 * :mod:`~freshidx.spark_server.server_launch`, :mod:`~freshidx.spark_server.cds`,
   :mod:`~freshidx.spark_server.jvm`, :mod:`~freshidx.spark_server.connect_client`,
-  :mod:`~freshidx.spark_server.progress` – launching the JVM, its class archive (the primitives are the
+  :mod:`~freshidx.spark_server.job_progress` – launching the JVM, its class archive (the primitives are the
   engine's, :mod:`freshidx.spark.class_archive`), ``jcmd`` and heap samples, the supervisor's own client
   sessions, its hang detector;
 * :mod:`~freshidx.spark_server.server_process` – one JVM started, warmed up, probed and stopped

@@ -40,11 +40,10 @@ from freshidx import procs
 from freshidx.spark.class_archive import parse_memory
 from freshidx.spark.local_archive import find_archive
 from freshidx.spark.session import close_session
-from freshidx.spark_server import cds
-from freshidx.spark_server import server_launch as launch
+from freshidx.spark_server import cds, server_launch
 from freshidx.spark_server.connect_client import call_with_timeout, connect_session, select_one
+from freshidx.spark_server.job_progress import SparkStatusClient, ui_port_from_log
 from freshidx.spark_server.jvm import MemorySample, sample_memory
-from freshidx.spark_server.progress import SparkStatusClient, ui_port_from_log
 from freshidx.spark_server.server_config import ServerConfig
 from freshidx.spark_server.server_state import HOSTNAME, STATE_FILE, atomic_write_json, now_iso, read_state
 from freshidx.spark_server.state_dir import kill_leftover_jvm, lock_state_dir, unlock_state_dir
@@ -191,21 +190,21 @@ class ServerProcess:
         cfg = self.config
         if self._stopping():
             raise ServerStartError("stop requested")
-        if not launch.port_free(cfg.host if cfg.host not in ("", "::") else "0.0.0.0", cfg.port):
+        if not server_launch.port_free(cfg.host if cfg.host not in ("", "::") else "0.0.0.0", cfg.port):
             raise ServerStartError(f"port {cfg.host}:{cfg.port} is already in use")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         workdir = self.state_dir / "work"  # spark-warehouse etc. land here, not in the caller's cwd
         workdir.mkdir(exist_ok=True)
         archive = cds.plan_archive(cfg, find_archive(cfg.driver_memory) if cfg.class_data_sharing else None)
         self._cds_pending, self._cds_in_use = archive.pending, archive.in_use
-        launch.write_fair_scheduler(cfg.fair_scheduler_path)
-        launch.write_properties(self.properties_path, cfg.spark_conf(), archive.options)
-        log = launch.open_log(self.log_path)
+        server_launch.write_fair_scheduler(cfg.fair_scheduler_path)
+        server_launch.write_properties(self.properties_path, cfg.spark_conf(), archive.options)
+        log = server_launch.open_log(self.log_path)
         offset = log.tell()
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(
-                launch.command(cfg, self.properties_path), cwd=workdir, env=launch.environment(cfg),
+                server_launch.command(cfg, self.properties_path), cwd=workdir, env=server_launch.environment(cfg),
                 stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
@@ -228,7 +227,7 @@ class ServerProcess:
             self._reset_health_session()
             timings["ready_s"] = round(time.monotonic() - t0, 3)
         except BaseException as exc:
-            tail = launch.log_tail(self.log_path, offset)
+            tail = server_launch.log_tail(self.log_path, offset)
             died = proc.poll() is not None
             self._terminate()
             if died and self._cds_in_use is not None:  # never let a bad archive keep the server down
@@ -253,21 +252,21 @@ class ServerProcess:
                 raise ServerStartError("stop requested while starting")
             rc = proc.poll()
             if rc is not None:
-                tail = launch.log_tail(self.log_path, offset)
+                tail = server_launch.log_tail(self.log_path, offset)
                 raise ServerStartError(f"server exited with code {rc} while starting\n{tail}")
             # Spark retries a busy port on port+1 …: make sure it is listening where we expect.
             with contextlib.suppress(OSError), open(self.log_path, "rb") as f:
                 f.seek(scanned)
                 chunk = f.read()
                 chunk = chunk[: chunk.rfind(b"\n") + 1]  # whole lines only (a port number may be cut)
-                if (bound := launch.bound_port(chunk)) is not None and bound != cfg.port:
+                if (bound := server_launch.bound_port(chunk)) is not None and bound != cfg.port:
                     raise ServerStartError(f"server bound port {bound} instead of {cfg.port}")
                 if (ui_port := ui_port_from_log(chunk)) is not None:  # logged before the Connect port opens
                     self._status_client = SparkStatusClient(f"http://{probe_host}:{ui_port}",
                                                             timeout_s=min(10.0, cfg.health_timeout_s))
                     self._update_state(ui_url=self._status_client.base)
                 scanned += len(chunk)
-            if launch.port_accepts(probe_host, cfg.port):
+            if server_launch.port_accepts(probe_host, cfg.port):
                 return
             if time.monotonic() > deadline:
                 raise ServerStartError(f"port {cfg.port} not open after {cfg.start_timeout_s}s")

@@ -8,7 +8,7 @@ it) and the watchdog the design asks for:
   ``kill -9``) it is restarted at once (reason ``crash``);
 * **health and progress** – every ``health_interval_s`` a Spark Connect client session runs
   ``SELECT 1`` under a short timeout, and the progress of the server's jobs is sampled
-  (:mod:`freshidx.spark_server.progress`: task/stage counters and live I/O metrics from the driver's UI REST
+  (:mod:`freshidx.spark_server.job_progress`: task/stage counters and live I/O metrics from the driver's UI REST
   API on a random loopback port, plus the CPU time of the server's Python workers; *not* the JVM's
   CPU, which a starved JVM cannot get and an idle one spends on heartbeats and probes). While runs
   hold leases (:mod:`freshidx.spark_server.lease`), probes do not decide anything (a failed one is recorded
@@ -44,9 +44,9 @@ from typing import Any, Literal
 from freshidx import procs
 from freshidx.spark_server.control_client import DirectoryControl
 from freshidx.spark_server.control_server import ControlPlane, ControlServer
+from freshidx.spark_server.job_progress import ProgressTracker, python_worker_cpu_s
 from freshidx.spark_server.jvm import run_jcmd
 from freshidx.spark_server.lease import active_leases
-from freshidx.spark_server.progress import ProgressTracker, python_worker_cpu_s
 from freshidx.spark_server.server_config import ServerConfig
 from freshidx.spark_server.server_process import ServerProcess, ServerStartError, StateDirBusy
 from freshidx.spark_server.server_state import now_iso

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from freshidx.store.base import (
+from freshidx.store.errors import Origin, Problem, StoreAccessError
+from freshidx.store.object_store import (
     ConditionalWritesUnsupported,
     InvalidKey,
     ListPage,
@@ -25,7 +26,6 @@ from freshidx.store.base import (
     StoreStats,
     WriteOutcomeUnknown,
 )
-from freshidx.store.errors import Origin, Problem, StoreAccessError
 
 __all__ = [
     "ConditionalWritesUnsupported",

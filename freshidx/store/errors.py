@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
-from freshidx.store.base import StoreError
+from freshidx.store.object_store import StoreError
 
 STORE_VAR = "FRESHIDX_STORE"
 ENDPOINT_VAR = "FRESHIDX_S3_ENDPOINT_URL"

@@ -17,7 +17,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from freshidx.store.base import (
+from freshidx.store.errors import classify
+from freshidx.store.object_store import (
     ListPage,
     NotFound,
     ObjectInfo,
@@ -27,7 +28,6 @@ from freshidx.store.base import (
     StoreStats,
     check_key,
 )
-from freshidx.store.errors import classify
 
 _RESERVED = ".freshidx-"
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 _SEGMENTS = ("year", "month", "day", "hour", "minute")
 _WIDTH = {"year": 4, "month": 2, "day": 2, "hour": 2, "minute": 2}
 _SEGMENT_RE = re.compile(r"^(year|month|day|hour|minute)=([0-9]+)$")
+_RANGE = {"year": (1970, 9999), "month": (1, 12), "day": (1, 31), "hour": (0, 23), "minute": (0, 59)}
 
 
 class PartitionError(ValueError):
@@ -98,9 +99,7 @@ def parse_segment(segment: str, expected: str) -> int:
     if len(digits) != _WIDTH[name]:
         raise PartitionError(f"segment {segment!r} must be zero-padded to {_WIDTH[name]} digits")
     value = int(digits)
-    lo, hi = {"year": (1970, 9999), "month": (1, 12), "day": (1, 31), "hour": (0, 23), "minute": (0, 59)}[
-        name
-    ]
+    lo, hi = _RANGE[name]
     if not lo <= value <= hi:
         raise PartitionError(f"segment {segment!r} out of range {lo}..{hi}")
     return value

@@ -28,7 +28,8 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from freshidx.store.base import (
+from freshidx.store.errors import StoreAccessError, classify
+from freshidx.store.object_store import (
     ConditionalWritesUnsupported,
     ListPage,
     NotFound,
@@ -40,7 +41,6 @@ from freshidx.store.base import (
     WriteOutcomeUnknown,
     check_key,
 )
-from freshidx.store.errors import StoreAccessError, classify
 
 _LOST = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
 

@@ -133,7 +133,7 @@ def _single_build(table: Any, workdir: str, name: str) -> int:
     """One process, the same work as a shard task minus Spark: product features, then the index."""
     import pyarrow.compute as pc
 
-    from freshidx.records import ACTIVE
+    from freshidx.raw_record import ACTIVE
     from freshidx.spark.index_format import IndexBuilder
     from freshidx.spark.product_features import ProductFeatures
 

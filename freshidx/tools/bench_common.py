@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from freshidx.records import STATUSES
+from freshidx.raw_record import STATUSES
 from freshidx.store.partitions import PartitionId
 from freshidx.tools.generate import history_partitions, write_partition
 from freshidx.tools.generator import GeneratorConfig, partition_records

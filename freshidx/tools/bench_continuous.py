@@ -44,7 +44,7 @@ def _micro_batch_events(instance: Any, partition: PartitionId) -> tuple[dict[str
     None until the micro-batch logged its end)."""
     import dagster as dg
 
-    from freshidx.trigger.continuous import JOB_NAME
+    from freshidx.trigger.continuous_rules import JOB_NAME
 
     path = re.escape(partition.path)
     started = re.compile(rf"^micro-batch for {path} \(attempt \d+, ")

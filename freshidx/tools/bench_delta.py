@@ -58,8 +58,8 @@ def _publish(store: Any, draft: Any) -> None:
 
 def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int,
             segment_shards: int | None = None) -> dict[str, Any]:
-    from freshidx.delta.build import DeltaPlan, build_delta
-    from freshidx.full.build import build_full
+    from freshidx.delta.delta_build import DeltaPlan, build_delta
+    from freshidx.full.full_build import build_full
     from freshidx.settings import Settings
     from freshidx.store import StoreConfig, open_store
     from freshidx.tools.generate import write_partition

@@ -85,7 +85,7 @@ def _valid_lines(store: Any, keys: list[str], quarantined: set[tuple[str, int]])
 def _indexed_docs(store_cfg: Any, layers: list[Any], valid: pa.Table) -> pa.Table:
     """The documents the micro-batch indexed: its re-indexed active ads with their products' features."""
     from freshidx.delta.executor.state_lookup import merged_rows, state_file_refs
-    from freshidx.records import ACTIVE
+    from freshidx.raw_record import ACTIVE
     from freshidx.spark.index_shards import REPLACE_COLUMN
     from freshidx.spark.product_features import ProductFeatures
 
@@ -115,16 +115,16 @@ def _quarantined_lines(store: Any, partition: PartitionId) -> set[tuple[str, int
 def _keep_alive_jobs(idle_minutes: float) -> int:
     """The keep-alive jobs the continuous loop runs in ``idle_minutes`` with nothing to do (one every
     ``trigger.continuous.KEEP_WARM``)."""
-    from freshidx.trigger.continuous import KEEP_WARM
+    from freshidx.trigger.continuous_rules import KEEP_WARM
 
     return round(idle_minutes * 60 / KEEP_WARM.total_seconds())
 
 
 def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, seed: int,
             rounds: int, idle_minutes: float, warm_builds: int) -> dict[str, Any]:
-    from freshidx.delta.build import DeltaPlan, build_delta
+    from freshidx.delta.delta_build import DeltaPlan, build_delta
     from freshidx.delta.executor.warm_state import warm_state
-    from freshidx.full.build import build_full
+    from freshidx.full.full_build import build_full
     from freshidx.publish.commit import publish
     from freshidx.settings import Settings
     from freshidx.spark.session import build_connect_session

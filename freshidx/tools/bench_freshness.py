@@ -48,7 +48,7 @@
 [--max-minutes M] [--json]``
     N micro-batches against one supervised Spark Connect server, no Dagster: each batch writes a
     new partition to a temporary local store, takes a lease, opens a Connect session, runs the real
-    delta build path (:func:`freshidx.delta.build.build_delta`) and publishes it
+    delta build path (:func:`freshidx.delta.delta_build.build_delta`) and publishes it
     (:func:`freshidx.publish.commit.publish`). Prints the server's heap (``jcmd``, sampled by the
     supervisor) and RSS (JVM and the JVM's whole session incl. Python workers) and its process
     count over time, batch latency, and every restart the supervisor performed (planned by age, heap,

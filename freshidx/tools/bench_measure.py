@@ -98,7 +98,7 @@ def _in_flight_runs(instance: Any) -> list[Any]:
     """Runs in flight, the long-lived continuous run (continuous mode) aside."""
     import dagster as dg
 
-    from freshidx.trigger.continuous import JOB_NAME
+    from freshidx.trigger.continuous_rules import JOB_NAME
 
     statuses = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
                 dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]

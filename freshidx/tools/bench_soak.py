@@ -59,7 +59,7 @@ class _Batches:
 
     def run(self, i: int, partition: PartitionId) -> None:
         """Build and publish ``partition`` (sets :attr:`lease_wait`, :attr:`pid`). Raises on failure."""
-        from freshidx.delta.build import DeltaPlan, build_delta
+        from freshidx.delta.delta_build import DeltaPlan, build_delta
         from freshidx.publish.commit import publish
         from freshidx.spark.session import build_connect_session
         from freshidx.spark_server.lease import acquire_lease

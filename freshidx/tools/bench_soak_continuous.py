@@ -103,7 +103,7 @@ class _Observer:
     def _records(self) -> list[Any]:
         import dagster as dg
 
-        from freshidx.trigger.continuous import JOB_NAME
+        from freshidx.trigger.continuous_rules import JOB_NAME
 
         return list(self.instance.get_run_records(dg.RunsFilter(job_name=JOB_NAME), limit=1000))
 
@@ -150,7 +150,7 @@ class _Observer:
         return [w["partition"] for w in written if not ex.covers(PartitionId.parse(w["partition"]))], ex
 
     def runs(self) -> list[dict[str, Any]]:
-        from freshidx.trigger.continuous import TAG_WHY
+        from freshidx.trigger.continuous_rules import TAG_WHY
 
         out = []
         for rec in self._records():

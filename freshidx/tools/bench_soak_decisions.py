@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from freshidx.defs.runs.status import IN_FLIGHT
+from freshidx.defs.runs.run_status import IN_FLIGHT
 from freshidx.store.partitions import PartitionId
 from freshidx.tools.bench_report import summarize
 
@@ -21,7 +21,7 @@ _PUBLISHED = re.compile(r"^published delta (\S+) for (\S+) \(")
 _ENDS = re.compile(r"^continuous delta ends: (.*)")
 _ENDED_BY_TAG = {"max_runtime": "planned restart (runtime)", "max_memory": "planned restart (memory)",
                  "stop_requested": "stop requested"}
-#: Run statuses of a run that has not ended: the sensors' own vocabulary (freshidx.defs.runs.status.IN_FLIGHT).
+#: Run statuses of a run that has not ended: the sensors' own vocabulary (freshidx.defs.runs.run_status.IN_FLIGHT).
 _UNFINISHED = frozenset(status.value for status in IN_FLIGHT)
 
 

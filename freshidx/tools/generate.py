@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from freshidx.store.base import ObjectStore
+from freshidx.store.object_store import ObjectStore
 from freshidx.store.partitions import PartitionId
 from freshidx.tools.generator import (
     SOURCE_RE,

@@ -14,7 +14,7 @@ next partition's versions).
 
 What a partition contains (see :class:`PartitionWritten` for the counts returned):
 
-* valid records following :mod:`freshidx.records` (``updated_at`` inside the partition's minute,
+* valid records following :mod:`freshidx.raw_record` (``updated_at`` inside the partition's minute,
   bid in [0.05, 20.0] with two decimals, mostly ``active``, some ``paused`` / ``deleted``);
 * malformed lines (``malformed_rate``), each with exactly one defect: truncated JSON, a missing or
   null required field, a status outside ``STATUSES``, a negative or non-numeric bid, or an
@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from freshidx.records import (
+from freshidx.raw_record import (
     REASON_BAD_BID,
     REASON_BAD_STATUS,
     REASON_BAD_TIMESTAMP,
@@ -86,7 +86,7 @@ _MAX_CHANGES = 1_000_000  # with the 5x burst and duplicates, sequences stay far
 _BURST_FACTOR = 5
 _MIN_BID, _MAX_BID = 0.05, 20.0
 
-# Defects of malformed lines. Each value is chosen so that every strict reading of records.py
+# Defects of malformed lines. Each value is chosen so that every strict reading of raw_record.py
 # rejects it (no case/whitespace variants of statuses, no "NaN"/"Infinity" strings for bids,
 # no almost-ISO timestamps that a lenient parser could accept, no empty strings that a reader
 # could take for a missing field).
@@ -101,7 +101,7 @@ _BAD_TIMESTAMPS = (
     "21/11/2026 14:05",
 )
 if set(_BAD_STATUSES) & set(STATUSES) or not {"active", "paused", "deleted"} <= set(STATUSES):
-    raise ImportError("freshidx.records.STATUSES changed: update the generator's statuses")
+    raise ImportError("freshidx.raw_record.STATUSES changed: update the generator's statuses")
 _DEFECTS = ("truncated_json", "missing_field", "bad_status", "bad_bid", "bad_updated_at")
 
 
@@ -172,7 +172,7 @@ class PartitionWritten:
       ``duplicates`` is how many of those are extra copies, so ``unique`` = ``valid - duplicates``
       distinct valid records;
     * ``deletes`` counts distinct valid records with status ``deleted``;
-    * ``reasons`` counts malformed lines by quarantine reason (``freshidx.records.REASON_*``, missing
+    * ``reasons`` counts malformed lines by quarantine reason (``freshidx.raw_record.REASON_*``, missing
       fields as ``missing_field:<field>``); it sums to ``malformed``;
     * ``ad_ids`` is the sorted list of ad ids that have at least one valid record.
     """
@@ -259,7 +259,7 @@ def _record(
         "product_id": f"prod-{profile.product:05d}",
         "title": title,
     }
-    if rng.random() < 0.98:  # keywords are optional in records.py; a few records leave them out
+    if rng.random() < 0.98:  # keywords are optional in raw_record.py; a few records leave them out
         keywords = [brand, noun]
         extra = [w for w in rng.sample(VOCABULARY, 6) if w not in keywords]
         keywords.extend(extra[: rng.randint(0, 3)])

@@ -6,9 +6,9 @@ and a :class:`DeltaRunIndex` that answers questions about runs, and returns a :c
 ledger entries to create, the observations each created entry earns, and either ONE run request
 (for the newest visible partition, as attempt ``N``) or the reason for skipping. :func:`apply`
 writes the plan (create-once, so a racing evaluation loses cleanly). The sensor
-(``freshidx.defs.delta.sensor``) only adapts both to Dagster, like ``freshidx.sla.checks`` and
+(``freshidx.defs.delta.sensor``) only adapts both to Dagster, like ``freshidx.sla.check_rules`` and
 ``freshidx.defs.sla.checks``. The types are the vocabulary the catch-up planner speaks too
-(:mod:`freshidx.trigger.plan`), with what only this rule needs.
+(:mod:`freshidx.trigger.tick_plan`), with what only this rule needs.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from freshidx.store.partitions import PartitionId
 from freshidx.trigger import ledger
 from freshidx.trigger.lifecycle import LOST_REQUEST_GRACE, Decision, Mark, TriggerId, attempt_state
 from freshidx.trigger.listing import Ignored, Listing, partitions_after
-from freshidx.trigger.plan import Record, RunIndex, TickPlan, claims_won
+from freshidx.trigger.tick_plan import Record, RunIndex, TickPlan, claims_won
 
 PIPELINE = "delta"
 
 
 @dataclass(frozen=True)
 class DeltaRun:
-    """What the planner needs of one run (a :class:`freshidx.trigger.plan.RunView`; the sensor answers from
+    """What the planner needs of one run (a :class:`freshidx.trigger.tick_plan.RunView`; the sensor answers from
     the Dagster instance)."""
 
     run_id: str
@@ -98,7 +98,7 @@ class DeltaApplied:
 
     @property
     def requests(self) -> list[DeltaRequest]:
-        """As :class:`freshidx.trigger.plan.Applied` has it: this rule requests one run at most."""
+        """As :class:`freshidx.trigger.tick_plan.Applied` has it: this rule requests one run at most."""
         return [] if self.request is None else [self.request]
 
 

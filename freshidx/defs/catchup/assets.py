@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 from dagster import DagsterRunStatus, RunsFilter
 
-from freshidx.catchup import planner as catchup
+from freshidx.catchup import planner
 from freshidx.catchup.readiness import check_ready, list_hour
 from freshidx.defs.catchup.io_manager import HourBucket
-from freshidx.defs.runs.status import IN_FLIGHT
+from freshidx.defs.runs.run_status import IN_FLIGHT
 from freshidx.defs.shared.assets import OWNERS, TAG_PIPELINE, TAG_TRIGGER, code_version, hourly_partitions
 from freshidx.defs.shared.lanes import POOL_HEAVY, PRIORITY_CATCHUP, priority_tag
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
@@ -33,7 +33,7 @@ from freshidx.trigger.listing import newest_partition
 if TYPE_CHECKING:
     from freshidx.catchup.hourly_build import HourInput
 
-ADS_HOURLY_KEY = dg.AssetKey(catchup.ASSET)
+ADS_HOURLY_KEY = dg.AssetKey(planner.ASSET)
 ADS_HOURLY_JOB = "ads_hourly_job"
 
 
@@ -41,8 +41,8 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
     # A multi_asset of one output: @asset's backfill_policy parameter is beta, multi_asset's is stable,
     # and the policy (UI backfills of at most hourly_max_hours_per_run hours per run) is the same.
     @dg.multi_asset(
-        name=catchup.ASSET,
-        outs={catchup.ASSET: dg.AssetOut(
+        name=planner.ASSET,
+        outs={planner.ASSET: dg.AssetOut(
             description=(
                 "Every closed hour of raw_ad_updates, validated (invalid records quarantined with a reason and "
                 "counted), deduplicated to one row per ad and version, written as an immutable Parquet bucket "
@@ -73,8 +73,8 @@ def make_ads_hourly(settings: Settings) -> dg.AssetsDefinition:
         cfg = freshidx.settings(store.uri, store.endpoint_url)
         st = store.open()
         tags = context.run.tags
-        claims: dict[str, str] = json.loads(tags.get(catchup.TAG_CLAIMS) or "{}")
-        kind = tags.get(catchup.TAG_KIND) or ("backfill" if "dagster/backfill" in tags else "manual")
+        claims: dict[str, str] = json.loads(tags.get(planner.TAG_CLAIMS) or "{}")
+        kind = tags.get(planner.TAG_KIND) or ("backfill" if "dagster/backfill" in tags else "manual")
         out, todo = _ready_hours(context, st, cfg, claims, kind)
         if todo:
             out += _build_hours(context, store, spark, cfg, todo, claims, kind)
@@ -96,18 +96,18 @@ def _ready_hours(context: dg.AssetExecutionContext, st: ObjectStore, cfg: Settin
     out: list[HourBucket] = []
     todo: list[HourInput] = []  # ready hours; id and claim follow from .hour
     for key in context.partition_keys:
-        hour = catchup.hour_from_dagster_key(key)
-        hid = catchup.layout.hour_id(hour)
+        hour = planner.hour_from_dagster_key(key)
+        hid = planner.layout.hour_id(hour)
         claim = claims.get(hid)
         if claim:
             tid = TriggerId.from_suffix(hid, claim).then(Mark.RUN)
-            catchup.record(st, catchup.ASSET, hour, tid, Decision.STARTED, "run started for the claim",
+            planner.record(st, planner.ASSET, hour, tid, Decision.STARTED, "run started for the claim",
                            run_id=context.run.run_id, run_key=tags.get("dagster/run_key"))
         listed_at = utcnow()
         listing = list_hour(st, cfg.source, hour)
         ready = check_ready(st, listing, policy, now=listed_at, quiet_seconds=cfg.quiet_seconds,
                             close_grace_seconds=cfg.close_grace_seconds,
-                            newer_data_visible=newest is not None and newest.at >= hour + catchup.HOUR)
+                            newer_data_visible=newest is not None and newest.at >= hour + planner.HOUR)
         if not ready.ready:
             # Publishing a partial hour would close it for good; a backfill must wait like the sensor.
             context.log.warning(f"{hid} not ready ({policy}): {ready.reason}")
@@ -128,12 +128,12 @@ def _build_hours(context: dg.AssetExecutionContext, store: ObjectStoreResource, 
                 "backfill": tags.get("dagster/backfill"), "code_version": code_version(),
                 "readiness": cfg.readiness_for(cfg.source), "claims": claims}
     crash_point("bucket_build")  # tests: the run dies mid-hour like a kill -9 (claim taken, run STARTED)
-    hids = [catchup.layout.hour_id(i.hour) for i in todo]
-    context.log.info(f"building {catchup.ASSET} {', '.join(hids)} in one Spark pass: "
+    hids = [planner.layout.hour_id(i.hour) for i in todo]
+    context.log.info(f"building {planner.ASSET} {', '.join(hids)} in one Spark pass: "
                      f"{sum(len(i.files) for i in todo)} file(s), {kind}")
     # A failure drops the session, so a step retry reconnects.
-    with spark.session(keep_as=catchup.ASSET) as session:
-        built = build_buckets(session, store.store_config(), asset=catchup.ASSET, source=cfg.source,
+    with spark.session(keep_as=planner.ASSET) as session:
+        built = build_buckets(session, store.store_config(), asset=planner.ASSET, source=cfg.source,
                               hours=todo, run_id=context.run.run_id,
                               parts=cfg.hourly_parts, run_info=run_info, kind=kind,
                               max_future_skew_seconds=cfg.max_future_skew_seconds,
@@ -151,15 +151,15 @@ class DagsterRunIndex:
         self.instance = instance
         self._in_flight: list | None = None
 
-    def by_run_key(self, run_key: str) -> catchup.CatchupRun | None:
+    def by_run_key(self, run_key: str) -> planner.CatchupRun | None:
         records = self.instance.get_run_records(RunsFilter(tags={"dagster/run_key": run_key}), limit=1)
         if not records:
             return None
         rec = records[0]
         status = rec.dagster_run.status
-        view = (catchup.IN_FLIGHT if status in IN_FLIGHT else catchup.SUCCESS if status == DagsterRunStatus.SUCCESS
-                else catchup.CANCELED if status == DagsterRunStatus.CANCELED else catchup.FAILURE)
-        return catchup.CatchupRun(rec.dagster_run.run_id, view, rec.create_timestamp.timestamp(), rec.start_time,
+        view = (planner.IN_FLIGHT if status in IN_FLIGHT else planner.SUCCESS if status == DagsterRunStatus.SUCCESS
+                else planner.CANCELED if status == DagsterRunStatus.CANCELED else planner.FAILURE)
+        return planner.CatchupRun(rec.dagster_run.run_id, view, rec.create_timestamp.timestamp(), rec.start_time,
                                   interrupted=run_health.is_interrupted(rec.dagster_run.tags))
 
     def _runs(self) -> list:
@@ -172,11 +172,11 @@ class DagsterRunIndex:
         busy: dict[str, str] = {}
         for r in self._runs():
             for hour in _run_hours(r.tags):
-                busy[catchup.layout.hour_id(hour)] = r.run_id
+                busy[planner.layout.hour_id(hour)] = r.run_id
         return busy
 
     def catchup_in_flight(self) -> int:
-        return sum(1 for r in self._runs() if r.tags.get(catchup.TAG_KIND))
+        return sum(1 for r in self._runs() if r.tags.get(planner.TAG_KIND))
 
     def cancel(self, run_id: str, reason: str) -> None:
         run = self.instance.get_run_by_id(run_id)
@@ -192,23 +192,23 @@ class DagsterRunIndex:
 
 def _run_hours(tags: dict) -> list[dt.datetime]:
     if tags.get("dagster/partition"):
-        return [catchup.hour_from_dagster_key(tags["dagster/partition"])]
+        return [planner.hour_from_dagster_key(tags["dagster/partition"])]
     start, end = tags.get("dagster/asset_partition_range_start"), tags.get("dagster/asset_partition_range_end")
     if start and end:
-        h, last = catchup.hour_from_dagster_key(start), catchup.hour_from_dagster_key(end)
+        h, last = planner.hour_from_dagster_key(start), planner.hour_from_dagster_key(end)
         out = []
         while h <= last and len(out) < 24 * 366:
             out.append(h)
-            h += catchup.HOUR
+            h += planner.HOUR
         return out
     return []
 
 
-def run_request(req: catchup.CatchupRequest) -> dg.RunRequest:
-    keys = [catchup.dagster_key(h) for h in req.hours]
+def run_request(req: planner.CatchupRequest) -> dg.RunRequest:
+    keys = [planner.dagster_key(h) for h in req.hours]
     tags = {
-        TAG_PIPELINE: catchup.ASSET, TAG_TRIGGER: "sensor", catchup.TAG_KIND: req.kind,
-        catchup.TAG_CLAIMS: json.dumps({catchup.layout.hour_id(c.hour): c.suffix for c in req.claims},
+        TAG_PIPELINE: planner.ASSET, TAG_TRIGGER: "sensor", planner.TAG_KIND: req.kind,
+        planner.TAG_CLAIMS: json.dumps({planner.layout.hour_id(c.hour): c.suffix for c in req.claims},
                                        sort_keys=True),
     }
     if len(keys) == 1:
@@ -223,7 +223,7 @@ def make_ads_hourly_job(ads_hourly: dg.AssetsDefinition) -> Any:
     (freshidx.defs.shared.lanes)."""
     return dg.define_asset_job(
         ADS_HOURLY_JOB, selection=[ads_hourly],  # partitioned like ads_hourly (Dagster infers it)
-        tags={TAG_PIPELINE: catchup.ASSET, **priority_tag(PRIORITY_CATCHUP)},
+        tags={TAG_PIPELINE: planner.ASSET, **priority_tag(PRIORITY_CATCHUP)},
         description="Builds ads_hourly buckets (what ads_hourly_sensor launches for the catch-up).")
 
 
@@ -243,12 +243,12 @@ def make_hourly_sensor(settings: Settings, job: Any) -> dg.SensorDefinition:
     ) -> dg.SensorResult:
         cfg = freshidx.settings(store.uri, store.endpoint_url)
         st, runs = store.open(), DagsterRunIndex(context.instance)
-        plan = catchup.plan_tick(st, cfg, runs, utcnow())
-        applied = catchup.apply(st, plan, runs)
+        plan = planner.plan_tick(st, cfg, runs, utcnow())
+        applied = planner.apply(st, plan, runs)
         partitions_def = hourly_partitions(cfg)
 
         def observation(hid: str, metadata: dict) -> dg.AssetObservation:
-            key = catchup.dagster_key(catchup.parse_hour_id(hid))
+            key = planner.dagster_key(planner.parse_hour_id(hid))
             try:
                 valid = partitions_def.has_partition_key(key)
             except Exception:  # a key outside the definition's range must not fail the tick

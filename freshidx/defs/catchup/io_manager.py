@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import dagster as dg
 
-from freshidx.catchup import planner as catchup
+from freshidx.catchup import planner
 from freshidx.defs.shared.publishing_io_manager import (
     Publication,
     PublishingIOManager,
@@ -39,7 +39,7 @@ class HourBucket:
 
     @property
     def hour(self) -> dt.datetime:
-        return catchup.parse_hour_id(self.hour_id)
+        return planner.parse_hour_id(self.hour_id)
 
     @property
     def trigger(self) -> TriggerId:
@@ -63,7 +63,7 @@ def _per_partition_metadata(per_hour: dict[str, dict[str, Any]]) -> bool:
     if ctx is None:
         return False
     for hid, values in per_hour.items():
-        ctx.add_asset_metadata(values, partition_key=catchup.dagster_key(catchup.parse_hour_id(hid)))
+        ctx.add_asset_metadata(values, partition_key=planner.dagster_key(planner.parse_hour_id(hid)))
     return True
 
 
@@ -85,7 +85,7 @@ def _hour_metadata(store: ObjectStore, pub: HourPublication, run_id: str) -> dic
         manifest=manifest_link(store, hb.draft),
     )
     if pub.outcome == "published":
-        meta["lag_seconds"] = dg.MetadataValue.float(round((utcnow() - (hb.hour + catchup.HOUR)).total_seconds(), 3))
+        meta["lag_seconds"] = dg.MetadataValue.float(round((utcnow() - (hb.hour + planner.HOUR)).total_seconds(), 3))
     return meta
 
 
@@ -93,7 +93,7 @@ class BucketIOManager(PublishingIOManager):
     """Publishes each hour's staged bucket and records the outcome; fails the run if an hour failed."""
 
     #: Not config fields: fixed by the code, and a field would pre-fill the launchpad.
-    asset: ClassVar[str] = catchup.ASSET
+    asset: ClassVar[str] = planner.ASSET
     #: An hour with no valid record is a valid, empty bucket; catch-up hours are created once.
     policy: ClassVar[PublishPolicy] = PublishPolicy(allow_empty=True)
 
@@ -106,14 +106,14 @@ class BucketIOManager(PublishingIOManager):
         if hb.draft is None or hb.problems:
             why = "; ".join(hb.problems) or "no bucket built"
             pub.settle("not_ready", why)
-            catchup.record(store, self.asset, hour, hb.trigger.by_run(Mark.REFUSED, run_id), Decision.REFUSED, why,
+            planner.record(store, self.asset, hour, hb.trigger.by_run(Mark.REFUSED, run_id), Decision.REFUSED, why,
                            run_id=run_id, extra={"kind": hb.kind, "claim": hb.claim})
             return True
         claim = hb.claim_id
-        if claim and store.exists(catchup.entry_key(self.asset, hour, claim.then(Mark.EXPIRED))):
+        if claim and store.exists(planner.entry_key(self.asset, hour, claim.then(Mark.EXPIRED))):
             reason = f"claim {hb.claim} expired (the sensor handed the hour to another attempt)"
             pub.settle("expired", reason)
-            catchup.record(store, self.asset, hour, claim.then(Mark.DONE), Decision.REFUSED, reason, run_id=run_id)
+            planner.record(store, self.asset, hour, claim.then(Mark.DONE), Decision.REFUSED, reason, run_id=run_id)
             return True
         return False
 
@@ -128,22 +128,22 @@ class BucketIOManager(PublishingIOManager):
                  "inputs": draft.input_file_count}
         published = result.outcome == "published"
         if result.outcome == "invalid":
-            catchup.record(store, self.asset, hour, trigger.by_run(Mark.INVALID, run_id),
+            planner.record(store, self.asset, hour, trigger.by_run(Mark.INVALID, run_id),
                            decision_for(result.outcome), result.reason, run_id=run_id, extra=extra)
         elif hb.kind == "catchup" and published:
-            catchup.record(store, self.asset, hour, trigger, Decision.PROCESSED,
+            planner.record(store, self.asset, hour, trigger, Decision.PROCESSED,
                            f"version {draft.version} published (claim {hb.claim})", run_id=run_id,
                            attempt=claim.attempt if claim else None, extra=extra)
         elif hb.kind == "catchup":
             # A catch-up run carries its claim; a hand-tagged one without it gets ``H.done``.
-            catchup.record(store, self.asset, hour, (claim or trigger).then(Mark.DONE),
+            planner.record(store, self.asset, hour, (claim or trigger).then(Mark.DONE),
                            decision_for(result.outcome), result.reason, run_id=run_id, extra=extra)
         elif hb.kind == "correction" and claim:
-            catchup.record(store, self.asset, hour, claim.then(Mark.DONE),
+            planner.record(store, self.asset, hour, claim.then(Mark.DONE),
                            Decision.CORRECTED if published else decision_for(result.outcome),
                            f"correction version {draft.version}: {result.reason}", run_id=run_id, extra=extra)
         else:
-            catchup.record(store, self.asset, hour, trigger.by_run(hb.kind, run_id),
+            planner.record(store, self.asset, hour, trigger.by_run(hb.kind, run_id),
                            Decision.REBUILT if published else decision_for(result.outcome),
                            f"{hb.kind} run: {result.reason}", run_id=run_id, extra=extra)
 
@@ -165,7 +165,7 @@ class BucketIOManager(PublishingIOManager):
             "publish_seconds": dg.MetadataValue.float(round(sum((r.seconds for _, _, r in attempted), 0.0), 3)),
         }
         if versions:  # how long after its hour closed the newest bucket became visible
-            newest_end = max(catchup.parse_hour_id(h) for h in versions) + catchup.HOUR
+            newest_end = max(planner.parse_hour_id(h) for h in versions) + planner.HOUR
             meta["lag_seconds"] = dg.MetadataValue.float(round((utcnow() - newest_end).total_seconds(), 3))
         if len(publications) == 1 and publications[0].draft is not None:
             meta["manifest"] = manifest_link(store, publications[0].draft)
@@ -192,6 +192,6 @@ class BucketIOManager(PublishingIOManager):
     def load_input(self, context: dg.InputContext) -> list[dict[str, Any]]:
         """Downstream assets get the *published* bucket pointers of the requested hours."""
         store = self.store.open()
-        return [serving_pointer(store, layout.bucket_name(self.asset, catchup.hour_from_dagster_key(key)),
+        return [serving_pointer(store, layout.bucket_name(self.asset, planner.hour_from_dagster_key(key)),
                                 f"{self.asset} {key} has not been published").to_dict()
                 for key in context.asset_partition_keys]

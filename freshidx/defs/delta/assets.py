@@ -28,7 +28,7 @@ from freshidx.defs.shared.assets import (
 from freshidx.defs.shared.lanes import POOL_DELTA, PRIORITY_DELTA, priority_tag
 from freshidx.defs.shared.publishing_io_manager import PublishPolicy
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
-from freshidx.delta.build import DeltaPlan, build_delta
+from freshidx.delta.delta_build import DeltaPlan, build_delta
 from freshidx.publish.commit import DraftManifest, compare_to_serving, iso, read_pointer
 from freshidx.store import ObjectStore
 from freshidx.store.partitions import PartitionId

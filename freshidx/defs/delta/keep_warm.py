@@ -1,5 +1,5 @@
 """The continuous loop's idle work: keep the Python workers alive and the next micro-batch's state decoded
-(:mod:`freshidx.delta.executor.warm_state`; when, :class:`freshidx.trigger.continuous.Warmth`)."""
+(:mod:`freshidx.delta.executor.warm_state`; when, :class:`freshidx.trigger.continuous_rules.Warmth`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from freshidx.delta.serving_state import state_layers
 from freshidx.publish.commit import read_pointer
 from freshidx.settings import Settings
 from freshidx.store import ObjectStore
-from freshidx.trigger.continuous import Warmth
+from freshidx.trigger.continuous_rules import Warmth
 from freshidx.trigger.latest_only import PIPELINE
 
 

@@ -18,7 +18,7 @@ import dagster as dg
 
 from freshidx.defs.delta.assets import delta_index_job
 from freshidx.defs.runs.health import failure_reason
-from freshidx.defs.runs.status import IN_FLIGHT, UNSUCCESSFUL, in_flight_runs, run_for_key
+from freshidx.defs.runs.run_status import IN_FLIGHT, UNSUCCESSFUL, in_flight_runs, run_for_key
 from freshidx.defs.shared.assets import (
     TAG_ATTEMPT,
     TAG_NOTICED,
@@ -119,7 +119,7 @@ def make_delta_sensor(interval_seconds: int, partitions_def: dg.PartitionsDefini
         # observe → plan (freshidx.trigger.latest_only, no Dagster) → act
         settings = freshidx.settings(store.uri, store.endpoint_url)
         if settings.delta_mode == "continuous":
-            # Continuous mode (freshidx.defs.delta.continuous): the long-lived run evaluates this same rule.
+            # Continuous mode (freshidx.defs.delta.continuous_job): the long-lived run evaluates this same rule.
             return dg.SkipReason("FRESHIDX_DELTA_MODE=continuous: the delta_continuous run (started by "
                                  "delta_continuous_watchdog) triggers the delta; this sensor requests no runs")
         st = store.open()

@@ -8,13 +8,13 @@ noticed in one tick.
 
 import dagster as dg
 
-from freshidx.defs.delta.continuous import make_delta_continuous
+from freshidx.defs.delta.continuous_job import make_delta_continuous
 from freshidx.defs.runs.health import run_facts
-from freshidx.defs.runs.status import IN_FLIGHT, RUNNING
+from freshidx.defs.runs.run_status import IN_FLIGHT, RUNNING
 from freshidx.defs.shared.resources import FreshidxSettings
 from freshidx.settings import Settings
-from freshidx.trigger import continuous, run_health
-from freshidx.trigger.continuous import JOB_NAME, TAG_MODE, TAG_WHY
+from freshidx.trigger import continuous_rules, run_health
+from freshidx.trigger.continuous_rules import JOB_NAME, TAG_MODE, TAG_WHY
 
 
 def _dead_worker(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str | None:
@@ -33,7 +33,7 @@ def _dead_worker(instance: dg.DagsterInstance, run: dg.DagsterRun) -> str | None
 
 def make_continuous_watchdog(settings: Settings) -> dg.SensorDefinition:
     continuous_mode = settings.delta_mode == "continuous"
-    runtime_tags = continuous.max_runtime_tags(settings.continuous_max_runtime)
+    runtime_tags = continuous_rules.max_runtime_tags(settings.continuous_max_runtime)
 
     @dg.sensor(
         name="delta_continuous_watchdog",

@@ -76,8 +76,8 @@ def full_index(
     spark: SparkResource,
     freshidx: FreshidxSettings,
 ) -> Iterator[dg.Output[DraftManifest]]:
-    from freshidx.full.build import INDEX as FULL_INDEX
-    from freshidx.full.build import build_full
+    from freshidx.full.full_build import INDEX as FULL_INDEX
+    from freshidx.full.full_build import build_full
 
     settings = freshidx.settings(store.uri, store.endpoint_url)
     st = store.open()

@@ -19,7 +19,7 @@ import contextlib
 import dagster as dg
 
 from freshidx import procs
-from freshidx.defs.runs.status import IN_FLIGHT, RUNNING
+from freshidx.defs.runs.run_status import IN_FLIGHT, RUNNING
 from freshidx.defs.shared.assets import TAG_ATTEMPT, TAG_PARTITION, TAG_PIPELINE
 from freshidx.defs.shared.resources import ObjectStoreResource
 from freshidx.store import ObjectStore

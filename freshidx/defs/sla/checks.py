@@ -19,12 +19,12 @@ import dagster as dg
 from dagster import DagsterRunStatus, RunsFilter
 
 from freshidx.defs.full.assets import full_index_job
-from freshidx.defs.runs.status import ENDED, IN_FLIGHT
+from freshidx.defs.runs.run_status import ENDED, IN_FLIGHT
 from freshidx.defs.shared.assets import TAG_PIPELINE, TAG_TRIGGER
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.publish.commit import iso, utcnow
 from freshidx.settings import Settings
-from freshidx.sla import checks as sla
+from freshidx.sla import check_rules
 from freshidx.store import layout
 from freshidx.trigger import ledger, run_health
 from freshidx.trigger.lifecycle import Decision, remediation_trigger_id
@@ -49,7 +49,7 @@ def consecutive_delta_failures(instance: dg.DagsterInstance, limit: int = 20) ->
     return n
 
 
-def _evaluation(o: sla.CheckOutcome) -> dg.AssetCheckEvaluation:
+def _evaluation(o: check_rules.CheckOutcome) -> dg.AssetCheckEvaluation:
     return dg.AssetCheckEvaluation(
         asset_key=dg.AssetKey(o.asset), check_name=o.check, passed=o.passed,
         severity=dg.AssetCheckSeverity.ERROR if o.severity == "ERROR" else dg.AssetCheckSeverity.WARN,
@@ -58,13 +58,14 @@ def _evaluation(o: sla.CheckOutcome) -> dg.AssetCheckEvaluation:
 
 
 def _make_check(asset: str, name: str) -> dg.AssetChecksDefinition:
-    fn = {f.__name__: f for f in sla.CHECKS}[{"run_failures": "delta_failures", "age": "full_age"}.get(name, name)]
+    rule = {"run_failures": "delta_failures", "age": "full_age"}.get(name, name)
+    fn = {f.__name__: f for f in check_rules.CHECKS}[rule]
 
-    @dg.asset_check(asset=asset, name=name, description=sla.DESCRIPTIONS[name], blocking=False)
+    @dg.asset_check(asset=asset, name=name, description=check_rules.DESCRIPTIONS[name], blocking=False)
     def _check(context: dg.AssetCheckExecutionContext, store: ObjectStoreResource,
                freshidx: FreshidxSettings) -> dg.AssetCheckResult:
         settings = freshidx.settings(store.uri, store.endpoint_url)
-        observed = sla.observe(store.open(), settings, utcnow(), consecutive_delta_failures(context.instance))
+        observed = check_rules.observe(store.open(), settings, utcnow(), consecutive_delta_failures(context.instance))
         o = fn(observed, settings)
         return dg.AssetCheckResult(
             passed=o.passed, description=o.description, metadata=dict(o.metadata),
@@ -80,12 +81,12 @@ def _latest_materialization(instance: dg.DagsterInstance, asset: str) -> dg.Even
     return records.records[0] if records.records else None
 
 
-def _confirmation(observed: sla.Observed, settings: Settings,
+def _confirmation(observed: check_rules.Observed, settings: Settings,
                   latest: dg.EventLogRecord | None) -> dg.AssetMaterialization | None:
-    """A materialization of the serving delta, unchanged, while upstream is quiet (:func:`sla.still_current`);
+    """A materialization of the serving delta, unchanged, while upstream is quiet (:func:`check_rules.still_current`);
     ``latest``: delta_index's latest materialization record."""
     last = dt.datetime.fromtimestamp(latest.timestamp, dt.UTC) if latest is not None else None
-    why = sla.still_current(observed, settings, last)
+    why = check_rules.still_current(observed, settings, last)
     if why is None or observed.delta is None:
         return None
     return dg.AssetMaterialization(
@@ -115,7 +116,7 @@ def latest_check_runs(instance: dg.DagsterInstance, assets: list[str], limit: in
     return out
 
 
-def tick_summary(outcomes: list[sla.CheckOutcome], reported: int, changes: list[str],
+def tick_summary(outcomes: list[check_rules.CheckOutcome], reported: int, changes: list[str],
                  remediation: str | None) -> str:
     """The skip reason of a tick that launches nothing: always says why, never Dagster's generic one."""
     failing = [f"{o.asset}.{o.check} {o.state}" for o in outcomes if not o.passed]
@@ -127,7 +128,7 @@ def tick_summary(outcomes: list[sla.CheckOutcome], reported: int, changes: list[
 
 
 def sla_checks() -> list[dg.AssetChecksDefinition]:
-    return [_make_check(asset, name) for asset, names in sla.CHECK_NAMES.items() for name in names]
+    return [_make_check(asset, name) for asset, names in check_rules.CHECK_NAMES.items() for name in names]
 
 
 def make_sla_sensor(interval_seconds: int, autostart: bool = True) -> dg.SensorDefinition:
@@ -145,13 +146,13 @@ def make_sla_sensor(interval_seconds: int, autostart: bool = True) -> dg.SensorD
         settings = freshidx.settings(store.uri, store.endpoint_url)
         st = store.open()
         now = utcnow()
-        observed = sla.observe(st, settings, now, consecutive_delta_failures(context.instance))
-        outcomes = sla.evaluate(observed, settings)
+        observed = check_rules.observe(st, settings, now, consecutive_delta_failures(context.instance))
+        outcomes = check_rules.evaluate(observed, settings)
         cursor = json.loads(context.cursor) if context.cursor else {}
         states: dict = cursor.get("states", {})
-        records = {a: _latest_materialization(context.instance, a) for a in sla.CHECK_NAMES}
+        records = {a: _latest_materialization(context.instance, a) for a in check_rules.CHECK_NAMES}
         latest = {a: r.storage_id if r is not None else None for a, r in records.items()}
-        check_runs = latest_check_runs(context.instance, list(sla.CHECK_NAMES))
+        check_runs = latest_check_runs(context.instance, list(check_rules.CHECK_NAMES))
         events: list[dg.AssetCheckEvaluation | dg.AssetMaterialization] = []
         changes: list[str] = []
         for o in outcomes:
@@ -192,8 +193,8 @@ def make_sla_sensor(interval_seconds: int, autostart: bool = True) -> dg.SensorD
     return freshidx_sla_sensor
 
 
-def _remediation(context: dg.SensorEvaluationContext, st, observed: sla.Observed,  # type: ignore[no-untyped-def]
-                 reasons: list[sla.CheckOutcome], now: dt.datetime) -> tuple[list[dg.RunRequest], str | None]:
+def _remediation(context: dg.SensorEvaluationContext, st, observed: check_rules.Observed,  # type: ignore[no-untyped-def]
+                 reasons: list[check_rules.CheckOutcome], now: dt.datetime) -> tuple[list[dg.RunRequest], str | None]:
     # Queued ones count too (a schedule run waiting behind a heavy build): one full build at a time.
     # Tagged runs (schedule, remediation) by tag, however many other runs are queued; UI runs by scan.
     in_flight = list(context.instance.get_runs(RunsFilter(statuses=IN_FLIGHT, tags={TAG_PIPELINE: "full"}),

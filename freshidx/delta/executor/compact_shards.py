@@ -1,4 +1,4 @@
-"""Executor-side merge of consecutive delta segments into one (:mod:`freshidx.delta.compaction`).
+"""Executor-side merge of consecutive delta segments into one (:mod:`freshidx.delta.compaction_plan`).
 
 The run's ``docs.parquet`` (active ads of the touched products, whole records) and ``covered.parquet``
 (kill-list: the ads whose document a segment replaced, paused/deleted ones as ``ad_id, status, version,

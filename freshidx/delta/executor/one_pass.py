@@ -6,7 +6,7 @@ operator between them and the data. Each task
 * reads the micro-batch's raw files and parses them (:mod:`freshidx.spark.line_parse`: the rules of
   :func:`freshidx.spark.transform.parse_records`, answered exactly as Spark does);
 * task 0 only: counts the invalid records per reason, quarantines those of files no earlier build
-  quarantined (:func:`freshidx.spark.quarantine.quarantine_in_task`, byte-exact, once per file) and checks
+  quarantined (:func:`freshidx.spark.quarantine_writer.quarantine_in_task`, byte-exact, once per file) and checks
   whether an ``(ad_id, version)`` was read with more than one content (:func:`may_conflict`);
 * keeps the latest valid record per ad, reads the state rows its products need, merges the part of the
   batch that bears on them and writes its shard (:func:`freshidx.delta.executor.state_lookup.merged_rows`,
@@ -35,14 +35,14 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from freshidx.delta.executor.state_lookup import FileRef, Parts, StateLayer, merged_rows, state_file_refs
-from freshidx.delta.merge import list_fingerprint
+from freshidx.delta.segment_merge import list_fingerprint
 from freshidx.spark import transform
-from freshidx.spark.build import BuildResult
+from freshidx.spark.index_build import BuildResult
 from freshidx.spark.index_shards import write_one_index_shard
 from freshidx.spark.line_parse import PARSED_SCHEMA as LINE_PARSED_SCHEMA
 from freshidx.spark.line_parse import parse_lines
-from freshidx.spark.quarantine import QuarantineCommit, quarantine_in_task
 from freshidx.spark.quarantine_once import ConflictReport, report_conflicts
+from freshidx.spark.quarantine_writer import QuarantineCommit, quarantine_in_task
 from freshidx.spark.raw_source import ARROW_SCHEMA as RAW_ARROW_SCHEMA
 from freshidx.spark.raw_source import read_files, read_in_every_task, read_raw_lines, store_to_json
 from freshidx.spark.shards import DOCS_ARROW_SCHEMA, ShardCommit, ShardWriter, check_name, conform, write_sharded

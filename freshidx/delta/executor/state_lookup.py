@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from freshidx.delta import merge as segment_merge
+from freshidx.delta import segment_merge
 from freshidx.delta.executor import segment_parts
 from freshidx.delta.executor.decoded_cache import DecodedCache, resolve_worker_cache
 from freshidx.delta.executor.key_index import (
@@ -49,7 +49,7 @@ from freshidx.delta.executor.key_index import (
     query_keys,
     rows_and_hits,
 )
-from freshidx.records import ACTIVE
+from freshidx.raw_record import ACTIVE
 from freshidx.spark.index_shards import REPLACE_COLUMN, version_files, widen
 from freshidx.spark.shards import (
     COVERED_FILE,
@@ -204,7 +204,7 @@ class StateFile:
     ``over_full``: the segment was built over the serving full version.
 
     Why layers: every segment's row for an ad is the latest that its micro-batch knew, over the full
-    version and every segment before it (:func:`freshidx.delta.merge.segment_rows` never lets a row
+    version and every segment before it (:func:`freshidx.delta.segment_merge.segment_rows` never lets a row
     beat a higher known one, and segments are published in build order: a micro-batch that lost its
     base is rebuilt, or rebased only onto a compaction of the very segments it read). So a newer
     segment's row for an ad is at least any older segment's, and at least the full version's when it

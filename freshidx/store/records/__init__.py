@@ -21,7 +21,7 @@ quarantine line / marker  ``quarantine/<source>/<partition>/…``               
 
 from freshidx.store.records.base import CURRENT_FORMAT, VERSION_KEY, Record, RecordError
 from freshidx.store.records.index import Manifest, Pointer, Refusal
-from freshidx.store.records.ledger import LedgerEntry
+from freshidx.store.records.ledger_entry import LedgerEntry
 from freshidx.store.records.progress import CatchupState, Heartbeat, RuntimeRecord
 from freshidx.store.records.quarantine import QuarantineDone, QuarantineLine
 from freshidx.store.records.segment import Segment

@@ -9,7 +9,7 @@ This module decides what a tick means (:func:`decide`), when the run ends itself
 about the micro-batches it ran (:class:`LoopRuns`, the ``DeltaRunIndex`` the planner asks, so attempts,
 retries and parking count exactly as for sensor runs), what its heartbeat says
 (:func:`heartbeat`) and how long run monitoring lets it live (:func:`max_runtime_tags`). The effects
-(store reads/writes, Spark, Dagster events) are ``freshidx.defs.delta.continuous``.
+(store reads/writes, Spark, Dagster events) are ``freshidx.defs.delta.continuous_job``.
 """
 
 from __future__ import annotations

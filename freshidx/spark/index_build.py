@@ -15,12 +15,12 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from freshidx.records import DEFAULT_MAX_FUTURE_SKEW_SECONDS
+from freshidx.raw_record import DEFAULT_MAX_FUTURE_SKEW_SECONDS
 from freshidx.spark import transform
 from freshidx.spark.index_format import FORMAT
 from freshidx.spark.index_shards import write_index_shards
-from freshidx.spark.quarantine import QuarantineCommit, write_quarantine
 from freshidx.spark.quarantine_once import ConflictReport, quarantined_files, report_conflicts
+from freshidx.spark.quarantine_writer import QuarantineCommit, write_quarantine
 from freshidx.spark.raw_source import group_files, read_raw_lines
 from freshidx.spark.shards import ShardCommit
 from freshidx.store import StoreConfig, open_store

@@ -33,7 +33,7 @@ from freshidx.publish.commit import (
 )
 from freshidx.settings import Settings
 from freshidx.spark import transform
-from freshidx.spark.build import FORMAT, BuildResult, build_version
+from freshidx.spark.index_build import FORMAT, BuildResult, build_version
 from freshidx.spark.index_shards import read_version_state, write_index_shards
 from freshidx.spark.shards import ShardCommit
 from freshidx.store import ObjectInfo, ObjectStore, StoreConfig

@@ -4,21 +4,21 @@
 ``FRESHIDX_CONTINUOUS_TRIGGER_SECONDS``, evaluates the latest-only rule of the sensor
 (:func:`freshidx.trigger.latest_only.plan_tick`/``apply``: the same ledger entries, folded partitions,
 attempts and parking). On something new it runs one micro-batch with the code a sensor-triggered
-``delta_index`` run uses: :func:`freshidx.delta.build.build_delta`, then the step after the build that the
+``delta_index`` run uses: :func:`freshidx.delta.delta_build.build_delta`, then the step after the build that the
 publishing IO manager takes too (:func:`freshidx.delta.after_build.after_build`: the early compare, gate →
 manifest → compare-and-swap → ledger, which settles the folded partitions), and
 :func:`~freshidx.defs.shared.io_manager.outcome_metadata`, reported as an ``AssetMaterialization`` of
 ``delta_index`` so the asset page, its plots and checks look the same.
-The decisions (when to stop, what a tick means, how an attempt counts) are :mod:`freshidx.trigger.continuous`.
+The decisions (when to stop, what a tick means, how an attempt counts) are :mod:`freshidx.trigger.continuous_rules`.
 
 The run ends itself on a planned restart (runtime, memory: on the first idle tick once due, see
-:func:`freshidx.trigger.continuous.stop_reason`) or a stop request (SIGTERM, the run tag
+:func:`freshidx.trigger.continuous_rules.stop_reason`) or a stop request (SIGTERM, the run tag
 ``freshidx/stop_requested``: after the micro-batch in progress); a Dagster terminate interrupts it at once (the
 compare-and-swap publication keeps that safe). ``delta_continuous_watchdog`` then starts the next
 run: whenever no run of the job is queued/starting/started (a run whose worker died is reported
 failed first, so a ``kill -9`` is noticed in one tick), never two (deterministic run keys). Every run
 carries its own run monitoring limit, ``dagster/max_runtime`` = the planned restart plus a grace
-(:func:`freshidx.trigger.continuous.max_runtime_tags`): the instance's default for ordinary runs would cancel
+(:func:`freshidx.trigger.continuous_rules.max_runtime_tags`): the instance's default for ordinary runs would cancel
 it long before its planned restart, and a run that really hangs is still cancelled.
 """
 # No `from __future__ import annotations`: Dagster inspects the op's and sensor's annotations.
@@ -43,13 +43,13 @@ from freshidx.defs.shared.lanes import PRIORITY_DELTA, priority_tag
 from freshidx.defs.shared.publishing_io_manager import PublishPolicy
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
 from freshidx.delta.after_build import after_build
-from freshidx.delta.build import DeltaPlan, build_delta
+from freshidx.delta.delta_build import DeltaPlan, build_delta
 from freshidx.publish.commit import read_pointer, utcnow
 from freshidx.settings import PipelineSettings, Settings
 from freshidx.store import ObjectStore
 from freshidx.store.partitions import PartitionId
-from freshidx.trigger import continuous, ledger
-from freshidx.trigger.continuous import (
+from freshidx.trigger import continuous_rules, ledger
+from freshidx.trigger.continuous_rules import (
     JOB_NAME,
     TAG_MODE,
     TRIGGER,
@@ -138,12 +138,12 @@ def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreReso
     runs = LoopRuns(context.run_id, DagsterDeltaRuns(context.instance))
     partitions_def = hourly_partitions(settings)
     stopper = _Stopper()
-    warmth = continuous.Warmth()
+    warmth = continuous_rules.Warmth()
     published = state.published
     cursor: dict[str, Any] = {}
     context.log.info(f"continuous delta: trigger every {limits.trigger_seconds} s, planned restart at "
                      f"{limits.restart_at(state.started_at).isoformat()} or at {limits.max_rss_mb} MiB RSS")
-    if (unguarded := continuous.max_runtime_tag_problem(context.run.tags, limits)) is not None:
+    if (unguarded := continuous_rules.max_runtime_tag_problem(context.run.tags, limits)) is not None:
         context.log.warning(unguarded)
     _warm_up(context, spark)
     stop: Stop | None = None
@@ -158,7 +158,7 @@ def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreReso
             now = utcnow()
             state.rss_mb = rss_mb()
             plan = plan_tick(st, settings, runs, now, cursor)  # reads only: apply() writes the decisions
-            stop = continuous.stop_reason(limits, state.started_at, now, state.rss_mb, stopper.requested,
+            stop = continuous_rules.stop_reason(limits, state.started_at, now, state.rss_mb, stopper.requested,
                                           pending=plan.request is not None)
             if stop is not None:
                 break
@@ -167,7 +167,7 @@ def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreReso
             cursor = plan.cursor
             for p, meta in applied.observations:
                 context.log_event(partition_observation(partitions_def, p, meta))
-            action = continuous.decide(applied)
+            action = continuous_rules.decide(applied)
             state.ticks += 1
             state.last_tick, state.last_action = now, action.reason
             failed = False
@@ -183,7 +183,7 @@ def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreReso
             if action.kind is TickKind.IDLE and not released:
                 keep_warm(context, st, store, spark, settings, warmth, now, published=state.published > published)
                 published = state.published
-            if continuous.heartbeat_due(state, now, action.kind is TickKind.MICRO_BATCH):
+            if continuous_rules.heartbeat_due(state, now, action.kind is TickKind.MICRO_BATCH):
                 _write_heartbeat(context, st, state, utcnow())
             pause = FAILURE_BACKOFF_SECONDS if failed else limits.trigger_seconds
             stopper.wait(pause - (time.monotonic() - t0))
@@ -280,7 +280,7 @@ def _micro_batch(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectS
     except Exception as exc:  # e.g. PublishError (CAS contention), a store error: the attempt failed
         return failed_attempt(context, runs, req, exc)
     result = done.result
-    status = continuous.batch_status(result.outcome, result.reason)
+    status = continuous_rules.batch_status(result.outcome, result.reason)
     runs.record(req.run_key, status, result.reason)
     meta = outcome_metadata(st, draft, result, skipped=str(req.skipped), manifest_written=done.manifest_written)
     state.last_version = draft.version if result.outcome == "published" else state.last_version
@@ -312,7 +312,7 @@ def failed_attempt(context: dg.OpExecutionContext, runs: LoopRuns, req: DeltaReq
 def _write_heartbeat(context: dg.OpExecutionContext, st: ObjectStore, state: LoopState, now: dt.datetime,
                      ended: Stop | None = None) -> None:
     try:
-        continuous.heartbeat(state, now, ended=ended).write(st, PIPELINE)
+        continuous_rules.heartbeat(state, now, ended=ended).write(st, PIPELINE)
         state.heartbeat_at = now
     except Exception as exc:  # status only: never a reason to stop publishing
         context.log.warning(f"heartbeat not written: {exc}")
@@ -328,7 +328,7 @@ def _continuous_job(max_runtime_seconds: float) -> dg.JobDefinition:
         "session warm and publishes each new partition as a delta_index micro-batch; started and restarted by "
         "delta_continuous_watchdog.",
         tags={TAG_PIPELINE: PIPELINE, TAG_MODE: "continuous", TAG_TRIGGER: TRIGGER, **priority_tag(PRIORITY_DELTA),
-              **continuous.max_runtime_tags(max_runtime_seconds)},
+              **continuous_rules.max_runtime_tags(max_runtime_seconds)},
     )
     def delta_continuous() -> None:
         delta_continuous_loop()
@@ -339,7 +339,7 @@ def _continuous_job(max_runtime_seconds: float) -> dg.JobDefinition:
 def make_delta_continuous(settings: PipelineSettings) -> dg.JobDefinition:
     """The ``delta_continuous`` job. Its runs, however launched (the watchdog, the UI), carry their own
     run monitoring limit: the planned restart (``FRESHIDX_CONTINUOUS_MAX_RUNTIME``) plus a grace
-    (:func:`freshidx.trigger.continuous.max_runtime_tags`), not the instance's default for ordinary runs."""
+    (:func:`freshidx.trigger.continuous_rules.max_runtime_tags`), not the instance's default for ordinary runs."""
     return _continuous_job(float(settings.continuous_max_runtime))
 
 

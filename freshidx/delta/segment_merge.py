@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from freshidx.records import ACTIVE
+from freshidx.raw_record import ACTIVE
 from freshidx.spark.product_features import ProductFeatures
 from freshidx.spark.transform import TYPED_FIELDS, tie_break_order
 

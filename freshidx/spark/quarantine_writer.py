@@ -15,12 +15,12 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from freshidx.spark import quarantine_once as once_mod
+from freshidx.spark import quarantine_once
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.task_files import COPY_CHUNK_BYTES, check_name, ensure_parent, task_ids
 from freshidx.spark.transform import INVALID_COLUMNS, QUARANTINE_EXTRA_COLUMNS
 from freshidx.store import StoreConfig, layout
-from freshidx.store.base import check_key
+from freshidx.store.object_store import check_key
 from freshidx.store.partitions import PartitionId
 from freshidx.store.records import QuarantineLine
 
@@ -106,8 +106,8 @@ def _quarantine_task(
                     if once:
                         file_key = cols["file"][i]
                         if file_key not in done:  # checked again here: another build may have won meanwhile
-                            done[file_key] = once_mod.exists(
-                                fs, config, once_mod.done_marker_key(source, partition, file_key))
+                            done[file_key] = quarantine_once.exists(
+                                fs, config, quarantine_once.done_marker_key(source, partition, file_key))
                         if done[file_key]:
                             continue
                         written.setdefault(partition, set()).add(file_key)
@@ -123,7 +123,7 @@ def _quarantine_task(
             for out in open_files.values():
                 out.stream.close()
         for partition, files in written.items():  # only after the files are closed: a marker means complete
-            once_mod.write_done_markers(fs, config, source, partition, files, run_id, open_files[partition].key)
+            quarantine_once.write_done_markers(fs, config, source, partition, files, run_id, open_files[partition].key)
         commits = [
             QuarantineCommit(partition=p, key=f.key, records=f.records, reasons=dict(f.reasons))
             for p, f in sorted(open_files.items())

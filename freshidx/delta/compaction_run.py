@@ -1,4 +1,4 @@
-"""Run one background compaction of the serving delta version (the effects of :mod:`freshidx.delta.compaction`).
+"""Run one background compaction of the serving delta version (the effects of :mod:`freshidx.delta.compaction_plan`).
 
 1. read ``indexes/delta/CURRENT``, its manifest and the full cutoff; plan (nothing to do: done);
 2. build the merged segment M on the executors under a fresh delta version's prefix
@@ -11,7 +11,7 @@
    give up. No rebuild, no lost segment.
 
 What to merge, what to publish over which serving version and what an answer means are decided by pure
-functions (:func:`freshidx.delta.compaction.plan_compaction`, :func:`~freshidx.delta.compaction.splice_over`,
+functions (:func:`freshidx.delta.compaction_plan.plan_compaction`, :func:`~freshidx.delta.compaction_plan.splice_over`,
 :func:`after_publish`); :func:`compact_delta` applies them. The outcome is recorded in the ledger
 (``ledger/delta_compaction/<date>/<version>.json``).
 
@@ -30,7 +30,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from freshidx.delta import compaction
+from freshidx.delta import compaction_plan
 from freshidx.delta.executor.compact_shards import merge_inputs, write_merged_segment
 from freshidx.delta.segments import Segment
 from freshidx.publish.commit import (
@@ -47,7 +47,7 @@ from freshidx.publish.commit import (
     utcnow,
 )
 from freshidx.settings import Settings
-from freshidx.spark.build import FORMAT
+from freshidx.spark.index_build import FORMAT
 from freshidx.store import NotFound, ObjectStore, StoreConfig, layout
 from freshidx.store.records import Manifest
 from freshidx.trigger import ledger
@@ -106,14 +106,14 @@ def needs_compaction(store: ObjectStore, max_segments: int) -> tuple[bool, str, 
     if pointer is None or segs is None:
         return False, "no segmented delta version serving", None
     cutoff = _full_cutoff(store)
-    eligible = len(segs) - compaction.first_eligible(segs, cutoff)
-    if not compaction.needs_compaction(segs, max_segments, cutoff):
+    eligible = len(segs) - compaction_plan.first_eligible(segs, cutoff)
+    if not compaction_plan.needs_compaction(segs, max_segments, cutoff):
         return False, f"{eligible} segments after the full cutoff (limit {max_segments})", pointer.version
     return True, f"{eligible} segments after the full cutoff > limit {max_segments}", pointer.version
 
 
 def compaction_draft(pointer: Pointer, manifest: Manifest, segs: list[Segment], merged: Segment, *,
-                     version: str, run_id: str, run_info: dict[str, Any], plan: compaction.CompactionPlan,
+                     version: str, run_id: str, run_info: dict[str, Any], plan: compaction_plan.CompactionPlan,
                      build_seconds: float) -> DraftManifest:
     """The delta version that serves ``segs`` (the serving ones with the run replaced by ``merged``)."""
     return DraftManifest(
@@ -123,7 +123,7 @@ def compaction_draft(pointer: Pointer, manifest: Manifest, segs: list[Segment], 
         window_end=pointer.window_end, covered_count=sum(s.covered_count for s in segs),
         segments=[s.to_dict() for s in segs],
         inputs={
-            "source": manifest.source, "build": compaction.COMPACTION, "based_on": pointer.version,
+            "source": manifest.source, "build": compaction_plan.COMPACTION, "based_on": pointer.version,
             "compacted": plan.versions, "merged_segment": merged.version, "partitions": [], "files": [],
             "full_version": manifest.full_version, "full_cutoff": manifest.full_cutoff,
             "segments_kept": len(segs), "segments_dropped": 0, "format": FORMAT,
@@ -139,18 +139,18 @@ def compaction_draft(pointer: Pointer, manifest: Manifest, segs: list[Segment], 
 
 def rebase_onto_compaction(store: ObjectStore, current: Pointer, draft: DraftManifest) -> DraftManifest | None:
     """The delta's ``rebase`` for :func:`freshidx.publish.commit.publish`: a micro-batch whose base changed,
-    moved onto ``current`` when that is a compaction of its base (:func:`compaction.rebased_draft`); None
+    moved onto ``current`` when that is a compaction of its base (:func:`compaction_plan.rebased_draft`); None
     otherwise (a compaction's own draft is never rebased). Reads the serving manifest only then."""
-    if draft.build == compaction.COMPACTION or not stale_base(draft, current):
+    if draft.build == compaction_plan.COMPACTION or not stale_base(draft, current):
         return None
     try:
         serving = read_manifest(store, draft.index, current.version)
     except NotFound:
         return None
-    return compaction.rebased_draft(draft, current.version, serving)
+    return compaction_plan.rebased_draft(draft, current.version, serving)
 
 
-def after_publish(published: PublishResult, planned_over: str, plan: compaction.CompactionPlan) -> tuple[str, str]:
+def after_publish(published: PublishResult, planned_over: str, plan: compaction_plan.CompactionPlan) -> tuple[str, str]:
     """What one publication attempt's answer means: ``published``, ``refused`` (the version it was planned
     over still serves: nothing to retry), or ``retry`` over the version that serves now; and why."""
     if published.outcome == "published":
@@ -169,7 +169,7 @@ def compact_delta(
     pointer, manifest, segs = _serving(store)
     if pointer is None or manifest is None or segs is None:
         return _record(store, CompactionResult("nothing_to_do", "no segmented delta version serving"), run_id)
-    plan = compaction.plan_compaction(segs, max_segments=settings.delta_compact_segments,
+    plan = compaction_plan.plan_compaction(segs, max_segments=settings.delta_compact_segments,
                                       full_cutoff=_full_cutoff(store))
     result = CompactionResult("nothing_to_do", "", based_on=pointer.version, segments_before=len(segs))
     if plan is None:
@@ -185,7 +185,7 @@ def compact_delta(
     return _record(store, result, run_id)
 
 
-def _build_merged(spark: SparkSession, store_config: StoreConfig, plan: compaction.CompactionPlan,
+def _build_merged(spark: SparkSession, store_config: StoreConfig, plan: compaction_plan.CompactionPlan,
                   pointer: Pointer, result: CompactionResult) -> Segment:
     """Build M on the executors under a fresh delta version's prefix."""
     t0 = time.monotonic()
@@ -194,7 +194,7 @@ def _build_merged(spark: SparkSession, store_config: StoreConfig, plan: compacti
     commits = write_merged_segment(spark, store_config, merge_inputs(plan.run), index=INDEX, version=version,
                                    num_shards=max(len(s.shards) for s in plan.run))
     result.build_seconds = round(time.monotonic() - t0, 3)
-    merged = compaction.merged_segment(
+    merged = compaction_plan.merged_segment(
         plan.run, version=version, shards=[c.to_dict() for c in commits], doc_count=sum(c.doc_count for c in commits),
         covered_count=sum(c.covered_count for c in commits), compacted_at=iso(utcnow()))
     result.merged_docs = merged.doc_count
@@ -202,7 +202,7 @@ def _build_merged(spark: SparkSession, store_config: StoreConfig, plan: compacti
 
 
 def _publish_merged(store: ObjectStore, serving: tuple[Pointer, dict[str, Any], list[Segment]],
-                    plan: compaction.CompactionPlan, merged: Segment, result: CompactionResult, *, run_id: str,
+                    plan: compaction_plan.CompactionPlan, merged: Segment, result: CompactionResult, *, run_id: str,
                     run_info: dict[str, Any], before_publish: Callable[[int], None] | None) -> None:
     """Publish M over the serving version; over the one serving then if another publisher won meanwhile."""
     pointer, manifest, segs = serving
@@ -210,7 +210,7 @@ def _publish_merged(store: ObjectStore, serving: tuple[Pointer, dict[str, Any], 
     for attempt in range(1, MAX_ATTEMPTS + 1):
         result.attempts = attempt
         result.published_over.append(pointer.version)
-        over = compaction.splice_over(pointer.version, segs, plan, merged, _full_cutoff(store))
+        over = compaction_plan.splice_over(pointer.version, segs, plan, merged, _full_cutoff(store))
         if over.segments is None:
             result.outcome, result.reason = "gave_up", over.why
             return

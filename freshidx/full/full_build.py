@@ -2,7 +2,7 @@
 
 Either from state (the serving full version with the delta's segments laid over it, one task per
 product bucket: :mod:`freshidx.full.executor`) or from every raw partition up to the cutoff;
-:mod:`freshidx.full.plan` decides, and the manifest records which and why. The raw build is the safety
+:mod:`freshidx.full.full_plan` decides, and the manifest records which and why. The raw build is the safety
 net that makes latest-only skipping acceptable: anything the state could miss is in it. Both
 list all history once per build (one paginated pass, 1,000 keys per call), never per tick: the state
 build checks that every raw file is held by the full version or a segment.
@@ -24,10 +24,10 @@ from pyspark.sql import SparkSession
 
 from freshidx.delta import serving_state
 from freshidx.full.executor import bucket_shards
-from freshidx.full.plan import FullBuildKind, FullPlan, ServingFull, plan_full
+from freshidx.full.full_plan import FullBuildKind, FullPlan, ServingFull, plan_full
 from freshidx.publish.commit import DraftManifest, iso, new_version, parse_iso, utcnow
 from freshidx.settings import Settings
-from freshidx.spark.build import FORMAT, BuildResult, build_version
+from freshidx.spark.index_build import FORMAT, BuildResult, build_version
 from freshidx.store import ObjectInfo, ObjectStore, StoreConfig, layout
 from freshidx.store.partitions import PartitionError, PartitionId
 from freshidx.store.records import Manifest
@@ -78,7 +78,7 @@ def build_full(
     force_raw: bool = False,
 ) -> DraftManifest:
     """Stage a full version up to ``cutoff``: from the serving full version and the delta's segments when
-    they hold every raw file up to it, else from every raw partition (:mod:`freshidx.full.plan`).
+    they hold every raw file up to it, else from every raw partition (:mod:`freshidx.full.full_plan`).
 
     ``cutoff_configured`` False (the newest visible partition, not asked for): a state build may stop at
     the delta's position instead. ``force_raw``: read every raw partition whatever the state.
@@ -122,7 +122,7 @@ def build_full(
 def _plan(store: ObjectStore, settings: Settings, cutoff: PartitionId, files: dict[PartitionId, list[ObjectInfo]],
           *, cutoff_configured: bool, force_raw: bool) -> tuple[FullPlan, ServingFull | None, Manifest | None]:
     """What the serving state offers (the full version, the delta's segments) and the plan made of it
-    (:func:`freshidx.full.plan.plan_full`), with the serving full version and its manifest."""
+    (:func:`freshidx.full.full_plan.plan_full`), with the serving full version and its manifest."""
     base, full_manifest = serving_state.full_base(store)
     full = ServingFull.from_manifest(base, full_manifest) if base is not None and full_manifest is not None else None
     delta, segs = serving_state.delta_segments(store, "full: raw build")

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from freshidx.delta.compaction import constituents
+from freshidx.delta.compaction_plan import constituents
 from freshidx.delta.segments import CLOCK_SKEW, FullBase, Segment
 from freshidx.store import ObjectInfo
 from freshidx.store.partitions import PartitionId

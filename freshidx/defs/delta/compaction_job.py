@@ -5,9 +5,9 @@ Never on the freshness path: the micro-batches do not wait for it and it never b
 pool (one heavy Spark build at a time beside the delta, :mod:`freshidx.defs.shared.lanes`), like the full
 index and the ads_hourly catch-up: it competes with them for the same two cores, not with the
 delta. A micro-batch that publishes while a compaction builds wins; the compaction then republishes
-its merged segment over the newer version (:mod:`freshidx.delta.compact`), and a micro-batch that
+its merged segment over the newer version (:mod:`freshidx.delta.compaction_run`), and a micro-batch that
 loses to a compaction appends its segment to the compacted version (its publication's ``rebase``,
-:func:`freshidx.delta.compact.rebase_onto_compaction`).
+:func:`freshidx.delta.compaction_run.rebase_onto_compaction`).
 """
 # No `from __future__ import annotations` here: Dagster inspects these annotations at definition time.
 
@@ -15,11 +15,11 @@ from collections.abc import Iterator
 
 import dagster as dg
 
-from freshidx.defs.runs.status import in_flight_runs
+from freshidx.defs.runs.run_status import in_flight_runs
 from freshidx.defs.shared.assets import OWNERS, TAG_OUTCOME, TAG_PIPELINE, TAG_TRIGGER, code_version
 from freshidx.defs.shared.lanes import POOL_HEAVY, PRIORITY_COMPACTION, priority_tag
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource, SparkResource
-from freshidx.delta.compact import PIPELINE, compact_delta, needs_compaction
+from freshidx.delta.compaction_run import PIPELINE, compact_delta, needs_compaction
 from freshidx.settings import Settings
 
 COMPACTION_KEY = dg.AssetKey("delta_compaction")
