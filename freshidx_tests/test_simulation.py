@@ -109,7 +109,7 @@ def first_violation(protocol: Protocol) -> tuple[int, str] | None:
 def test_schedules_hold_every_invariant() -> None:
     """Interleavings, lost responses, transient errors and kills at any store call: no invariant breaks."""
     told: list[int] = []
-    r = simulate(SCHEDULES, seed=0, workers=1, progress=lambda done, seconds: told.append(done))
+    r = simulate(SCHEDULES, seed=0, workers=1, progress=lambda done, found, seconds: told.append(done))
     assert r["schedules"] == SCHEDULES
     assert r["violations"] == [], r["violations"][:3]
     assert told == sorted(told) and told[-1] == SCHEDULES  # a long run says how far it is

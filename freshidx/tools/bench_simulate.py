@@ -56,19 +56,19 @@ def _parts(chunks: list[range], workers: int) -> Iterator[Part]:
 
 
 def simulate(schedules: int, seed: int, workers: int = 1,
-             progress: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
     """Run the schedules; the result carries ``schedules``, ``violations``, ``seconds``, ``schedules_per_s``
     and ``digest`` (over every schedule's trace: the same seeds give the same digest). ``progress`` is told
-    the schedules done and the seconds spent after each chunk of them."""
+    the schedules done, the violations found and the seconds spent after each chunk of them."""
     chunks = [range(s, min(s + CHUNK, seed + schedules)) for s in range(seed, seed + schedules, CHUNK)]
     t0 = time.perf_counter()
     parts: list[Part] = []
-    done = 0
+    done = found = 0
     for part in _parts(chunks, workers):
         parts.append(part)
-        done += len(part[1])
+        done, found = done + len(part[1]), found + len(part[0])
         if progress is not None:
-            progress(done, time.perf_counter() - t0)
+            progress(done, found, time.perf_counter() - t0)
     seconds = time.perf_counter() - t0
     violations = [v for vs, _ in parts for v in vs]
     digests = [d for _, ds in parts for d in ds]
@@ -77,16 +77,16 @@ def simulate(schedules: int, seed: int, workers: int = 1,
             "violations": violations, "digest": hashlib.sha256("".join(digests).encode()).hexdigest()[:16]}
 
 
-def _reporter(schedules: int, every: float = PROGRESS_EVERY) -> Callable[[int, float], None]:
-    """A progress line on stderr at most every ``every`` seconds: done, rate, the projected end."""
+def _reporter(schedules: int, every: float = PROGRESS_EVERY) -> Callable[[int, int, float], None]:
+    """A progress line on stderr at most every ``every`` seconds: done, violations, rate, the projected end."""
     last = [0.0]
 
-    def report(done: int, seconds: float) -> None:
+    def report(done: int, found: int, seconds: float) -> None:
         if seconds - last[0] >= every and done < schedules:
             last[0] = seconds
             rate = done / seconds
-            print(f"{done}/{schedules} schedules in {seconds:.0f} s ({rate:.1f}/s), about "
-                  f"{(schedules - done) / rate:.0f} s to go", file=sys.stderr, flush=True)
+            print(f"{done}/{schedules} schedules in {seconds:.0f} s ({rate:.1f}/s), {found} violation(s) so far, "
+                  f"about {(schedules - done) / rate:.0f} s to go", file=sys.stderr, flush=True)
     return report
 
 
