@@ -285,7 +285,10 @@ def test_failed_micro_batches_count_as_attempts_and_park(make_harness: Any, spar
 
     monkeypatch.setattr(defs_continuous, "build_delta", broken)
     monkeypatch.setattr(defs_continuous, "FAILURE_BACKOFF_SECONDS", 0.2)
-    h: Harness = make_harness(delta_mode="continuous", continuous_max_runtime=1, continuous_trigger_seconds=0.2,
+    # The planned restart must come after the tick that parks (two failed attempts and their back-offs, then a
+    # tick with nothing to run): a restart due earlier ends the loop instead of that tick, as it should, and the
+    # next run's first tick would park. 15 s leaves room for a loaded box.
+    h: Harness = make_harness(delta_mode="continuous", continuous_max_runtime=15, continuous_trigger_seconds=0.2,
                               max_attempts=2)
     h.write(0)
     h.write(5)
