@@ -7,7 +7,7 @@ time (some rounds: until the Spark supervisor is mid-restart, requested with SIG
 SIGTERM, waits for the demo to exit, and then counts:
 
 * processes left: any process whose environment carries this round's marker (the demo's children
-  inherit it: dagster dev, daemon, code servers, run workers, generator, supervisor, JVM, Python
+  inherit it: webserver, daemon, code servers, run workers, generator, supervisor, JVM, Python
   workers);
 * runs left ``STARTED``/``STARTING``/``CANCELING`` in the demo's Dagster instance;
 * ``ads_hourly`` hours parked, and delta partitions parked, in the store.
