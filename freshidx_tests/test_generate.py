@@ -394,6 +394,15 @@ def test_live_mode_never_writes_one_minute_twice(local: ObjectStore, monkeypatch
     assert sorted({partition_of_key(k) for k in raw_keys(local)}) == [w.partition for w in written]
 
 
+def test_a_restarted_live_generator_continues_after_partitions_written_ahead_of_the_clock(
+        local: ObjectStore) -> None:
+    # A partition every 12.5 s runs ahead of the clock's minute; a restart must not write those minutes again.
+    before = generate(local, GeneratorConfig(), count=4, every_s=0, clock=FakeClock([T0] * 4), sleep=lambda s: None)
+    assert [w.partition.at for w in before] == [T0 + dt.timedelta(minutes=i) for i in range(4)]
+    after = generate(local, GeneratorConfig(), count=2, every_s=0, clock=FakeClock([T0] * 2), sleep=lambda s: None)
+    assert [w.partition.at for w in after] == [T0 + dt.timedelta(minutes=i) for i in (4, 5)]
+
+
 def test_live_mode_follows_the_clock_when_it_moves(local: ObjectStore) -> None:
     clock = FakeClock([T0 + dt.timedelta(minutes=m, seconds=30) for m in (0, 3, 10)])
     written = generate(local, GeneratorConfig(), count=3, every_s=0, clock=clock, sleep=lambda s: None)

@@ -27,6 +27,7 @@ from freshidx.tools.generator import (
     partition_records,
     split_lines,
 )
+from freshidx.trigger.listing import newest_partition
 
 # The generator's names that callers of the simulator use are re-exported here.
 __all__ = [
@@ -99,8 +100,9 @@ def generate(
     * ``history``: first, without sleeping, back-dated partitions every 5 minutes strictly inside
       ``(now - history, now)`` where ``now`` is the clock (live) or ``start`` (simulated). They are
       not counted in ``count``.
-    * live (``start is None``): each partition is the clock's minute, or the last written one plus a
-      minute when the clock has not moved on (never two writes to one partition in one run).
+    * live (``start is None``): each partition is the clock's minute, or the newest written one (by this
+      run or, in the store, by an earlier one) plus a minute when the clock has not moved past it (never
+      two writes to one partition).
     * simulated: ``start``, ``start + step``, … (``step`` default 5 minutes, whole minutes); the clock
       is not read.
 
@@ -109,12 +111,14 @@ def generate(
     """
     first, step = _timeline(count, every_s, start, step, history)
     written: list[PartitionWritten] = []
-    last: PartitionId | None = None
+    # Live: never again a partition already written, by this run or by one before it that ran ahead of the
+    # clock (a partition more often than once a minute): a restart continues after it.
+    last: PartitionId | None = newest_partition(store, cfg.source)[0] if first is None else None
 
     def emit(partition: PartitionId) -> None:
         nonlocal last
         result = write_partition(store, cfg, partition)
-        last = partition
+        last = partition if last is None or partition > last else last
         if count is not None:
             written.append(result)
         if on_written is not None:
