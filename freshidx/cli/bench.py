@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from freshidx.cli.base import LazyCommand, LazyGroup, Parsed, json_option
+from freshidx.tools import bench_chaos  # `bench chaos`: its options live beside it (light: click only)
 
 BUILD_ROUNDS = 5  # freshidx.tools.bench.BUILD_ROUNDS
 BUILD_WARMUP = 4  # freshidx.tools.bench.BUILD_WARMUP
@@ -202,7 +203,7 @@ simulate = LazyCommand(
 )
 
 bench_group = LazyGroup(
-    "bench", [build, query, delta, floor, freshness, soak, simulate],
+    "bench", [build, query, delta, floor, freshness, soak, simulate, bench_chaos.chaos],
     help="benchmarks: index build throughput, query latency, incremental delta cost, the micro-batch against "
          "its single-process floor, end-to-end freshness, soak (Connect server or continuous mode), the commit "
          "protocol's deterministic simulation",

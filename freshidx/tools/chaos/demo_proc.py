@@ -1,0 +1,92 @@
+"""``freshidx demo`` as the chaos bench runs it (:class:`DemoProcess`): started on the S3 store behind
+the fault proxy, in its own session, with a ``FRESHIDX_DEMO_ID`` of the bench's, so that after the stop
+every process of its tree can be looked for by that id (:mod:`freshidx.tools.demo_stop` marks its
+children so); stopped as a user stops it (SIGTERM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from freshidx.procs import kill_all, processes_with_env
+from freshidx.tools.demo_stop import DEMO_ID_ENV
+from freshidx.tools.devserver import free_port
+
+LEFTOVER_GRACE_S = 30.0
+
+
+class DemoProcess:
+    def __init__(self, home: Path, store_env: dict[str, str], *, every: float, history_minutes: int, seed: int) -> None:
+        self.home = home
+        self.demo_id = f"chaos-{uuid.uuid4().hex[:12]}"
+        self.log = home / "demo.out"
+        home.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k not in (DEMO_ID_ENV, "DAGSTER_HOME")}
+        env.update(store_env)
+        env[DEMO_ID_ENV] = self.demo_id
+        env.setdefault("PYSPARK_PYTHON", sys.executable)
+        cmd = [sys.executable, "-m", "freshidx.cli", "demo", "--home", str(home), "--port", str(free_port()),
+               "--spark-port", str(free_port()), "--every", str(every), "--history-minutes", str(history_minutes),
+               "--seed", str(seed)]
+        with open(self.log, "ab") as out:
+            # Its own session: a Ctrl-C at the bench's terminal reaches the bench, which stops the demo.
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self._instance: Any = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def instance(self) -> Any:
+        """The demo's Dagster instance (read-only use), opened on first use."""
+        if self._instance is None:
+            import dagster as dg
+
+            self._instance = dg.DagsterInstance.from_config(str(self.home / "dagster_home"))
+        return self._instance
+
+    def tail(self, lines: int = 5) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float) -> tuple[float | None, int]:
+        """SIGTERM, as a user stops the demo; returns (seconds it took, None: it did not stop in time and was
+        killed) and the processes carrying the demo's id left afterwards (ended then, and counted)."""
+        if self._instance is not None:
+            self._instance.dispose()
+            self._instance = None
+        t0 = time.monotonic()
+        took: float | None = None
+        if self.running():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+                took = round(time.monotonic() - t0, 1)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+        else:
+            took = 0.0
+        return took, self._leftover()
+
+    def _leftover(self) -> int:
+        """Processes of the demo's tree still alive a short grace after it exited (then ended)."""
+        deadline = time.monotonic() + LEFTOVER_GRACE_S
+        left = processes_with_env(DEMO_ID_ENV, self.demo_id)
+        while left and time.monotonic() < deadline:
+            time.sleep(1.0)  # processes the demo just signalled may take a moment to go
+            left = processes_with_env(DEMO_ID_ENV, self.demo_id)
+        if left:
+            kill_all(left)
+        return len(left)
