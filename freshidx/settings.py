@@ -183,6 +183,9 @@ class PipelineSettings(BaseModel):
     continuous_max_rss_mb: int = Field(
         2048, ge=64, le=1024 * 1024,
         description="continuous mode: planned restart once the run process's resident memory passes this (MiB)")
+    continuous_standby: bool = Field(
+        True, description="continuous mode: keep a second, warmed-up delta_continuous run that takes over within "
+        "a second when the active run's worker dies or the run ends (false = one run, restarted by the watchdog)")
 
     @field_validator("continuous_max_runtime", mode="before")
     @classmethod

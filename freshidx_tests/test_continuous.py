@@ -150,7 +150,8 @@ def _watchdog(h: Harness) -> Any:
 
 
 def test_watchdog_requests_one_run(make_harness: Any) -> None:
-    h: Harness = make_harness(delta_mode="continuous")
+    # One run (standby off): the watchdog's single-run rule; the standby: test_continuous_standby_rules.py.
+    h: Harness = make_harness(delta_mode="continuous", continuous_standby=False)
     assert h.defs.resolve_sensor_def("delta_continuous_watchdog").default_status is dg.DefaultSensorStatus.RUNNING
     first = _watchdog(h)
     (req,) = first.run_requests

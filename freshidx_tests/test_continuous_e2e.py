@@ -48,8 +48,10 @@ def dev(tmp_path_factory: pytest.TempPathFactory,
         write_partition(store, GEN, at(m))
     home = prepare_home(root / "dagster_home", REPO / "dagster.yaml")
     # SLA sensor off: its full_index build is not under test here
+    # One run, no standby: the watchdog's own restart after a kill is under test here (the standby taking
+    # over: test_continuous_standby.py).
     env = {**env_for(cfg, shared_spark_connect), **SLA_OFF, "FRESHIDX_DELTA_MODE": "continuous",
-           "FRESHIDX_SENSOR_INTERVAL_SECONDS": str(INTERVAL)}
+           "FRESHIDX_SENSOR_INTERVAL_SECONDS": str(INTERVAL), "FRESHIDX_CONTINUOUS_STANDBY": "false"}
     with DagsterDev(home=home, module="freshidx.definitions", env=env, cwd=REPO) as d:  # started and ready
         yield d, cfg
 

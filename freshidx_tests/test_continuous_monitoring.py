@@ -56,8 +56,10 @@ def monitored_home(root: Path) -> Path:
 def dev(tmp_path: Path, shared_spark_connect: dict[str, str]) -> Iterator[tuple[DagsterDev, StoreConfig]]:
     cfg = StoreConfig(uri=(tmp_path / "store").as_uri())
     write_partition(open_store(cfg), GEN, at(0))  # before start-up: the first run publishes it
+    # One run, no standby: run monitoring's limit on the run is under test, and "never two live runs" below.
     env = {**env_for(cfg, shared_spark_connect), **SLA_OFF, "FRESHIDX_DELTA_MODE": "continuous",
-           "FRESHIDX_SENSOR_INTERVAL_SECONDS": "5", "FRESHIDX_CONTINUOUS_MAX_RUNTIME": str(MAX_RUNTIME)}
+           "FRESHIDX_SENSOR_INTERVAL_SECONDS": "5", "FRESHIDX_CONTINUOUS_MAX_RUNTIME": str(MAX_RUNTIME),
+           "FRESHIDX_CONTINUOUS_STANDBY": "false"}
     with DagsterDev(home=monitored_home(tmp_path), module="freshidx.definitions", env=env, cwd=REPO) as d:
         yield d, cfg
 

@@ -2,7 +2,7 @@
 fault proxy, with a SIGKILL of one of its parts every 30-90 s; each kill's recovery, and correctness
 at the end.
 
-    freshidx bench chaos [--minutes 15] [--seed 0] [--every 6] [--kill-every 30 90] [--fault-rate 0.05]
+    freshidx bench chaos [--minutes 15] [--seed N] [--every 6] [--kill-every 30 90] [--fault-rate 0.05]
                          [--drop-rate 0.01] [--lost-rate 0.01] [--delay-rate 0.02] [--delay-s 2]
                          [--targets continuous-worker,run-worker,...] [--json]
 

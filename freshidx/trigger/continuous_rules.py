@@ -169,6 +169,18 @@ def decide(applied: DeltaApplied) -> TickAction:
     return TickAction(TickKind.IDLE, applied.skip_reason or "nothing to do")
 
 
+#: Words of an error that says the Spark Connect server went away (gRPC's, pyspark's, the lease's).
+SERVER_LOST_MARKERS = ("UNAVAILABLE", "Connection refused", "failed to connect", "Socket closed",
+                       "Connection reset", "SESSION_CLOSED", "NO_ACTIVE_SESSION", "ServerUnavailable",
+                       "ControlUnreachable")
+
+
+def server_lost(error: str) -> bool:
+    """Whether a failed micro-batch's error says the Spark Connect server went away (so the loop retries as
+    soon as the server answers again, not after the back-off)."""
+    return any(m.lower() in error.lower() for m in SERVER_LOST_MARKERS)
+
+
 #: The status :class:`LoopRuns` reports for a claimed run key that no run carries.
 LOST = "LOST"
 
@@ -274,6 +286,9 @@ class LoopState:
     last_version: str | None = None
     rss_mb: float | None = None
     heartbeat_at: dt.datetime | None = None
+    stop_checked: float = 0.0  # monotonic time the run's stop tag was last read
+    last_failure: str = ""  # the last failed micro-batch's error ("" after one that did not raise)
+    restart_waiting: bool = False  # a planned restart is due and waits for a warmed-up standby
 
 
 #: The heartbeat is rewritten at most this often while idle (every micro-batch writes it too).

@@ -14,9 +14,11 @@ The decisions (when to stop, what a tick means, how an attempt counts) are :mod:
 The run ends itself on a planned restart (runtime, memory: on the first idle tick once due, see
 :func:`freshidx.trigger.continuous_rules.stop_reason`) or a stop request (SIGTERM, the run tag
 ``freshidx/stop_requested``: after the micro-batch in progress); a Dagster terminate interrupts it at once (the
-compare-and-swap publication keeps that safe). ``delta_continuous_watchdog`` then starts the next
-run: whenever no run of the job is queued/starting/started (a run whose worker died is reported
-failed first, so a ``kill -9`` is noticed in one tick), never two (deterministic run keys). Every run
+compare-and-swap publication keeps that safe). ``delta_continuous_watchdog`` keeps the active run and a
+hot standby live (``FRESHIDX_CONTINUOUS_STANDBY``; a run whose worker died is reported failed first, so a
+``kill -9`` is noticed in one tick), never more (deterministic run keys). A run that finds an older live run
+of the job after its warm-up is the standby and waits, warm, until it is the oldest
+(:mod:`freshidx.defs.delta.standby_takeover`); then its loop ticks at once. Every run
 carries its own run monitoring limit, ``dagster/max_runtime`` = the planned restart plus a grace
 (:func:`freshidx.trigger.continuous_rules.max_runtime_tags`): the instance's default for ordinary runs would cancel
 it long before its planned restart, and a run that really hangs is still cancelled.
@@ -35,8 +37,10 @@ from typing import Any
 import dagster as dg
 import psutil
 
+from freshidx.defs.delta.continuous_session import StandbySession, back_off, release_if_draining, warm_up
 from freshidx.defs.delta.keep_warm import keep_warm
 from freshidx.defs.delta.sensor import DagsterDeltaRuns, partition_observation
+from freshidx.defs.delta.standby_takeover import live_runs, wait_until_active
 from freshidx.defs.shared.assets import TAG_PIPELINE, TAG_TRIGGER, code_version, hourly_partitions
 from freshidx.defs.shared.io_manager import outcome_metadata, outcome_tags
 from freshidx.defs.shared.lanes import PRIORITY_DELTA, priority_tag
@@ -61,12 +65,14 @@ from freshidx.trigger.continuous_rules import (
     StopReason,
     TickKind,
 )
+from freshidx.trigger.continuous_standby import TAG_ENDED, restart_waits, standby_stop_reason, successor
 from freshidx.trigger.latest_only import PIPELINE, DeltaRequest, apply, plan_tick
 from freshidx.trigger.lifecycle import Decision, Mark, TriggerId
 from freshidx.trigger.listing import Ignored
 
 TAG_STOP = "freshidx/stop_requested"
-#: After a failed micro-batch the loop waits this long before the next attempt (the asset's retry delay).
+#: After a failed micro-batch the loop waits this long before the next attempt (the asset's retry delay), or
+#: less when the Spark Connect server went away and answers again (continuous_session.back_off).
 FAILURE_BACKOFF_SECONDS = 10.0
 #: How often the loop reads its own run's tags for a stop request.
 STOP_TAG_EVERY_SECONDS = 5.0
@@ -123,7 +129,8 @@ def rss_mb() -> float | None:
     name="delta_continuous_loop",
     description="Holds one Spark session and evaluates the latest-only rule every "
     "FRESHIDX_CONTINUOUS_TRIGGER_SECONDS; each new partition becomes one micro-batch published like a "
-    "delta_index run and reported as its materialization. Ends itself on a planned restart.",
+    "delta_index run and reported as its materialization. A standby run waits, warm, until no older run of "
+    "the job is live. Ends itself on a planned restart.",
     tags={"freshidx/lane": "delta"},
     # No pool: this run lives for hours, and in the delta pool it would hold a UI "Materialize" of
     # delta_index in the queue all that time. The loop's planner waits instead while any delta_index
@@ -135,60 +142,103 @@ def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreReso
     st = store.open()
     limits = Limits.from_settings(settings)
     state = LoopState(context.run_id, utcnow(), limits)
-    runs = LoopRuns(context.run_id, DagsterDeltaRuns(context.instance))
-    partitions_def = hourly_partitions(settings)
     stopper = _Stopper()
-    warmth = continuous_rules.Warmth()
-    published = state.published
-    cursor: dict[str, Any] = {}
     context.log.info(f"continuous delta: trigger every {limits.trigger_seconds} s, planned restart at "
                      f"{limits.restart_at(state.started_at).isoformat()} or at {limits.max_rss_mb} MiB RSS")
     if (unguarded := continuous_rules.max_runtime_tag_problem(context.run.tags, limits)) is not None:
         context.log.warning(unguarded)
-    _warm_up(context, spark)
-    stop: Stop | None = None
-    last_stop_check = 0.0
-    released = False
+    warm_up(context, spark)
     with stopper.installed():
-        while True:
-            t0 = time.monotonic()
-            if t0 - last_stop_check >= STOP_TAG_EVERY_SECONDS:
-                last_stop_check = t0
-                stopper.requested = stopper.requested or _stop_tag(context)
-            now = utcnow()
-            state.rss_mb = rss_mb()
-            plan = plan_tick(st, settings, runs, now, cursor)  # reads only: apply() writes the decisions
-            stop = continuous_rules.stop_reason(limits, state.started_at, now, state.rss_mb, stopper.requested,
-                                          pending=plan.request is not None)
-            if stop is not None:
-                break
-            _report_ignored(context, plan.ignored)
-            applied = apply(st, plan)
-            cursor = plan.cursor
-            for p, meta in applied.observations:
-                context.log_event(partition_observation(partitions_def, p, meta))
-            action = continuous_rules.decide(applied)
-            state.ticks += 1
-            state.last_tick, state.last_action = now, action.reason
-            failed = False
-            if action.kind is TickKind.MICRO_BATCH and action.request is not None:
-                context.log.info(action.reason)
-                state.batches += 1
-                status = _micro_batch(context, st, store, spark, settings, runs, action.request, state)
-                failed = status is BatchStatus.FAILURE
-            if action.kind is TickKind.MICRO_BATCH:
-                released = False  # the micro-batch leased and connected again
-            elif not released:
-                released = _release_if_draining(context, spark)
-            if action.kind is TickKind.IDLE and not released:
-                keep_warm(context, st, store, spark, settings, warmth, now, published=state.published > published)
-                published = state.published
-            if continuous_rules.heartbeat_due(state, now, action.kind is TickKind.MICRO_BATCH):
-                _write_heartbeat(context, st, state, utcnow())
-            pause = FAILURE_BACKOFF_SECONDS if failed else limits.trigger_seconds
-            stopper.wait(pause - (time.monotonic() - t0))
-    assert stop is not None  # the loop ends only by a stop
+        # A standby (an older run is live) waits here, warm, until it is the oldest live run.
+        stop = wait_until_active(context, stop_check=lambda: _standby_stop(context, limits, state, stopper),
+                                 wait=stopper.wait,
+                                 idle=StandbySession(context, spark, lambda: _serving_version(st)))
+        if stop is not None:
+            _ended(context, st, state, stop, active=False)
+            return
+        stop = _loop(context, st, store, spark, settings, state, stopper)
     _ended(context, st, state, stop)
+
+
+def _serving_version(st: ObjectStore) -> str | None:
+    pointer, _ = read_pointer(st, PIPELINE)
+    return pointer.version if pointer else None
+
+
+def _standby_stop(context: dg.OpExecutionContext, limits: Limits, state: LoopState, stopper: "_Stopper") -> Stop | None:
+    """A standby ends on a stop request, its memory bound or half its planned runtime (its age counts from its
+    start, as run monitoring's limit does); the watchdog then starts another."""
+    t = time.monotonic()
+    if t - state.stop_checked >= STOP_TAG_EVERY_SECONDS:
+        state.stop_checked = t
+        stopper.requested = stopper.requested or _stop_tag(context)
+    state.rss_mb = rss_mb()
+    return standby_stop_reason(limits, state.started_at, utcnow(), state.rss_mb, stopper.requested)
+
+
+def _loop(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectStoreResource, spark: SparkResource,
+          settings: Settings, state: LoopState, stopper: "_Stopper") -> Stop:
+    """The active run's loop: one evaluation of the latest-only rule per tick, until a stop."""
+    limits = state.limits
+    # Other continuous runs (a standby) are not delta runs to wait for; a dead delta run is failed at once.
+    runs = LoopRuns(context.run_id, DagsterDeltaRuns(context.instance, loop_job=JOB_NAME, store=st))
+    partitions_def = hourly_partitions(settings)
+    warmth = continuous_rules.Warmth()
+    published = state.published
+    cursor: dict[str, Any] = {}
+    released = False
+    while True:
+        t0 = time.monotonic()
+        if t0 - state.stop_checked >= STOP_TAG_EVERY_SECONDS:
+            state.stop_checked = t0
+            stopper.requested = stopper.requested or _stop_tag(context)
+        now = utcnow()
+        state.rss_mb = rss_mb()
+        plan = plan_tick(st, settings, runs, now, cursor)  # reads only: apply() writes the decisions
+        stop = continuous_rules.stop_reason(limits, state.started_at, now, state.rss_mb, stopper.requested,
+                                            pending=plan.request is not None)
+        if stop is not None and not _restart_waits(context, settings, state, stop, now):
+            return stop
+        _report_ignored(context, plan.ignored)
+        applied = apply(st, plan)
+        cursor = plan.cursor
+        for p, meta in applied.observations:
+            context.log_event(partition_observation(partitions_def, p, meta))
+        action = continuous_rules.decide(applied)
+        state.ticks += 1
+        state.last_tick, state.last_action = now, action.reason
+        failed = False
+        if action.kind is TickKind.MICRO_BATCH and action.request is not None:
+            context.log.info(action.reason)
+            state.batches += 1
+            status = _micro_batch(context, st, store, spark, settings, runs, action.request, state)
+            failed = status is BatchStatus.FAILURE
+        if action.kind is TickKind.MICRO_BATCH:
+            released = False  # the micro-batch leased and connected again
+        elif not released:
+            released = release_if_draining(context, spark)
+        if action.kind is TickKind.IDLE and not released:
+            keep_warm(context, st, store, spark, settings, warmth, now, published=state.published > published)
+            published = state.published
+        if continuous_rules.heartbeat_due(state, now, action.kind is TickKind.MICRO_BATCH):
+            _write_heartbeat(context, st, state, utcnow())
+        if failed:
+            back_off(context, spark, stopper.wait, t0 + FAILURE_BACKOFF_SECONDS, state.last_failure,
+                     lambda: bool(stopper.requested))
+        else:
+            stopper.wait(limits.trigger_seconds - (time.monotonic() - t0))
+
+
+def _restart_waits(context: dg.OpExecutionContext, settings: Settings, state: LoopState, stop: Stop,
+                   now: dt.datetime) -> bool:
+    """A planned restart that is due waits (logged once) while its standby is still warming up."""
+    after = successor(context.run_id, live_runs(context.instance)) if settings.continuous_standby else None
+    overdue = (now - state.limits.restart_at(state.started_at)).total_seconds()
+    waits = restart_waits(stop, settings.continuous_standby, after, overdue, state.rss_mb, state.limits)
+    if waits and after is not None and not state.restart_waiting:
+        context.log.info(f"{stop.message}: waiting for the standby {after.run_id} to finish warming up first")
+    state.restart_waiting = waits
+    return waits
 
 
 def _report_ignored(context: dg.OpExecutionContext, ignored: list[Ignored]) -> None:
@@ -202,34 +252,15 @@ def _report_ignored(context: dg.OpExecutionContext, ignored: list[Ignored]) -> N
         metadata={"ignored_keys": len(ignored), "examples": dg.MetadataValue.json([i.__dict__ for i in ignored[:20]])}))
 
 
-def _ended(context: dg.OpExecutionContext, st: ObjectStore, state: LoopState, stop: Stop) -> None:
-    """The loop's last heartbeat, log line and run tag: why it ended."""
-    _write_heartbeat(context, st, state, utcnow(), ended=stop)
-    context.log.info(f"continuous delta ends: {stop.message}; {state.batches} micro-batches, "
-                     f"{state.published} published in {state.ticks} ticks")
-    context.instance.add_run_tags(context.run_id, {"freshidx/ended": stop.reason.value})
-
-
-def _warm_up(context: dg.OpExecutionContext, spark: SparkResource) -> None:
-    """Start (or attach to) the Spark session now, so the first micro-batch finds it warm."""
-    t0 = time.monotonic()
-    try:
-        with spark.session(keep_as=PIPELINE):
-            pass
-    except Exception as exc:  # the micro-batch retries; a failed warm-up is not a failed attempt
-        context.log.warning(f"Spark session warm-up failed ({exc}); the first micro-batch will retry")
-        return
-    context.log.info(f"Spark session ready in {time.monotonic() - t0:.1f} s")
-
-
-def _release_if_draining(context: dg.OpExecutionContext, spark: SparkResource) -> bool:
-    """A supervised Connect server that drains for a planned restart waits for leases: an idle loop lets
-    go of its session (and lease) at once; the next micro-batch leases and connects afresh."""
-    if not spark.server_draining():
-        return False
-    spark.discard()
-    context.log.info("Spark Connect server is draining for a restart: session and lease released")
-    return True
+def _ended(context: dg.OpExecutionContext, st: ObjectStore, state: LoopState, stop: Stop, *,
+           active: bool = True) -> None:
+    """The loop's last heartbeat (the active run's only: a standby's would overwrite the active one's), log line
+    and run tag: why it ended. The tag also tells a standby that this run publishes no more."""
+    if active:
+        _write_heartbeat(context, st, state, utcnow(), ended=stop)
+    context.log.info(f"continuous delta ends{'' if active else ' (standby)'}: {stop.message}; {state.batches} "
+                     f"micro-batches, {state.published} published in {state.ticks} ticks")
+    context.instance.add_run_tags(context.run_id, {TAG_ENDED: stop.reason.value})
 
 
 def _stop_tag(context: dg.OpExecutionContext) -> str | None:
@@ -256,6 +287,7 @@ def _micro_batch(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectS
                  state: LoopState) -> BatchStatus:
     """One accepted attempt, built and published as a sensor-triggered ``delta_index`` run does it."""
     p = req.partition
+    state.last_failure = ""
     ledger.record_partition(
         st, PIPELINE, p, Decision.STARTED, "micro-batch started for accepted trigger (continuous run)",
         tid=TriggerId(p.compact).claim(req.attempt).then(Mark.RUN), run_id=context.run_id, run_key=req.run_key,
@@ -274,10 +306,12 @@ def _micro_batch(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectS
                 on_stage=lambda name, s: context.log.info(f"{name}: {s:.2f}s"),
             )
     except Exception as exc:  # a failed attempt, as a failed run is in sensor mode; the planner retries/parks
+        state.last_failure = f"{type(exc).__name__}: {exc}"
         return failed_attempt(context, runs, req, exc)
     try:  # what delta_index's body and its IO manager do with the draft: the same step after the build
         done = after_build(st, draft, context.run_id)
     except Exception as exc:  # e.g. PublishError (CAS contention), a store error: the attempt failed
+        state.last_failure = f"{type(exc).__name__}: {exc}"
         return failed_attempt(context, runs, req, exc)
     result = done.result
     status = continuous_rules.batch_status(result.outcome, result.reason)

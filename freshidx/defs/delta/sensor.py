@@ -17,7 +17,7 @@ import json
 import dagster as dg
 
 from freshidx.defs.delta.assets import delta_index_job
-from freshidx.defs.runs.health import failure_reason
+from freshidx.defs.runs.health import end_if_worker_dead, failure_reason
 from freshidx.defs.runs.run_status import IN_FLIGHT, UNSUCCESSFUL, in_flight_runs, run_for_key
 from freshidx.defs.shared.assets import (
     TAG_ATTEMPT,
@@ -29,6 +29,7 @@ from freshidx.defs.shared.assets import (
 )
 from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.publish.commit import utcnow
+from freshidx.store import ObjectStore
 from freshidx.store.partitions import PartitionError, PartitionId
 from freshidx.trigger import ledger, run_health
 from freshidx.trigger.latest_only import PIPELINE, DeltaRun, apply, plan_tick
@@ -67,20 +68,35 @@ def _run_target(run: dg.DagsterRun) -> str | None:
 
 
 class DagsterDeltaRuns:
-    """:class:`freshidx.trigger.latest_only.DeltaRunIndex` answered from the Dagster instance (bounded queries)."""
+    """:class:`freshidx.trigger.latest_only.DeltaRunIndex` answered from the Dagster instance (bounded queries).
 
-    def __init__(self, instance: dg.DagsterInstance) -> None:
+    For the continuous loop (``loop_job``, docs/architecture.md#continuous-mode): runs of that job are not
+    delta runs it waits for (only the active one of them publishes; a standby never plans), and a started
+    delta run whose worker is gone is reported failed here at once (with its ledger entry in ``store``), not
+    when the run-health sensor ticks, so the loop goes on at its next tick instead of waiting for it.
+    """
+
+    def __init__(self, instance: dg.DagsterInstance, *, loop_job: str | None = None,
+                 store: ObjectStore | None = None) -> None:
         self.instance = instance
+        self.loop_job = loop_job
+        self.store = store
 
     @staticmethod
     def _view(run: dg.DagsterRun) -> DeltaRun:
         return DeltaRun(run.run_id, run.status.value, run.status in IN_FLIGHT, _run_target(run),
                        run_health.is_interrupted(run.tags))
 
+    def _holds_back(self, run: dg.DagsterRun) -> bool:
+        if not (run.tags.get(TAG_PIPELINE) == PIPELINE or DELTA_KEY in (run.asset_selection or ())):
+            return False
+        if self.loop_job is None:
+            return True
+        return run.job_name != self.loop_job and end_if_worker_dead(self.instance, run, self.store) is None
+
     def in_flight(self) -> list[DeltaRun]:
         # Any in-flight run that builds delta_index counts, including UI "Materialize" runs.
-        return [self._view(r) for r in in_flight_runs(self.instance, 50)
-                if r.tags.get(TAG_PIPELINE) == PIPELINE or DELTA_KEY in (r.asset_selection or ())]
+        return [self._view(r) for r in in_flight_runs(self.instance, 50) if self._holds_back(r)]
 
     def by_run_key(self, run_key: str) -> DeltaRun | None:
         run = run_for_key(self.instance, run_key)

@@ -28,7 +28,7 @@ from freshidx.trigger import ledger, run_health
 from freshidx.trigger.lifecycle import Decision, Mark, TriggerId
 
 NOT_FINISHED = IN_FLIGHT  # the name this module's callers (the demo, its tests) use
-__all__ = ["NOT_FINISHED", "RUNNING"]
+__all__ = ["NOT_FINISHED", "RUNNING", "end_if_worker_dead"]
 _MAX_RUNS = 100
 _PID_EVENTS = 20  # the pid event is among a run's first engine events
 
@@ -68,24 +68,51 @@ def reap_dead_runs(instance: dg.DagsterInstance, store: ObjectStore | None = Non
     # A store that cannot be written still lets every dead run end; the sensor's tick then fails loudly.
     unwritten: list[Exception] = []
     for v in verdicts:
-        run = instance.get_run_by_id(v.run_id)  # re-read: a worker writes its outcome before it exits
-        if run is None or run.status not in RUNNING:
-            continue
-        # The ledger's reason first: whoever sees the run ended (the delta sensor jumping on, an
-        # operator, a test) must find why, never a finished run without its ``P.aN.lost``.
-        if store is not None:
-            try:
-                _record_lost_delta(store, run, v.reason)
-            except Exception as e:
-                unwritten.append(e)
-        if v.action == "cancel":
-            instance.report_run_canceled(run, message=v.reason)
-        else:
-            instance.report_run_failed(run, message=v.reason)
-        done.append(v)
+        if _end_dead_run(instance, v, store, unwritten):
+            done.append(v)
     if unwritten:
         raise unwritten[0]
     return done
+
+
+def end_if_worker_dead(instance: dg.DagsterInstance, run: dg.DagsterRun,
+                       store: ObjectStore | None = None) -> str | None:
+    """Why ``run``'s worker is gone, after reporting the run failed (canceled if it was canceling); None while
+    it lives or cannot be judged here. One run's share of :func:`reap_dead_runs`, for those that must not wait
+    for the run-health sensor's tick: the continuous watchdog, a standby watching the active run, the
+    continuous loop finding a delta run in flight (docs/architecture.md#continuous-mode)."""
+    if run.status not in RUNNING:
+        return None
+    verdicts = run_health.judge([run_facts(instance, run)], run_health.pid_alive)
+    if not verdicts:
+        return None
+    unwritten: list[Exception] = []
+    if not _end_dead_run(instance, verdicts[0], store, unwritten):
+        return None
+    if unwritten:
+        raise unwritten[0]
+    return verdicts[0].reason
+
+
+def _end_dead_run(instance: dg.DagsterInstance, v: run_health.Verdict, store: ObjectStore | None,
+                  unwritten: list[Exception]) -> bool:
+    """Report the run of verdict ``v`` ended (False if it finished meanwhile); a ledger write that fails is
+    appended to ``unwritten`` (the run still ends)."""
+    run = instance.get_run_by_id(v.run_id)  # re-read: a worker writes its outcome before it exits
+    if run is None or run.status not in RUNNING:
+        return False
+    # The ledger's reason first: whoever sees the run ended (the delta sensor jumping on, an
+    # operator, a test) must find why, never a finished run without its ``P.aN.lost``.
+    if store is not None:
+        try:
+            _record_lost_delta(store, run, v.reason)
+        except Exception as e:
+            unwritten.append(e)
+    if v.action == "cancel":
+        instance.report_run_canceled(run, message=v.reason)
+    else:
+        instance.report_run_failed(run, message=v.reason)
+    return True
 
 
 def _record_lost_delta(store: ObjectStore, run: dg.DagsterRun, reason: str) -> None:

@@ -3,6 +3,8 @@
 
 import contextlib
 import logging
+import socket
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any, Self
 
@@ -152,7 +154,7 @@ class SparkResource(LazyPySparkResource):
 
     def _open_connect(self, remote: str, conf: dict[str, str], keep_as: str | None) -> Any:
         def build(url: str) -> Any:
-            return build_connect_session(url, conf)
+            return _fail_fast(build_connect_session(url, conf))
 
         stack = contextlib.ExitStack()
         if self.supervisor:
@@ -201,6 +203,21 @@ class SparkResource(LazyPySparkResource):
 
         return server_status(self.supervisor) == "draining"
 
+    def server_answers(self) -> bool | None:
+        """Whether the Spark Connect server answers now (None without Connect): a supervised one says it is
+        ``up`` and its port accepts a connection; a plain one, its port. Cheap enough to poll twice a second."""
+        if not self.remote:
+            return None
+        url: str = self.remote
+        if self.supervisor:
+            from freshidx.spark_server import supervisor_state
+
+            state = supervisor_state(self.supervisor) or {}
+            if state.get("status") != "up":
+                return False
+            url = str(state.get("url") or url)
+        return _port_accepts(url)
+
     def spark_metadata(self) -> dict[str, dg.MetadataValue]:
         """The Spark application of this run's session, for materialization metadata: ``spark_app_id`` and
         ``spark_ui`` where known. Empty when the run made no session; never raises (asked once per session)."""
@@ -227,6 +244,30 @@ class SparkResource(LazyPySparkResource):
         except Exception as exc:  # metadata only: the run's outcome does not depend on it
             log.warning("no Spark application info for the materialization metadata: %s", exc)
             return None, None
+
+
+#: The longest pause (ms) between two of the Connect client's retries of an unreachable server. pyspark's
+#: default (60 s, ×4 each time) made a call on a killed server wait a minute after its restart before failing
+#: on the session the new server does not know; capped, the call still rides out a blip of ~25 s and fails
+#: within seconds of the restart, and the caller retries on a fresh session (docs/architecture.md#continuous-mode).
+CONNECT_MAX_BACKOFF_MS = 2000
+
+
+def _fail_fast(session: Any) -> Any:
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    session.client.set_retry_policies([DefaultPolicy(max_backoff=CONNECT_MAX_BACKOFF_MS)])
+    return session
+
+
+def _port_accepts(url: str, timeout: float = 0.5) -> bool:
+    """Whether ``sc://host:port[/;params]`` accepts a TCP connection (a killed server's port refuses at once)."""
+    parsed = urllib.parse.urlsplit(url)
+    try:
+        with socket.create_connection((parsed.hostname or "localhost", parsed.port or 15002), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 class FreshidxSettings(dg.ConfigurableResource, PipelineSettings):
