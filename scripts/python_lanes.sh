@@ -9,10 +9,22 @@
 #                   freshidx.definitions imports; then the newest releases the other ranges allow: the fast lane.
 # A Python that cannot be found is an error under CI=true and a skipped lane (with a line saying so) elsewhere.
 #   bash scripts/python_lanes.sh [--fast] [LANE ...]   --fast: the lanes' fast-lane tests only; LANE: run only these
+#   bash scripts/python_lanes.sh --prepare              only make the virtualenvs (scripts/test.sh runs this in the
+#                                                       background during the main suite: mostly downloads)
+#   bash scripts/python_lanes.sh --prepared [...]       the tests, in virtualenvs --prepare made (made now if not)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FAST_ONLY=""
-if [[ "${1:-}" == "--fast" ]]; then FAST_ONLY=--fast; shift; fi
+PHASE=all  # all | prepare | prepared
+while [[ "${1:-}" == --* ]]; do
+  case $1 in
+    --fast) FAST_ONLY=--fast ;;
+    --prepare) PHASE=prepare ;;
+    --prepared) PHASE=prepared ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
 LANES=("$@")
 [[ ${#LANES[@]} -eq 0 ]] && LANES=(py3.12-lowest py3.13-dagster)
 
@@ -47,6 +59,10 @@ pyspark_wheel() {  # pyspark_wheel 4.0.0
   fi
 }
 
+prepared() {  # prepared NAME: with --prepared, whether --prepare made this lane's virtualenv
+  [ "$PHASE" = prepared ] && [ -f ".lanes/$1/.prepared" ]
+}
+
 new_venv() {  # new_venv NAME PYTHON -> .lanes/NAME, empty
   rm -rf ".lanes/$1"
   mkdir -p .lanes
@@ -72,11 +88,15 @@ lane_lowest() {
   py=$(find_python 3.12) || { missing_python "$name" 3.12; return; }
   spark=$(sed -n 's/^pyspark\[connect\]==\([0-9.]*\).*/\1/p' scripts/lanes/lowest.txt)
   echo "== lane $name: $py, $(grep -v '^#' scripts/lanes/lowest.txt | tr '\n' ' ')" >&2
-  pyspark_wheel "$spark"
-  new_venv "$name" "$py"
-  .venv/bin/uv pip install -q --python "$venv/bin/python" --find-links "$LANE_WHEELS" \
-    -r scripts/lanes/lowest.txt -e '.[test]' > "$venv/install.log" 2>&1 \
-    || { tail -30 "$venv/install.log" >&2; return 1; }
+  if ! prepared "$name"; then
+    pyspark_wheel "$spark"
+    new_venv "$name" "$py"
+    .venv/bin/uv pip install -q --python "$venv/bin/python" --find-links "$LANE_WHEELS" \
+      -r scripts/lanes/lowest.txt -e '.[test]' > "$venv/install.log" 2>&1 \
+      || { tail -30 "$venv/install.log" >&2; return 1; }
+    touch "$venv/.prepared"
+  fi
+  [ "$PHASE" = prepare ] && return
   "$venv/bin/python" -c "import pyspark, pyarrow; print('lane $name: pyspark', pyspark.__version__, 'pyarrow', pyarrow.__version__)"
   fast_lane "$venv"
   [ "$FAST_ONLY" = "--fast" ] && return
@@ -90,6 +110,10 @@ lane_dagster() {
   py=$(find_python 3.13) || { missing_python "$name" 3.13; return; }
   want=$(sed -n 's/^dagster==\([0-9.]*\).*/\1/p' scripts/lanes/lowest-dagster.txt)
   echo "== lane $name: $py, dagster $want already installed, then pip install ." >&2
+  if prepared "$name"; then
+    [ "$PHASE" = prepare ] || { cat "$venv/.prepared"; fast_lane "$venv"; }
+    return
+  fi
   new_venv "$name" "$py"
   {
     .venv/bin/uv pip install --python "$venv/bin/python" --find-links "$WHEELS" -r scripts/lanes/lowest-dagster.txt \
@@ -104,7 +128,9 @@ lane_dagster() {
     echo "lane $name: pip install . beside dagster $want failed (dagster now ${got:-?}; log $venv/install.log)" >&2
     return 1
   }
-  echo "lane $name: pip install . kept dagster $got; freshidx.definitions imports (from the installed package)"
+  echo "lane $name: pip install . kept dagster $got; freshidx.definitions imports (from the installed package)" \
+    | tee "$venv/.prepared"
+  [ "$PHASE" = prepare ] && return
   fast_lane "$venv"
 }
 
