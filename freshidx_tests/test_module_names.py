@@ -21,8 +21,6 @@ PARALLEL_DEFS_ROLES = {"assets.py", "io_manager.py"}
 # `freshidx <command>`'s module is named after the command (cli/status.py, cli/bench.py ...), like the
 # implementation it imports lazily from elsewhere.
 CLI = "cli"
-# Being renamed by the simulation's own change; drop this once its modules have unique names.
-PENDING = ("tools", "simulation")
 # A module beside a package of the same name, same role in parallel pipelines: full/executor.py is the full
 # build's code that runs inside Spark tasks, as the package delta/executor/ is the delta's.
 MODULE_BESIDE_PACKAGE = {("full", "executor.py")}
@@ -33,7 +31,7 @@ def _modules() -> list[Path]:
 
 
 def _exempt(rel: Path) -> bool:
-    if rel.name in ("__init__.py", "__main__.py") or rel.parts[0] == CLI or rel.parts[:2] == PENDING:
+    if rel.name in ("__init__.py", "__main__.py") or rel.parts[0] == CLI:
         return True
     return rel.parts[0] == "defs" and len(rel.parts) == 3 and rel.name in PARALLEL_DEFS_ROLES
 
@@ -79,8 +77,7 @@ def _renaming_aliases(source: str) -> list[str]:
 
 
 def test_no_import_alias_renames_a_freshidx_module() -> None:
-    found = {str(rel): hits for rel in _modules()
-             if rel.parts[:2] != PENDING and (hits := _renaming_aliases((ROOT / rel).read_text()))}
+    found = {str(rel): hits for rel in _modules() if (hits := _renaming_aliases((ROOT / rel).read_text()))}
     assert not found, f"import aliases that rename a freshidx module (use the module's name, or rename it): {found}"
 
 

@@ -21,13 +21,9 @@ from freshidx.defs.shared.publishing_io_manager import (
     serving_pointer,
 )
 from freshidx.delta.after_build import after_build
-from freshidx.delta.after_build import publish_index_draft as publish_index_draft  # re-exported: the simulation
-from freshidx.delta.after_build import record_outcome as record_outcome  # re-exported: the simulation
-from freshidx.delta.after_build import refusal_unless_newer as refusal_unless_newer  # re-exported: the simulation
 from freshidx.publish.commit import DraftManifest, PublishResult, parse_iso, read_manifest, utcnow
 from freshidx.store import ObjectStore, layout
 from freshidx.trigger.settlement import published_draft
-from freshidx.trigger.settlement import settle_after_publication as settle_after_publication  # re-exported
 
 TAG_OUTCOME = "freshidx/outcome"
 TAG_SKIPPED = "freshidx/skipped_count"

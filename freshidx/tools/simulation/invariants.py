@@ -107,17 +107,25 @@ class Checker:
 
     # ---- after every step
     def check(self) -> None:
-        if self.store.mutations != self._seen:
-            self._seen = self.store.mutations
+        store = self.store
+        if store.mutations != self._seen:
+            self._seen = store.mutations
             moved = [self._check_pointer(index) for index in INDEXES]
-            # A version can only lose a file by a delete or an overwrite, and only a moved pointer adds
-            # versions that must be intact: otherwise the last full check still holds.
-            if any(moved) or self.store.removals != self._removed:
-                self._removed = self.store.removals
+            # A version can only lose a file by a delete or an overwrite of that file or its manifest, and only
+            # a moved pointer adds versions that must be intact: otherwise the last full check still holds.
+            removed, first = store.removed, self._removed < 0
+            if any(moved) or first or (len(removed) != self._removed and self._touches(removed[self._removed:])):
                 for index in INDEXES:
                     self._check_intact(index)
+            self._removed = len(removed)
         if self.found:
             raise Violated(self.found[0])
+
+    def _touches(self, keys: list[str]) -> bool:
+        """Whether a deleted or overwritten key is a manifest or a file of a version checked before (every
+        version that must be intact was, at the last full check: its files are cached)."""
+        cached = self._manifests.values()
+        return any(key.endswith("/manifest.json") or any(key in files for files in cached) for key in keys)
 
     def _read_pointer(self, index: str) -> tuple[str, Pointer] | None:
         found = self.store.objects.get(layout.pointer_key(index))

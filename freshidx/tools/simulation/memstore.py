@@ -52,6 +52,10 @@ def _etag(data: bytes) -> str:
 
 #: The store contract's key check, once per key per process (a schedule uses the same few hundred keys).
 _checked = functools.lru_cache(maxsize=1 << 16)(check_key)
+#: JSON bodies parsed once per process by content: every schedule starts from the same records and reads each
+#: one again and again. The value is shared: the only reader, ``Record.from_json``, validates it into a new
+#: record (test_simulation.py checks that a schedule's trace is the same with and without this cache).
+_parsed = functools.lru_cache(maxsize=1 << 12)(json.loads)
 
 
 class _Stats(StoreStats):
@@ -61,21 +65,28 @@ class _Stats(StoreStats):
         setattr(self, name, getattr(self, name) + by)
 
 
+#: An object: its bytes, ETag, last-modified time and the listing's ObjectInfo of it (built once per write).
+Entry = tuple[bytes, str, dt.datetime, ObjectInfo]
+
+
 class MemStore(ObjectStore):
     """Objects in a dict, keys in a sorted list; ``clock`` dates each write (the simulated clock)."""
 
     def __init__(self, clock: Callable[[], dt.datetime], *, page_size: int = 1000, uri: str = "sim://store") -> None:
         self.uri = uri
         self.stats: StoreStats = _Stats()
-        self.objects: dict[str, tuple[bytes, str, dt.datetime]] = {}
+        self.objects: dict[str, Entry] = {}
         self.keys: list[str] = []
         self.clock = clock
         self.page_size = page_size  # the most a LIST answers, whatever max_keys asks (S3 may answer fewer)
         self.hook: Hook | None = None
         self.on_delete: DeleteWatch | None = None
         self.mutations = 0
-        #: Deletes and overwrites: the only changes that can take a file from a version (invariants.py).
-        self.removals = 0
+        #: The keys of deletes and overwrites, in order: the only changes that can take a file from a version
+        #: (invariants.py reads what is new since it last looked).
+        self.removed: list[str] = []
+        #: False: parse every JSON body read (the reference the parse cache is checked against).
+        self.parse_cache = True
 
     # ---- the scheduling point
     def _point(self, op: str, key: str, write: bool) -> Fault:
@@ -101,6 +112,10 @@ class MemStore(ObjectStore):
     def swap_json(self, key: str, value: Any, expected_etag: str | None) -> str:
         return self.swap(key, _dump(value), expected_etag)
 
+    def get_json(self, key: str) -> tuple[Any, str]:
+        obj = self.get(key)
+        return (_parsed(obj.data) if self.parse_cache else json.loads(obj.data)), obj.etag
+
     # ---- raw state (no scheduling point: the invariant checker and setup read through these)
     def raw(self, key: str) -> bytes | None:
         found = self.objects.get(key)
@@ -118,17 +133,18 @@ class MemStore(ObjectStore):
     def _set(self, key: str, data: bytes) -> str:
         etag = _etag(data)
         if key in self.objects:
-            self.removals += 1
+            self.removed.append(key)
         else:
             bisect.insort(self.keys, key)
-        self.objects[key] = (data, etag, self.clock())
+        modified = self.clock()
+        self.objects[key] = (data, etag, modified, ObjectInfo(key, len(data), etag, modified))
         self.mutations += 1
         return etag
 
     # ---- contract
     def get(self, key: str) -> StoredObject:
         fault = self._point("get", _checked(key), False)
-        self.stats.bump("get_calls")
+        self.stats.get_calls += 1
         if fault is Fault.TRANSIENT:
             raise self._transient("get", key)
         found = self.objects.get(key)
@@ -138,17 +154,17 @@ class MemStore(ObjectStore):
 
     def head(self, key: str) -> ObjectInfo:
         fault = self._point("head", _checked(key), False)
-        self.stats.bump("get_calls")
+        self.stats.get_calls += 1
         if fault is Fault.TRANSIENT:
             raise self._transient("head", key)
         found = self.objects.get(key)
         if found is None:
             raise NotFound(key)
-        return ObjectInfo(key, len(found[0]), found[1], found[2])
+        return found[3]
 
     def put(self, key: str, data: bytes) -> str:
         fault = self._point("put", _checked(key), True)
-        self.stats.bump("put_calls")
+        self.stats.put_calls += 1
         if fault is Fault.TRANSIENT:
             raise self._transient("put", key)
         etag = self._set(key, data)
@@ -164,7 +180,7 @@ class MemStore(ObjectStore):
 
     def _conditional(self, op: str, key: str, data: bytes, expected: str | None, *, create: bool) -> str:
         fault = self._point(op, _checked(key), True)
-        self.stats.bump("put_calls")
+        self.stats.put_calls += 1
         if fault is Fault.TRANSIENT:
             raise self._transient(op, key)
         found = self.objects.get(key)
@@ -186,7 +202,7 @@ class MemStore(ObjectStore):
         if found is not None:
             del self.keys[bisect.bisect_left(self.keys, key)]
             self.mutations += 1
-            self.removals += 1
+            self.removed.append(key)
             if self.on_delete is not None:
                 self.on_delete(key, found[2])
         if fault is not Fault.NONE:
@@ -199,7 +215,7 @@ class MemStore(ObjectStore):
         if delimiter not in (None, "/"):
             raise ValueError("only '/' is supported as delimiter")
         fault = self._point("list", prefix or "/", False)
-        self.stats.bump("list_calls")
+        self.stats.list_calls += 1
         if fault is Fault.TRANSIENT:
             raise self._transient("list", prefix)
         return self._page(prefix, delimiter, continuation or start_after, min(max_keys, self.page_size),
@@ -209,7 +225,7 @@ class MemStore(ObjectStore):
               ) -> tuple[ListPage, str | None]:
         # The token is the last key or common prefix answered: resume strictly after it (and after
         # every key under it, for a prefix), as S3 does.
-        keys = self.keys
+        keys, entries = self.keys, self.objects
         i = bisect.bisect_right(keys, after) if after is not None and after > prefix else \
             bisect.bisect_left(keys, prefix)
         objects: list[ObjectInfo] = []
@@ -231,8 +247,7 @@ class MemStore(ObjectStore):
                 last = common
                 i = bisect.bisect_left(keys, common + "\U0010ffff", i)
                 continue
-            data, etag, modified = self.objects[key]
-            objects.append(ObjectInfo(key, len(data), etag, modified))
+            objects.append(entries[key][3])
             last = key
             i += 1
         return ListPage(objects, prefixes), None

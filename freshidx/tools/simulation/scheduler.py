@@ -20,6 +20,8 @@ from freshidx.tools.simulation.memstore import Fault
 
 #: One step of the trace: actor, store operation, key, what happened to the call.
 Step = tuple[str, str, str, str]
+#: Each fault's word in the trace (an Enum's ``.value`` is a slow property, read at every step).
+_WORD = {fault: fault.value for fault in Fault}
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class SimClock:
         return self.at
 
     def tick(self, steps: int = 1) -> None:
-        self.at += self.step * steps
+        self.at += self.step if steps == 1 else self.step * steps
 
     def seconds(self) -> float:
         return self.at.timestamp()
@@ -98,14 +100,15 @@ class Scheduler:
     def run(self, check: Callable[[], None]) -> None:
         live = list(self.actors)
         steps = 0
+        pick, decide, tick = self.rng.randrange, self._decide, self.clock.tick
         while live and steps < self.max_steps:
             steps += 1
-            actor = live[self.rng.randrange(len(live))]
-            fault = self._decide(actor)
+            actor = live[pick(len(live))]
+            fault = decide(actor)
             if fault is None:  # killed at its pending call
                 live.remove(actor)
                 continue
-            self.clock.tick()
+            tick()
             self.current = actor
             if not actor.started:
                 actor.started = True
@@ -146,7 +149,7 @@ class Scheduler:
                     Fault.LOST_UNKNOWN
             elif r > 1.0 - self.rates.transient and op != "sleep":
                 fault = Fault.TRANSIENT
-        self.trace.append((actor.name, op, key, fault.value))
+        self.trace.append((actor.name, op, key, _WORD[fault]))
         return fault
 
     def close(self) -> None:

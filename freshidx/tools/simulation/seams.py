@@ -26,8 +26,8 @@ from freshidx.tools.simulation.scheduler import SimClock
 #: Modules whose calls the simulation drives; imported before patching so every binding is replaced.
 MODULES = ("freshidx.store.records.base", "freshidx.store.records.index", "freshidx.store.records.ledger_entry",
            "freshidx.publish.commit", "freshidx.publish.retention", "freshidx.delta.compaction_run",
-           "freshidx.delta.delta_build", "freshidx.trigger.ledger", "freshidx.trigger.latest_only",
-           "freshidx.defs.shared.io_manager")
+           "freshidx.delta.delta_build", "freshidx.delta.after_build", "freshidx.trigger.ledger",
+           "freshidx.trigger.latest_only")
 
 
 @dataclass
@@ -97,7 +97,7 @@ class _Time:
 
 def _merged_writer(_spark: Any, _cfg: Any, inputs: Any, *, index: str, version: str, num_shards: int) -> list[Any]:
     """The compaction's Spark step: one shard with the files the gate requires, written through the store."""
-    from freshidx.tools.simulation.build import stage_shard
+    from freshidx.tools.simulation.synthetic_build import stage_shard
 
     store = context().store
     assert store is not None

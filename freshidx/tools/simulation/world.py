@@ -5,7 +5,7 @@ replaces): the latest-only planner and its ledger (``plan_tick``/``apply``), the
 publication (``refusal_unless_newer``, ``publish_index_draft``: gate, create-once manifest, compare-and-swap,
 ledger), a background compaction (``compact_delta``: plan, splice and the rebase), gc (``retention.gc``
 against the simulated clock) and rollback (``retention.rollback``). Builds are synthetic
-(:mod:`~freshidx.tools.simulation.build`).
+(:mod:`~freshidx.tools.simulation.synthetic_build`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from freshidx.defs.shared.io_manager import publish_index_draft, refusal_unless_newer
+from freshidx.delta.after_build import publish_index_draft, refusal_unless_newer
 from freshidx.delta.compaction_run import compact_delta
 from freshidx.publish import retention
 from freshidx.publish.commit import DraftManifest, PublishResult
 from freshidx.settings import Settings
 from freshidx.store import ObjectStore, layout
 from freshidx.store.partitions import PartitionId
-from freshidx.tools.simulation import build, seams
+from freshidx.tools.simulation import seams, synthetic_build
 from freshidx.tools.simulation.invariants import Checker, Violated, Violation
 from freshidx.tools.simulation.memstore import MemStore
 from freshidx.tools.simulation.scheduler import FaultRates, Scheduler, SimClock, Step
@@ -137,7 +137,7 @@ class World:
 
     def publish_partition(self, store: ObjectStore, p: PartitionId, run_id: str, trigger: str,
                           run_key: str | None = None) -> str:
-        draft = build.micro_batch(store, self.settings, p, run_id, trigger, run_key)
+        draft = synthetic_build.micro_batch(store, self.settings, p, run_id, trigger, run_key)
         refused = self.protocol.refusal(store, draft, run_id)
         result = refused if refused is not None else self.protocol.publish_draft(store, draft, run_id)
         return result.outcome
@@ -154,7 +154,7 @@ def actor_bodies(w: World) -> dict[str, Callable[[], str | None]]:
     def upstream() -> str:
         store = w.view("upstream")
         for p in fresh:
-            build.write_partition(store, s.source, p)
+            synthetic_build.write_partition(store, s.source, p)
         return "wrote 3 partitions"
 
     def loop() -> str:
@@ -163,7 +163,7 @@ def actor_bodies(w: World) -> dict[str, Callable[[], str | None]]:
 
     def sensor() -> str:  # a run the sensor requested for a partition, racing the loop's micro-batches
         store = w.view("sensor")
-        build.write_partition(store, s.source, fresh[1])
+        synthetic_build.write_partition(store, s.source, fresh[1])
         return w.publish_partition(store, fresh[1], w.run_id("sensor"), "sensor", f"delta:{fresh[1].compact}:a1")
 
     def backfill_run() -> str:
@@ -193,18 +193,18 @@ def setup(w: World) -> None:
     s, store = w.settings, w.store
     base = START - dt.timedelta(hours=2)
     w.clock.at = base
-    full = build.full_version(store, s, base - dt.timedelta(minutes=10), w.run_id("full"))
+    full = synthetic_build.full_version(store, s, base - dt.timedelta(minutes=10), w.run_id("full"))
     publish_index_draft(store, full, full.run_id or "full")
     for k in (8, 6, 4):
         p = PartitionId(base - dt.timedelta(minutes=k))
-        build.write_partition(store, s.source, p)
+        synthetic_build.write_partition(store, s.source, p)
         w.publish_partition(store, p, w.run_id("setup"), "sensor")
-    build.stage_shard(store, "delta", "20300101T0900-20300101T095900-abandon0", 0, docs=1, covered=1)
+    synthetic_build.stage_shard(store, "delta", "20300101T0900-20300101T095900-abandon0", 0, docs=1, covered=1)
     w.clock.at = START - dt.timedelta(minutes=10)
     compact_delta(None, store, None, s, run_id=w.run_id("compaction"))  # type: ignore[arg-type]
     w.clock.at = START - dt.timedelta(minutes=5)
     p = PartitionId(base - dt.timedelta(minutes=2))
-    build.write_partition(store, s.source, p)
+    synthetic_build.write_partition(store, s.source, p)
     w.publish_partition(store, p, w.run_id("setup"), "sensor")
     w.clock.at = START
 
@@ -213,7 +213,7 @@ def recover(w: World) -> None:
     """After the schedule, fault-free: a newer partition arrives and the loop runs until idle (whatever the
     actors left, the next micro-batch must publish and settle the ledger)."""
     p = PartitionId(START - dt.timedelta(minutes=90))
-    build.write_partition(w.store, w.settings.source, p)
+    synthetic_build.write_partition(w.store, w.settings.source, p)
     w.given.append(p)
     runs, cursor = SimRuns(), {}
     for _ in range(4):
@@ -223,11 +223,13 @@ def recover(w: World) -> None:
 
 
 def run_schedule(seed: int, protocol: Protocol | None = None, *, rates: FaultRates | None = None,
-                 actors: tuple[str, ...] | None = None) -> Result:
-    """Run schedule ``seed``: the same seed gives the same actors, choices, trace and result."""
+                 actors: tuple[str, ...] | None = None, parse_cache: bool = True) -> Result:
+    """Run schedule ``seed``: the same seed gives the same actors, choices, trace and result (``parse_cache``:
+    the store's cache of parsed JSON, which must not change any of them)."""
     rng = random.Random(seed)
     clock = SimClock(START)
     store = MemStore(clock.now, page_size=rng.choice((2, 5, 1000)), uri=f"sim://{seed}")
+    store.parse_cache = parse_cache
     store.objects, store.keys = dict(_starting_state().objects), list(_starting_state().keys)
     w = World(seed, protocol or Protocol(), rng, clock, store, _settings())
     seams.begin(seams.Context(clock, random.Random(rng.getrandbits(64)), store))
@@ -260,6 +262,11 @@ def run_schedule(seed: int, protocol: Protocol | None = None, *, rates: FaultRat
 
 
 _CACHE: dict[str, Any] = {}
+
+
+def prepare() -> None:
+    """Build what every schedule shares (the settings, the starting state) now, with the seams installed."""
+    _starting_state()
 
 
 def _settings() -> Settings:
