@@ -79,8 +79,10 @@ missing_python() {
 
 fast_lane() {  # fast_lane VENV [pytest args]: the tests that start no JVM and no dagster dev
   local venv=$1; shift
+  # The simulator's 10,000 schedules are pure Python over an in-memory store: the main suite runs them; a
+  # lane runs its determinism and planted-bug tests.
   PYSPARK_PYTHON="$PWD/$venv/bin/python" "$venv/bin/python" -m pytest -p no:cacheprovider -n 2 -m "not slow" \
-    -q freshidx_tests "$@"
+    -q freshidx_tests --deselect "freshidx_tests/test_simulation.py::test_schedules_hold_every_invariant" "$@"
 }
 
 lane_lowest() {
