@@ -72,13 +72,16 @@ def test_pure_parts() -> None:
     assert compare({"b": [{**doc, "version": 2}]}, want).wrong == ["b"]
 
 
+# Start-up, 5 minutes of kills, settling and the stop: ~8 min alone, far more beside the suite's other
+# JVMs and Dagster processes on a 2-core box (pytest-timeout's 600 s default cut one short there).
+@pytest.mark.timeout(2400)
 def test_five_minutes_of_chaos(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FRESHIDX_") and k != "DAGSTER_HOME"}
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     proc = subprocess.run(
         [sys.executable, "-m", "freshidx.cli", "bench", "chaos", "--minutes", "5", "--seed", str(SEED),
          "--kill-every", "20", "40", "--workdir", str(tmp_path / "chaos"), "--json"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=3600,
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=2300,
     )
     print(proc.stderr[-6000:])  # the kills table and the summary (-s shows them)
     assert proc.stdout.strip(), proc.stderr[-4000:]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from freshidx.procs import kill_all, processes_with_env
+from freshidx.spark_server.server_launch import PDEATHSIG_SHIM
 from freshidx.tools.demo_stop import DEMO_ID_ENV
 from freshidx.tools.devserver import free_port
 
@@ -31,7 +32,10 @@ class DemoProcess:
         env.update(store_env)
         env[DEMO_ID_ENV] = self.demo_id
         env.setdefault("PYSPARK_PYTHON", sys.executable)
-        cmd = [sys.executable, "-m", "freshidx.cli", "demo", "--home", str(home), "--port", str(free_port()),
+        # Through the death-signal shim: a bench that dies (SIGKILL, a test's timeout) takes its demo with it
+        # (SIGTERM: the demo's own clean stop), as a supervisor takes its JVM.
+        cmd = [sys.executable, "-I", "-S", "-c", PDEATHSIG_SHIM, str(os.getpid()),
+               sys.executable, "-m", "freshidx.cli", "demo", "--home", str(home), "--port", str(free_port()),
                "--spark-port", str(free_port()), "--every", str(every), "--history-minutes", str(history_minutes),
                "--seed", str(seed)]
         with open(self.log, "ab") as out:
