@@ -8,7 +8,6 @@ used to build a path of ours: that is what keeps ``..`` or ``year=2026/../../etc
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import re
 from dataclasses import dataclass
 
@@ -43,16 +42,29 @@ class PartitionId:
     @classmethod
     def parse(cls, path: str) -> PartitionId:
         """Parse ``year=…/month=…/day=…/hour=…/minute=…`` (optionally with a trailing ``/``)."""
-        found = _parse(path)  # frozen: one instance per path is shared
-        return found if cls is PartitionId else cls(found.at)
+        text = path[:-1] if path.endswith("/") else path
+        parts = text.split("/")
+        if len(parts) != len(_SEGMENTS):
+            raise PartitionError(f"expected {len(_SEGMENTS)} segments, got {len(parts)}: {path!r}")
+        values: dict[str, int] = {}
+        for expected, part in zip(_SEGMENTS, parts, strict=True):
+            values[expected] = parse_segment(part, expected)
+        try:
+            at = dt.datetime(
+                values["year"], values["month"], values["day"], values["hour"], values["minute"],
+                tzinfo=dt.UTC,
+            )
+        except ValueError as exc:  # e.g. day=31 in a 30-day month
+            raise PartitionError(f"not a calendar minute: {path!r} ({exc})") from exc
+        return cls(at)
 
-    @functools.cached_property  # the derived names are read on every listing and ledger key: built once
+    @property
     def path(self) -> str:
         """The partition path as written upstream, e.g. ``year=2026/month=11/day=21/hour=14/minute=05``."""
         a = self.at
         return f"year={a.year:04d}/month={a.month:02d}/day={a.day:02d}/hour={a.hour:02d}/minute={a.minute:02d}"
 
-    @functools.cached_property
+    @property
     def hour_path(self) -> str:
         a = self.at
         return f"year={a.year:04d}/month={a.month:02d}/day={a.day:02d}/hour={a.hour:02d}"
@@ -61,7 +73,7 @@ class PartitionId:
     def hour_start(self) -> dt.datetime:
         return self.at.replace(minute=0)
 
-    @functools.cached_property
+    @property
     def compact(self) -> str:
         """Sortable, path-safe short form used in version names and ledger keys: ``20261121T1405``."""
         return self.at.strftime("%Y%m%dT%H%M")
@@ -73,24 +85,6 @@ class PartitionId:
 
     def __str__(self) -> str:
         return self.path
-
-
-@functools.lru_cache(maxsize=1 << 12)  # listings parse the same partition paths tick after tick
-def _parse(path: str) -> PartitionId:
-    text = path[:-1] if path.endswith("/") else path
-    parts = text.split("/")
-    if len(parts) != len(_SEGMENTS):
-        raise PartitionError(f"expected {len(_SEGMENTS)} segments, got {len(parts)}: {path!r}")
-    values: dict[str, int] = {}
-    for expected, part in zip(_SEGMENTS, parts, strict=True):
-        values[expected] = parse_segment(part, expected)
-    try:
-        at = dt.datetime(
-            values["year"], values["month"], values["day"], values["hour"], values["minute"], tzinfo=dt.UTC,
-        )
-    except ValueError as exc:  # e.g. day=31 in a 30-day month
-        raise PartitionError(f"not a calendar minute: {path!r} ({exc})") from exc
-    return PartitionId(at)
 
 
 def parse_segment(segment: str, expected: str) -> int:
