@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import psutil
@@ -157,3 +158,21 @@ def processes_with_env(name: str, value: str) -> list[int]:
         if found and process_start_time(proc.pid) is not None:
             out.append(proc.pid)
     return sorted(out)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops a command the way Ctrl-C does (a supervisor stops its children with SIGTERM, and a
+    command started as ``cmd &`` from a script ignores SIGINT). Main thread only; restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -75,14 +75,12 @@ Numbers only: nothing here asserts on timings. Every process started here (Conne
 
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from freshidx.procs import sigterm_as_interrupt
 from freshidx.tools.bench_common import (
     DELTA_MODES,
     MODES,
@@ -144,23 +142,6 @@ __all__ = [
 ]
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM behaves like Ctrl-C, so the ``finally`` blocks stop every process we started."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-
-
 _INTERRUPTED = "interrupted; every process started by the benchmark was stopped"
 
 
@@ -171,7 +152,7 @@ def _run_and_report(
     """Run a bench (SIGTERM counts as Ctrl-C: exit 130), print its table (to stderr beside ``--json``
     output on stdout); exit 0 when ``passed``."""
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             r = run()
     except KeyboardInterrupt:
         print(_INTERRUPTED, file=sys.stderr)

@@ -5,17 +5,15 @@ live (one per clock minute) or on a simulated timeline, optionally after back-da
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import math
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from freshidx.procs import sigterm_as_interrupt
 from freshidx.store.object_store import ObjectStore
 from freshidx.store.partitions import PartitionId
 from freshidx.tools.generator import (
@@ -181,24 +179,6 @@ def _describe(result: PartitionWritten) -> str:
     )
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the generator the way Ctrl-C does (``freshidx demo`` stops it with SIGTERM, and a
-    generator started as ``cmd &`` from a script ignores SIGINT). Main thread only; restored after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def cmd_generate(*, store: str | None, source: str | None, every: float, count: int | None, seed: int,
                  history_minutes: int, start: dt.datetime | None, step_minutes: int | None, changes: int | None,
                  as_json: bool) -> int:
@@ -235,7 +215,7 @@ def cmd_generate(*, store: str | None, source: str | None, every: float, count: 
     if not as_json:
         print(f"generating into {st.uri} (source {cfg.source}, seed {cfg.seed})", flush=True)
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             generate(
                 st, cfg,
                 count=count,

@@ -18,6 +18,17 @@ from freshidx.tools.chaos.verdict import Observation
 POLL_S = 0.25
 
 
+def source_partition(store: ObjectStore, index: str = "delta") -> PartitionId | None:
+    """The partition the index's pointer says it covers up to (read now), None if none or unreadable."""
+    pointer, _ = read_pointer(store, index)
+    if pointer is None or not pointer.source_partition:
+        return None
+    try:
+        return PartitionId.parse(pointer.source_partition)
+    except PartitionError:
+        return None
+
+
 class PointerWatch:
     """``with PointerWatch(store, clock) as watch: ... watch.observations()``; ``clock`` gives the
     bench's seconds."""
@@ -50,13 +61,7 @@ class PointerWatch:
 
     def source_partition(self) -> PartitionId | None:
         """The partition the served delta covers up to (read now)."""
-        pointer, _ = read_pointer(self.store, self.index)
-        if pointer is None or not pointer.source_partition:
-            return None
-        try:
-            return PartitionId.parse(pointer.source_partition)
-        except PartitionError:
-            return None
+        return source_partition(self.store, self.index)
 
     def _run(self) -> None:
         last: tuple[int, str] | None = None

@@ -18,24 +18,23 @@ from __future__ import annotations
 import contextlib
 import random
 import shutil
-import signal
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from freshidx.procs import sigterm_as_interrupt
 from freshidx.store import ObjectStore, StoreConfig, open_store
 from freshidx.store.partitions import PartitionId
 from freshidx.tools.chaos import oracle, targets
 from freshidx.tools.chaos.demo_proc import DemoProcess
 from freshidx.tools.chaos.fault_proxy import FaultProxy, FaultRates
 from freshidx.tools.chaos.kill_plan import GENERATOR, TARGETS, KillPlan, kill_times
-from freshidx.tools.chaos.pointer_watch import PointerWatch, looping_run_id, wait_until
+from freshidx.tools.chaos.pointer_watch import PointerWatch, looping_run_id, source_partition, wait_until
 from freshidx.tools.chaos.s3_server import MotoServer
 from freshidx.tools.chaos.verdict import Kill, recoveries, summarize
 
@@ -79,7 +78,7 @@ def run_chaos(opts: ChaosOptions, log: Log) -> dict[str, Any]:
         return time.monotonic() - t0
 
     try:
-        with _sigterm_as_interrupt(), MotoServer(work / "moto.log") as moto, \
+        with sigterm_as_interrupt(), MotoServer(work / "moto.log") as moto, \
                 FaultProxy(moto.endpoint, opts.rates, opts.seed) as proxy:
             config = moto.config(moto.endpoint)
             direct = open_store(config)
@@ -195,7 +194,7 @@ def _checks(direct: ObjectStore, config: StoreConfig, phases: Phases, log: Log) 
     from freshidx.trigger.ledger import explained, unexplained
 
     source = Settings.from_env(store=direct.uri).source
-    watermark = _watermark(direct)
+    watermark = source_partition(direct)
     until = watermark if watermark is not None else phases.newest
     if until is None:
         return {"lost": 0, "wrong": 0, "unexplained": 0, "errors": ["nothing was published"]}
@@ -215,31 +214,3 @@ def _checks(direct: ObjectStore, config: StoreConfig, phases: Phases, log: Log) 
             "served_versions": versions, "errors": []}
 
 
-def _watermark(direct: ObjectStore) -> PartitionId | None:
-    from freshidx.publish.commit import read_pointer
-    from freshidx.store.partitions import PartitionError
-
-    pointer, _ = read_pointer(direct, "delta")
-    if pointer is None or not pointer.source_partition:
-        return None
-    try:
-        return PartitionId.parse(pointer.source_partition)
-    except PartitionError:
-        return None
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """A SIGTERM to the bench stops it the way Ctrl-C does: the demo is stopped and checked (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
