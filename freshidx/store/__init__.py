@@ -27,6 +27,9 @@ from freshidx.store.object_store import (
     WriteOutcomeUnknown,
 )
 
+#: Attempts of an executor's pyarrow S3 request (the driver's boto3 client makes as many: ``store/s3.py``).
+ARROW_S3_ATTEMPTS = 5
+
 __all__ = [
     "ConditionalWritesUnsupported",
     "InvalidKey",
@@ -111,7 +114,13 @@ class StoreConfig:
             kw["secret_key"] = self.secret_access_key
             if self.session_token:
                 kw["session_token"] = self.session_token
-        return pafs.S3FileSystem(**kw)
+        # A file opened for writing is created when written: a small one (every shard file of a micro-batch)
+        # is one PUT instead of a multipart upload's three requests (create, part, complete). The SDK's
+        # default retry strategy (a 25 ms backoff doubling per attempt) instead of pyarrow's "standard" one,
+        # whose backoff and retry quota cost ~0.6 s per 500/503 answer (freshidx bench chaos): a task's
+        # reads are one after another, so every slow retry is on a micro-batch's path. Attempts as boto's.
+        return pafs.S3FileSystem(allow_delayed_open=True,
+                                 retry_strategy=pafs.AwsDefaultS3RetryStrategy(max_attempts=ARROW_S3_ATTEMPTS), **kw)
 
     def arrow_path(self, key: str) -> str:
         """Path of ``key`` in :meth:`arrow_fs` terms."""

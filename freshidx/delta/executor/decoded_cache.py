@@ -13,10 +13,14 @@ from __future__ import annotations
 import importlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
+
+#: Store reads :meth:`DecodedCache.get_many` runs at once.
+LOAD_THREADS = 8
 
 
 class DecodedCache:
@@ -59,6 +63,22 @@ class DecodedCache:
                 self._bytes += weight
                 self._evict()
         return value
+
+    def get_many(self, loads: Sequence[tuple[Hashable, Callable[[], T]]], size: Callable[[T], int], *,
+                 lasting: bool = False) -> list[T]:
+        """:meth:`get` of every ``(key, load)``, in order, the missing values loaded at the same time: each is a
+        few store round trips, mostly waiting, so a worker that has none of them (a fresh one, a standby's first
+        micro-batch) waits for the slowest file instead of the sum of all, and one slow answer holds up none of
+        the others."""
+        items = self._lasting if lasting else self._items
+        with self._lock:
+            missing = [i for i, (key, _) in enumerate(loads) if key not in items]
+        loaded: dict[int, T] = {}
+        if len(missing) > 1:
+            with ThreadPoolExecutor(min(LOAD_THREADS, len(missing))) as pool:
+                loaded = dict(zip(missing, pool.map(lambda i: loads[i][1](), missing), strict=True))
+        return [self.get(key, (lambda i=i: loaded[i]) if i in loaded else load, size, lasting=lasting)
+                for i, (key, load) in enumerate(loads)]
 
     def _evict(self) -> None:
         for items in (self._items, self._lasting):
