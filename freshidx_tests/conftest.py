@@ -336,7 +336,7 @@ def shared_spark_connect() -> Iterator[dict[str, str]]:
     import json
 
     from freshidx.spark_server.server_state import read_state
-    from freshidx_tests.polling import poll_until
+    from freshidx_tests.support.polling import poll_until
 
     root = Path(os.environ[SHARED_CONNECT_DIR_VAR])
     state_dir = root / "state"
@@ -379,7 +379,7 @@ def make_harness(local_store_config: StoreConfig) -> Iterator[Any]:
     instance each call (two calls = a consumer restarted without its instance); all closed at the end."""
     import dagster as dg
 
-    from freshidx_tests.harness import Harness
+    from freshidx_tests.support.harness import Harness
 
     made: list[tuple[Harness, Any]] = []
 

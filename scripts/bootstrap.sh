@@ -33,7 +33,7 @@ if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ]; then
   fi
 fi
 
-# PostgreSQL server binaries for the Dagster-on-PostgreSQL test (freshidx_tests/test_compose_deployment.py
+# PostgreSQL server binaries for the Dagster-on-PostgreSQL test (freshidx_tests/deployment/test_compose_deployment.py
 # starts its own server from initdb; Debian keeps initdb off PATH, under /usr/lib/postgresql/*/bin).
 have_initdb() { command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; }
 if ! have_initdb; then
@@ -47,7 +47,7 @@ if ! have_initdb; then
   fi
 fi
 
-# Debian's Chromium for the browser test of the Dagster UI (freshidx_tests/test_browser_ui.py drives
+# Debian's Chromium for the browser test of the Dagster UI (freshidx_tests/deployment/test_browser_ui.py drives
 # /usr/bin/chromium with Playwright, which cannot download browsers of its own here).
 if [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then

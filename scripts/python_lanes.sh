@@ -32,8 +32,8 @@ WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/freshidx/wheels"
 LANE_WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/freshidx/lane-wheels"
 # Slow tests the lowest lane runs besides the fast lane: a micro-batch published through a Spark Connect server
 # of the lane's pyspark (kill -9 at every step), kept sessions on it, and local-mode builds published.
-LOWEST_SLOW_TESTS=(freshidx_tests/test_micro_batch_crash.py freshidx_tests/test_kept_session.py
-                   freshidx_tests/test_full_from_state.py freshidx_tests/test_spark_resource.py)
+LOWEST_SLOW_TESTS=(freshidx_tests/delta/test_micro_batch_crash.py freshidx_tests/spark_server/test_kept_session.py
+                   freshidx_tests/full/test_full_from_state.py freshidx_tests/spark/test_spark_resource.py)
 
 find_python() {  # find_python 3.12 -> the path of a CPython 3.12, or nothing
   local v=$1 c
@@ -82,7 +82,7 @@ fast_lane() {  # fast_lane VENV [pytest args]: the tests that start no JVM and n
   # The simulator's 10,000 schedules are pure Python over an in-memory store: the main suite runs them; a
   # lane runs its determinism and planted-bug tests.
   PYSPARK_PYTHON="$PWD/$venv/bin/python" "$venv/bin/python" -m pytest -p no:cacheprovider -n 2 -m "not slow" \
-    -q freshidx_tests --deselect "freshidx_tests/test_simulation.py::test_schedules_hold_every_invariant" "$@"
+    -q freshidx_tests --deselect "freshidx_tests/tools/test_simulation.py::test_schedules_hold_every_invariant" "$@"
 }
 
 lane_lowest() {

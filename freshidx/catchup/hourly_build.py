@@ -53,7 +53,7 @@ def dedupe_versions(valid: DataFrame) -> DataFrame:
     """One row per ``(ad_id, version)``; columns :data:`~freshidx.spark.transform.TYPED_FIELDS`.
 
     Exact duplicates collapse. When one ``(ad_id, version)`` comes with different content, the winner
-    follows the project's tie-break (:func:`freshidx.spark.transform.tie_break_order` minus the key): latest
+    follows the project's tie-break (:func:`freshidx.record_rules.tie_break_order` minus the key): latest
     ``updated_at``, then ``status`` (``paused``/``deleted`` beat ``active``: when in doubt, hide), then
     every other field. It is a ``max`` over a struct, so it does not depend on input order or
     partitioning. Other input columns (``partition``, …) take no part and are dropped.

@@ -15,7 +15,7 @@
 
 The command modules (``freshidx.cli.*``) import only this module, click and the standard library at
 import time; their option defaults that mirror a library constant are checked against it by
-``freshidx_tests/test_cli_imports.py``.
+``freshidx_tests/cli/test_cli_imports.py``.
 """
 
 from __future__ import annotations

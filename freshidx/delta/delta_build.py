@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from freshidx.delta import segments, serving_state
 from freshidx.delta.executor import one_pass
@@ -32,9 +32,7 @@ from freshidx.publish.commit import (
     utcnow,
 )
 from freshidx.settings import Settings
-from freshidx.spark import transform
 from freshidx.spark.index_build import FORMAT, BuildResult, build_version
-from freshidx.spark.index_shards import read_version_state, write_index_shards
 from freshidx.spark.shards import ShardCommit
 from freshidx.store import ObjectInfo, ObjectStore, StoreConfig
 from freshidx.store.partitions import PartitionId
@@ -65,28 +63,27 @@ def build_delta(
     on_stage: Callable[[str, float], None] | None = None,
 ) -> DraftManifest:
     """Stage one delta version for ``plan.partition``: a new segment over the kept ones (or a window
-    rebuild) and the draft manifest that lists them, ready for publication."""
+    rebuild) and the draft manifest that lists them, ready for publication.
+
+    This package decides (the micro-batch's plan, the files it reads, its manifest but for the build's
+    output), then the build runs below it (:func:`freshidx.delta.executor.one_pass.build_segment`, or
+    :func:`freshidx.spark.index_build.build_version` for a rebuild) and hands back what it staged."""
     batch = _list_batch(store, settings, plan)
     if on_stage:
         on_stage("list_seconds", batch.list_seconds)
     crash_point("delta_listed")  # tests: a kill -9 here (nothing written yet)
 
-    mb, full, full_manifest = batch.mb, batch.full, batch.full_manifest
     version = new_version(plan.partition.at)
-    # What is known before this micro-batch: the full version, then the kept segments (none for a rebuild).
-    known: list[StateLayer] | None = None
-    if full is not None and full_manifest is not None:
-        known = serving_state.known_layers(full, full_manifest, mb.kept)
-    num_shards = settings.delta_shards if mb.kind is BuildKind.REBUILD else segments.segment_shard_count(
-        batch.input_bytes, max_shards=settings.delta_segment_shards, shard_mb=settings.delta_segment_shard_mb)
-    result, state_seconds = _build(spark, store_config, settings, plan.run_id, mb.kind, version, batch.file_list,
-                                   known, num_shards)
-    # An incremental build reads its state inside the index step (the same task merges and writes).
+    draft = _decide(settings, plan, batch, version)
+    result = _build(spark, store_config, settings, plan.run_id, batch, version)
+    # A rebuild reads the state before the build (stage ``state``); an incremental micro-batch reads it
+    # inside its one pass (the same task merges and writes).
+    state_seconds = result.stages.get("state", 0.0)
     build_seconds = round(result.seconds + state_seconds, 3)
     if on_stage:
         on_stage("build_seconds", build_seconds)
     crash_point("delta_staged")  # tests: a kill -9 here (segment shards staged, no manifest)
-    return _draft(settings, plan, batch, version, result, build_seconds, state_seconds)
+    return draft.manifest(result, build_seconds, state_seconds)
 
 
 @dataclass(frozen=True)
@@ -137,43 +134,58 @@ def _list_batch(store: ObjectStore, settings: Settings, plan: DeltaPlan) -> _Bat
     return batch
 
 
-def _draft(settings: Settings, plan: DeltaPlan, batch: _Batch, version: str, result: BuildResult,
-           build_seconds: float, state_seconds: float) -> DraftManifest:
-    """The draft manifest: the kept segments and the new one, with what was read and what it cost."""
+@dataclass(frozen=True)
+class _Draft:
+    """The new version's manifest as far as it is decided before the build (:func:`_decide`): what the
+    version is, what it reads and rests on, which segments it keeps. :meth:`manifest` adds what the build
+    made: the new segment's shards and documents, the invalid records, the seconds."""
+
+    head: dict[str, Any]  # the DraftManifest fields known before the build
+    segment: dict[str, Any]  # the new Segment's fields known before the build
+    kept: tuple[Segment, ...]
+    list_seconds: float
+    files_read: int
+    bytes_read: int
+
+    def manifest(self, result: BuildResult, build_seconds: float, state_seconds: float) -> DraftManifest:
+        """The draft manifest: the kept segments and the new one, with what was read and what it cost."""
+        shards = [c.to_dict() for c in result.commits]
+        new_segment = Segment(**self.segment, shards=shards, doc_count=result.doc_count,
+                              covered_count=result.covered_count)
+        all_segments = [*self.kept, new_segment]
+        return DraftManifest(
+            **self.head,
+            shards=shards,
+            doc_count=sum(s.doc_count for s in all_segments),
+            num_shards=len(shards),
+            covered_count=sum(s.covered_count for s in all_segments),
+            segments=[s.to_dict() for s in all_segments],
+            invalid=result.invalid_summary(),
+            stats={"list_seconds": self.list_seconds, "build_seconds": build_seconds, "state_seconds": state_seconds,
+                   "total_build_seconds": round(self.list_seconds + build_seconds, 3),
+                   "files_read": self.files_read, "bytes_read": self.bytes_read, "segments": len(all_segments),
+                   **{f"{k}_seconds": v for k, v in result.stages.items()},
+                   **_step_seconds(_slowest_task(result.commits))},
+        )
+
+
+def _decide(settings: Settings, plan: DeltaPlan, batch: _Batch, version: str) -> _Draft:
+    """What the new version is, reads, keeps and rests on: everything of its manifest but the build's output."""
     p, mb, full = plan.partition, batch.mb, batch.full
     file_list = batch.file_list
-    shards = [c.to_dict() for c in result.commits]
-    new_segment = Segment(
-        version=version, position=iso(p.at), kind=str(mb.kind), shards=shards, doc_count=result.doc_count,
-        covered_count=result.covered_count, files=[k for k, _ in file_list], listed_at=iso(batch.listed_at),
-        extra={"partitions": len(batch.to_read), "reason": mb.reason},
+    segment = {
+        "version": version, "position": iso(p.at), "kind": str(mb.kind), "files": [k for k, _ in file_list],
+        "listed_at": iso(batch.listed_at), "extra": {"partitions": len(batch.to_read), "reason": mb.reason},
         # Both kinds read the serving full version's state and never let a row beat a higher one it holds.
-        full_version=full.version if full is not None else None,
-    )
-    all_segments = [*mb.kept, new_segment]
-    list_seconds = batch.list_seconds
-    return DraftManifest(
-        index=INDEX,
-        version=version,
-        position=iso(p.at),
-        run_id=plan.run_id,
-        shards=shards,
-        doc_count=sum(s.doc_count for s in all_segments),
-        num_shards=len(shards),
-        source_partition=p.path,
-        window_start=iso(mb.window_start),
-        window_end=iso(p.at),
-        covered_count=sum(s.covered_count for s in all_segments),
-        segments=[s.to_dict() for s in all_segments],
-        inputs=_inputs(settings.source, mb, batch.serving, full, batch.to_read, batch.listed, batch.ignored),
-        invalid=result.invalid_summary(),
-        stats={"list_seconds": list_seconds, "build_seconds": build_seconds, "state_seconds": state_seconds,
-               "total_build_seconds": round(list_seconds + build_seconds, 3),
-               "files_read": len(file_list), "bytes_read": batch.input_bytes, "segments": len(all_segments),
-               **{f"{k}_seconds": v for k, v in result.stages.items()},
-               **_step_seconds(_slowest_task(result.commits))},
-        run=_run_record(plan.run_info, mb.kind),
-    )
+        "full_version": full.version if full is not None else None,
+    }
+    head = {
+        "index": INDEX, "version": version, "position": iso(p.at), "run_id": plan.run_id,
+        "source_partition": p.path, "window_start": iso(mb.window_start), "window_end": iso(p.at),
+        "inputs": _inputs(settings.source, mb, batch.serving, full, batch.to_read, batch.listed, batch.ignored),
+        "run": _run_record(plan.run_info, mb.kind),
+    }
+    return _Draft(head, segment, mb.kept, batch.list_seconds, len(file_list), batch.input_bytes)
 
 
 def _inputs(source: str, mb: segments.MicroBatchPlan, serving: str | None, full: FullBase | None,
@@ -199,61 +211,39 @@ def _inputs(source: str, mb: segments.MicroBatchPlan, serving: str | None, full:
     }
 
 
-def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, run_id: str, kind: BuildKind,
-           version: str, file_list: list[tuple[str, str]], known: list[StateLayer] | None, num_shards: int,
-           ) -> tuple[BuildResult, float]:
-    """The Spark part: read what is known (the full version, then the kept segments; ``None``: no full version
-    yet), build and stage the segment (``num_shards`` shards). Returns (result, seconds spent reading the
-    state before the build: a rebuild's only; an incremental micro-batch reads it inside its one pass)."""
-    if kind is BuildKind.INCREMENTAL and known is not None:
+def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, run_id: str, batch: _Batch,
+           version: str) -> BuildResult:
+    """Build and stage the new segment over what is known before this micro-batch: the full version, then
+    the kept segments (none for a rebuild; nothing at all without a full version). An incremental
+    micro-batch is one pass of Python tasks (:func:`freshidx.delta.executor.one_pass.build_segment`); a
+    window rebuild reads the whole window and the full version's state whole
+    (:func:`freshidx.spark.index_build.build_version`)."""
+    mb, full, full_manifest = batch.mb, batch.full, batch.full_manifest
+    known: list[StateLayer] | None = None
+    if full is not None and full_manifest is not None:
+        known = serving_state.known_layers(full, full_manifest, mb.kept)
+    if mb.kind is BuildKind.REBUILD:
+        num_shards = settings.delta_shards
+    else:
+        num_shards = segments.segment_shard_count(batch.input_bytes, max_shards=settings.delta_segment_shards,
+                                                  shard_mb=settings.delta_segment_shard_mb)
+    if mb.kind is BuildKind.INCREMENTAL and known is not None:
         return one_pass.build_segment(
-            spark, store_config, known, file_list, index=INDEX, version=version, num_shards=num_shards,
+            spark, store_config, known, batch.file_list, index=INDEX, version=version, num_shards=num_shards,
             source=settings.source, run_id=run_id, cache_bytes=settings.delta_state_cache_mb * 2**20,
-            max_future_skew_seconds=settings.max_future_skew_seconds), 0.0
-    state = _RebuildState(spark, store_config, known)
-    try:
-        result = build_version(
-            spark, store_config, index=INDEX, version=version, files=file_list, num_shards=num_shards,
-            source=settings.source, run_id=run_id,
-            # Every file read not quarantined yet, late ones included (files an earlier build quarantined
-            # have a done marker: freshidx.spark.quarantine_once).
-            quarantine_after=None,
-            write_shards=state.writer(version, num_shards) if known is not None else None,
-            # A few files per task: one Python task per 5-minute file costs more in task start-up than
-            # in reading (60 files in a 5 h window).
-            max_read_tasks=READ_TASKS,
-            max_future_skew_seconds=settings.max_future_skew_seconds,
-        )
-    finally:
-        state.release()
-    return result, state.seconds
-
-
-class _RebuildState:
-    """A window rebuild's view of what is known (the full version's and kept segments' ``docs`` and
-    ``covered`` files): read whole before the build (the window is read whole anyway) and checkpointed.
-    One task reads all the files: a Python task that starts a new worker costs more than reading."""
-
-    def __init__(self, spark: SparkSession, store_config: StoreConfig, known: list[StateLayer] | None) -> None:
-        self.store_config = store_config
-        self.seconds = 0.0
-        self.frame: DataFrame | None = None
-        if known is not None:
-            t0 = time.monotonic()
-            shards = {"shards": [sh for layer in known for sh in layer.shards]}
-            self.frame = read_version_state(spark, store_config, shards, max_tasks=1).localCheckpoint(eager=True)
-            self.seconds = round(time.monotonic() - t0, 3)
-
-    def writer(self, version: str, num_shards: int) -> Callable[[DataFrame], list[ShardCommit]]:
-        """How the valid records read become the rebuild's staged shards."""
-        assert self.frame is not None
-        frame = self.frame
-        return lambda valid: write_index_shards(transform.expand_to_products(transform.latest_per_ad(valid), frame),
-                                                self.store_config, INDEX, version, num_shards)
-
-    def release(self) -> None:
-        if self.frame is not None:
-            self.frame.unpersist()  # classic mode: drop the checkpoint's blocks now
+            max_future_skew_seconds=settings.max_future_skew_seconds)
+    return build_version(
+        spark, store_config, index=INDEX, version=version, files=batch.file_list, num_shards=num_shards,
+        source=settings.source, run_id=run_id,
+        # Every file read not quarantined yet, late ones included (files an earlier build quarantined
+        # have a done marker: freshidx.spark.quarantine_once).
+        quarantine_after=None,
+        known_shards=[sh for layer in known for sh in layer.shards] if known is not None else None,
+        # A few files per task: one Python task per 5-minute file costs more in task start-up than
+        # in reading (60 files in a 5 h window).
+        max_read_tasks=READ_TASKS,
+        max_future_skew_seconds=settings.max_future_skew_seconds,
+    )
 
 
 def _run_record(run_info: dict[str, Any], kind: BuildKind) -> dict[str, Any]:

@@ -7,7 +7,7 @@ messages; reading, validation, quarantine and shard writing run on executors.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from freshidx.raw_record import DEFAULT_MAX_FUTURE_SKEW_SECONDS
 from freshidx.spark import transform
 from freshidx.spark.index_format import FORMAT
-from freshidx.spark.index_shards import write_index_shards
+from freshidx.spark.index_shards import read_version_state, write_index_shards
 from freshidx.spark.quarantine_once import ConflictReport, quarantined_files, report_conflicts
 from freshidx.spark.quarantine_writer import QuarantineCommit, write_quarantine
 from freshidx.spark.raw_source import group_files, read_raw_lines
@@ -72,7 +72,7 @@ def build_version(
     run_id: str,
     quarantine_after: str | bool | None,
     max_read_tasks: int = 0,
-    write_shards: Callable[[DataFrame], list[ShardCommit]] | None = None,
+    known_shards: Sequence[dict[str, Any]] | None = None,
     max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS,
 ) -> BuildResult:
     """Build and stage one version of tantivy shards (``index_format.FORMAT``).
@@ -81,13 +81,34 @@ def build_version(
     ``None`` for all, ``False`` for none (counted only). Either way a raw file whose invalid records
     an earlier build quarantined is not written again, and each copy of an ``(ad_id, version)`` read
     with different contents is reported once (:mod:`freshidx.spark.quarantine_once`); the conflict's
-    winner is what :func:`freshidx.spark.transform.latest_per_ad` keeps. ``write_shards``: stages the valid
-    records read (``TYPED_FIELDS`` + ``partition``, several per ad possible) as shards, keeping the latest
-    per ad by that rule (a delta build adds the untouched ads of every product it touched from what is
-    already published, ``transform.expand_to_products`` / ``segment_merge.segment_rows``: so a
-    product's grouped features are never half-updated); ``None`` indexes the latest row per ad of what
-    was read into ``num_shards`` shards (a full build).
+    winner is what :func:`freshidx.spark.transform.latest_per_ad` keeps.
+
+    ``known_shards``: the shards (``ShardCommit`` dicts) of what is already published beneath the records
+    read (a delta window rebuild: the serving full version's). Their state is read first
+    (:func:`freshidx.spark.index_shards.read_version_state`, stage ``state``, not in ``seconds``) and the
+    build indexes every ad of each product the records touch, at its latest state over both
+    (:func:`freshidx.spark.transform.index_rows`: so a product's features are never half-updated and a
+    higher version already known is never overridden). ``None``: the latest row per ad of what was read
+    (a full build).
     """
+    state, state_seconds = _read_known(spark, store_config, known_shards)
+    try:
+        result = _build_over(spark, store_config, state, index=index, version=version, files=files,
+                        num_shards=num_shards, source=source, run_id=run_id, quarantine_after=quarantine_after,
+                        max_read_tasks=max_read_tasks, max_future_skew_seconds=max_future_skew_seconds)
+    finally:
+        if state is not None:
+            state.unpersist()  # classic mode: drop the checkpoint's blocks now
+    if state is not None:
+        result.stages["state"] = state_seconds
+    return result
+
+
+def _build_over(spark: SparkSession, store_config: StoreConfig, state: DataFrame | None, *, index: str,
+                version: str, files: list[tuple[str, str]], num_shards: int, source: str, run_id: str,
+                quarantine_after: str | bool | None, max_read_tasks: int, max_future_skew_seconds: int,
+                ) -> BuildResult:
+    """:func:`build_version` over the known ``state`` (``None``: none), read already."""
     t0 = time.monotonic()
     parsed = _read_parsed(spark, store_config, files, max_read_tasks, max_future_skew_seconds)
     stages = {"read_parse": round(time.monotonic() - t0, 3)}
@@ -108,12 +129,26 @@ def build_version(
                                      quarantine_after, one_task)
             conflicts = pool.submit(_report_conflicts, stages, bookkeeping, store_config, source,
                                     quarantine_after is not False)
-            commits = _write_index(stages, valid, write_shards, store_config, index, version, num_shards)
+            t1 = time.monotonic()
+            commits = write_index_shards(transform.index_rows(transform.latest_per_ad(valid), state), store_config,
+                                         index, version, num_shards)
+            stages["index"] = round(time.monotonic() - t1, 3)
             reasons, quarantined = quarantine.result()
             report = conflicts.result()
     finally:
         parsed.unpersist()  # classic mode: drop the checkpoint's blocks now, not at garbage collection
     return BuildResult(commits, reasons, quarantined, round(time.monotonic() - t0, 3), report, stages)
+
+
+def _read_known(spark: SparkSession, store_config: StoreConfig,
+                known_shards: Sequence[dict[str, Any]] | None) -> tuple[DataFrame | None, float]:
+    """The state of ``known_shards`` (``None``: none), read whole and checkpointed, and the seconds it took.
+    One task reads all the files: a Python task that starts a new worker costs more than reading."""
+    if known_shards is None:
+        return None, 0.0
+    t0 = time.monotonic()
+    state = read_version_state(spark, store_config, {"shards": list(known_shards)}, max_tasks=1)
+    return state.localCheckpoint(eager=True), round(time.monotonic() - t0, 3)
 
 
 def _read_parsed(spark: SparkSession, store_config: StoreConfig, files: list[tuple[str, str]], max_read_tasks: int,
@@ -125,20 +160,6 @@ def _read_parsed(spark: SparkSession, store_config: StoreConfig, files: list[tup
     # Python data source the reads used then was re-resolved, so a persisted plan never matched and each
     # action re-read the whole window: 6 read stages per delta build); a checkpoint is referenced by id.
     return transform.parse_records(lines, max_future_skew_seconds).localCheckpoint(eager=True)
-
-
-def _write_index(stages: dict[str, float], valid: DataFrame,
-                 write_shards: Callable[[DataFrame], list[ShardCommit]] | None, store_config: StoreConfig,
-                 index: str, version: str, num_shards: int) -> list[ShardCommit]:
-    """Stage the shards: ``write_shards`` if given, else the latest row per ad in ``num_shards`` shards."""
-    t0 = time.monotonic()
-    if write_shards is not None:
-        commits = write_shards(valid)
-    else:
-        commits = write_index_shards(transform.latest_per_ad(valid).select(*transform.TYPED_FIELDS),
-                                     store_config, index, version, num_shards)
-    stages["index"] = round(time.monotonic() - t0, 3)
-    return commits
 
 
 def _quarantine_invalid(stages: dict[str, float], invalid: DataFrame, files: list[tuple[str, str]],

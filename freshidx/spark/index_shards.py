@@ -9,7 +9,7 @@ every key, and the driver collects only the small commit messages. Each task
 1. builds a tantivy index of the shard's *active* ads in a local temp dir
    (:class:`freshidx.spark.index_format.IndexBuilder`: 128 MB heap, one thread, commit, wait for merges),
    with the product-level features computed from the shard's own rows
-   (:mod:`freshidx.spark.product_features`: a product never spans shards, so no Spark window is needed).
+   (:class:`freshidx.record_rules.ProductFeatures`: a product never spans shards, so no Spark window is needed).
    The features are known only after the last row, so the active rows are spilled to a local
    Arrow IPC file on the way and indexed from it (memory-mapped: a task's memory does not grow with
    its shard);
@@ -45,8 +45,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from freshidx.raw_record import ACTIVE
+from freshidx.record_rules import ProductFeatures
 from freshidx.spark.index_format import INDEX_DIR, IndexBuilder
-from freshidx.spark.product_features import ProductFeatures
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.shards import (
     COVERED_ARROW_SCHEMA,
@@ -171,7 +171,7 @@ def write_index_shards(
     ``latest`` has the typed record columns (``transform.index_rows``) of every ad of each product
     it mentions: the whole latest state for a full build; a delta build expands to whole products
     first (``transform.expand_to_products``). The product features are computed in each task from
-    its shard's rows (:mod:`freshidx.spark.product_features`).
+    its shard's rows (:class:`freshidx.record_rules.ProductFeatures`).
 
     Rows are hash-partitioned by ``xxhash64(product_id)`` (one product's ads land in exactly one
     shard; why the hash and not the bare column: see ``shards.write_sharded``). With ``sort`` each shard

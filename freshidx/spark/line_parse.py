@@ -12,7 +12,7 @@ of a form whose reading this module does not settle (offsets without a colon or 
 control characters), or when nesting or a number is deep or long enough to meet Jackson's limits.
 :func:`parse_lines` returns ``None`` for a batch holding such a line, and the caller parses it with
 Spark. Every other line gets Spark's ``reason`` (the module docstring of ``transform`` lists the
-rules) and, when valid, Spark's typed values; ``freshidx_tests/test_line_parse.py`` checks both
+rules) and, when valid, Spark's typed values; ``freshidx_tests/spark/test_line_parse.py`` checks both
 against Spark line by line.
 """
 
@@ -144,7 +144,9 @@ def _other_lines(lines: pa.Table, limits: np.ndarray) -> tuple[pa.Array, list[pa
 
 
 def _record(reader: _Reader, line: str, latest_second: int | None) -> tuple[str | None, tuple[Any, ...] | None]:
-    """The reason of one line and, when valid (reason ``None``), its typed values in ``TYPED_FIELDS`` order."""
+    """The reason of one line and, when valid (reason ``None``), its typed values in ``TYPED_FIELDS`` order.
+    The checks run in :data:`freshidx.record_rules.REASON_ORDER`, written out: one line at a time, a loop
+    over them would cost more than the checks."""
     obj = _load(reader, line)
     if type(obj) is not dict:
         return REASON_MALFORMED_JSON, None

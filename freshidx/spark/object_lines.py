@@ -6,7 +6,7 @@ that is not valid UTF-8 decoded with replacements, flagged ``bad_encoding`` and 
 
 A block of whole lines is split, checked and turned into columns by Arrow at once (:func:`_block_batches`);
 only a block holding a line that is not valid UTF-8 is read line by line in Python (:func:`_per_line`),
-the reference ``freshidx_tests/test_object_lines.py`` compares both with.
+the reference ``freshidx_tests/spark/test_object_lines.py`` compares both with.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ date, future skew, version sign, title length).
 Every other line (another field order, an escape, a number in exponent form beyond two digits, a zone
 offset, a real date this path does not settle, a bad encoding) is read by ``line_parse``'s per-line rules,
 so the answer is the same either way; only the cost differs (one pass of compiled code over the batch
-here, a Python loop there). ``freshidx_tests/test_line_parse.py`` compares both paths with Spark line by line.
+here, a Python loop there). ``freshidx_tests/spark/test_line_parse.py`` compares both paths with Spark line by line.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from freshidx.raw_record import (
     REQUIRED_FIELDS,
     STATUSES,
 )
+from freshidx.record_rules import REASON_ORDER
 from freshidx.spark.index_format import DOCS_ARROW_SCHEMA
 from freshidx.spark.string_buffers import string_layout
 
@@ -105,16 +106,23 @@ def _json_values(lines: pa.Array) -> pa.Table:
 def _checked(values: pa.Table, micros: np.ndarray, limit: np.ndarray) -> tuple[pa.Array, list[pa.Array]]:
     texts = {n: values.column(n).combine_chunks() for n in (*ID_FIELDS, "title", "status")}
     bid, version = values.column("bid").combine_chunks(), values.column("version").combine_chunks()
-    # The first failing check names the reason (line_parse's order); checked last to first, earlier wins.
-    checks: list[tuple[str, np.ndarray]] = [
-        *((f"{REASON_MISSING_FIELD}:{n}", _np(pc.match_substring_regex(texts[n], "^ *$")))
-          for n in REQUIRED_FIELDS if n in ID_FIELDS),
-        (REASON_BAD_STATUS, ~_np(pc.is_in(texts["status"], value_set=pa.array(STATUSES)))),
-        (REASON_BAD_BID, ~_np(pc.and_(pc.greater_equal(bid, 0.0), pc.less_equal(bid, MAX_BID)))),
-        (REASON_FUTURE_TIMESTAMP, (limit >= 0) & (micros // 1_000_000 > limit)),
-        (REASON_BAD_VERSION, _np(pc.less(version, 0))),
-        (REASON_TOO_LONG, _np(pc.greater(pc.utf8_length(texts["title"]), MAX_TITLE_CHARS))),
-    ]
+    # A plain line is valid UTF-8, one JSON object of the record's types with every required field and a
+    # real timestamp: of the checks, these can fail (an id can be blank).
+    fails: dict[str, np.ndarray] = {
+        REASON_BAD_STATUS: ~_np(pc.is_in(texts["status"], value_set=pa.array(STATUSES))),
+        REASON_BAD_BID: ~_np(pc.and_(pc.greater_equal(bid, 0.0), pc.less_equal(bid, MAX_BID))),
+        REASON_FUTURE_TIMESTAMP: (limit >= 0) & (micros // 1_000_000 > limit),
+        REASON_BAD_VERSION: _np(pc.less(version, 0)),
+        REASON_TOO_LONG: _np(pc.greater(pc.utf8_length(texts["title"]), MAX_TITLE_CHARS)),
+    }
+    # The first failing check names the reason (record_rules.REASON_ORDER); checked last to first, earlier wins.
+    checks: list[tuple[str, np.ndarray]] = []
+    for check in REASON_ORDER:
+        if check == REASON_MISSING_FIELD:
+            checks += [(f"{REASON_MISSING_FIELD}:{n}", _np(pc.match_substring_regex(texts[n], "^ *$")))
+                       for n in REQUIRED_FIELDS if n in ID_FIELDS]
+        elif check in fails:
+            checks.append((check, fails[check]))
     code = np.zeros(len(micros), np.int8)
     for k in range(len(checks), 0, -1):
         code[checks[k - 1][1]] = k

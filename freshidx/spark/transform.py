@@ -1,7 +1,9 @@
 """Pure transforms (DataFrame in, DataFrame out): parse, validate, deduplicate raw ad changes.
 
-No I/O here and no Python UDFs: everything is a Spark SQL expression and runs in the JVM, so these
-functions can be tested with a local SparkSession alone and behave the same under Spark Connect.
+The rules are :mod:`freshidx.record_rules`' (the record's fields, the order of its checks, which version
+wins, which products a change touches): this module renders them as Spark expressions. No I/O here and no
+Python UDFs: everything is a Spark SQL expression and runs in the JVM, so these functions can be tested with
+a local SparkSession alone and behave the same under Spark Connect.
 
 Validation (:func:`parse_records`) gives each line a ``reason``: ``None`` for a valid record, else
 the first failing rule, in this order:
@@ -54,12 +56,12 @@ from freshidx.raw_record import (
     REASON_MALFORMED_JSON,
     REASON_MISSING_FIELD,
     REASON_TOO_LONG,
+    REQUIRED_FIELDS,
     STATUSES,
     raw_ddl,
 )
+from freshidx.record_rules import CONFLICT_RULE, REASON_ORDER, TYPED_FIELDS, tie_break_order
 
-#: Typed record columns, in :data:`RAW_FIELDS` order (``updated_at`` becomes a UTC timestamp).
-TYPED_FIELDS: tuple[str, ...] = tuple(RAW_FIELDS)
 LINE_COLUMNS = ("partition", "file", "line", "raw")
 INVALID_COLUMNS = ("partition", "file", "line", "raw", "reason")
 #: What the quarantine keeps beside :data:`INVALID_COLUMNS`: the exact bytes of a line that was not
@@ -183,33 +185,32 @@ def _malformed(raw: Column, t: Column, s: Column) -> Column:
 
 
 def _reason(raw: Column, t: Column, s: Column, updated_at: Column, max_future_skew_seconds: int) -> Column:
-    """The first rule of the module docstring's list a line fails (null: valid)."""
-    reason = (
-        F.when(F.col("detail").isNotNull(), F.substring_index(F.col("detail"), ":", 1))
-        .when(F.col("_bad_encoding"), F.lit(REASON_BAD_ENCODING))
-        .when(_malformed(raw, t, s), F.lit(REASON_MALFORMED_JSON))
-    )
-    for name, (_, required) in RAW_FIELDS.items():
-        if not required:
-            continue
-        missing = s[name].isNull()
-        if name in ID_FIELDS:
-            missing = missing | (F.trim(s[name]) == F.lit(""))
-        reason = reason.when(missing, F.lit(f"{REASON_MISSING_FIELD}:{name}"))
+    """The first check of :data:`freshidx.record_rules.REASON_ORDER` a line fails (null: valid), after an
+    object-level reason (the module docstring's list)."""
     bid = t["bid"]
     version = t["version"]
-    return (
-        reason.when(~s["status"].isin(*STATUSES), F.lit(REASON_BAD_STATUS))
-        .when(
-            bid.isNull() | F.isnan(bid) | (bid < F.lit(0.0)) | (bid > F.lit(float(MAX_BID))),
-            F.lit(REASON_BAD_BID),
-        )
-        .when(updated_at.isNull(), F.lit(REASON_BAD_TIMESTAMP))
-        .when(updated_at.cast("long") > _partition_time(F.col("partition")).cast("long")
-              + F.lit(int(max_future_skew_seconds)), F.lit(REASON_FUTURE_TIMESTAMP))
-        .when(version.isNull() | (version < F.lit(0)), F.lit(REASON_BAD_VERSION))
-        .when(F.length(t["title"]) > F.lit(MAX_TITLE_CHARS), F.lit(REASON_TOO_LONG))
-    )
+    fails = {
+        REASON_BAD_ENCODING: F.col("_bad_encoding"),
+        REASON_MALFORMED_JSON: _malformed(raw, t, s),
+        REASON_BAD_STATUS: ~s["status"].isin(*STATUSES),
+        REASON_BAD_BID: bid.isNull() | F.isnan(bid) | (bid < F.lit(0.0)) | (bid > F.lit(float(MAX_BID))),
+        REASON_BAD_TIMESTAMP: updated_at.isNull(),
+        REASON_FUTURE_TIMESTAMP: updated_at.cast("long") > _partition_time(F.col("partition")).cast("long")
+        + F.lit(int(max_future_skew_seconds)),
+        REASON_BAD_VERSION: version.isNull() | (version < F.lit(0)),
+        REASON_TOO_LONG: F.length(t["title"]) > F.lit(MAX_TITLE_CHARS),
+    }
+    reason = F.when(F.col("detail").isNotNull(), F.substring_index(F.col("detail"), ":", 1))
+    for check in REASON_ORDER:
+        if check != REASON_MISSING_FIELD:
+            reason = reason.when(fails[check], F.lit(check))
+            continue
+        for name in REQUIRED_FIELDS:
+            missing = s[name].isNull()
+            if name in ID_FIELDS:
+                missing = missing | (F.trim(s[name]) == F.lit(""))
+            reason = reason.when(missing, F.lit(f"{REASON_MISSING_FIELD}:{name}"))
+    return reason
 
 
 def split_valid(parsed: DataFrame) -> tuple[DataFrame, DataFrame]:
@@ -221,24 +222,8 @@ def split_valid(parsed: DataFrame) -> tuple[DataFrame, DataFrame]:
     return valid, invalid
 
 
-def tie_break_order(columns: list[str]) -> list[str]:
-    """The columns, most significant first, whose max picks the winning record of an ad."""
-    # Highest version wins, then latest updated_at, then status (so on an exact tie "paused"/"deleted"
-    # beat "active": when in doubt, hide), then every other column: deterministic, and exact
-    # duplicates collapse.
-    first = ["version", "updated_at", "status"]
-    rest = [c for c in TYPED_FIELDS if c not in first and c != "ad_id"]
-    extra = sorted(c for c in columns if c not in TYPED_FIELDS)
-    return first + rest + extra
-
-
-
-
 #: Reason of a (reported, not rejected) copy of an ``(ad_id, version)`` read with more than one content.
 REASON_VERSION_CONFLICT = "version_conflict"
-#: The rule that settles a version conflict, as the quarantine's ``detail`` and the docs state it.
-CONFLICT_RULE = ("winner: greatest updated_at, then status (paused > deleted > active), then campaign_id, "
-                 "product_id, title, keywords, bid")
 #: Columns of :func:`version_conflicts` (quarantine columns first, then the conflicting key).
 CONFLICT_COLUMNS = (*INVALID_COLUMNS, *QUARANTINE_EXTRA_COLUMNS, "ad_id", "version")
 
@@ -257,7 +242,7 @@ def version_conflicts(parsed: DataFrame, group_keys: tuple[str, ...] = ()) -> Da
 
     ``parsed`` is :func:`parse_records` output (plus ``group_keys``); only valid rows take part.
     Identical duplicates are not conflicts. The winner is the row :func:`latest_per_ad` and
-    ``hourly_build.dedupe_versions`` keep (:data:`CONFLICT_RULE`: a ``max`` over the same struct,
+    ``hourly_build.dedupe_versions`` keep (:data:`freshidx.record_rules.CONFLICT_RULE`: a ``max`` over the same struct,
     so it depends on the set of copies only, never on input order or partitioning); ``detail`` says
     for each copy whether it won, how many contents there were, and both content hashes. Columns:
     :data:`CONFLICT_COLUMNS` plus ``group_keys``. Runs on executors (one aggregation, one join);
@@ -321,7 +306,8 @@ def may_have_version_conflicts(parsed: DataFrame, group_keys: tuple[str, ...] = 
 
 
 def latest_per_ad(valid: DataFrame) -> DataFrame:
-    """One row per ``ad_id``: the newest record (see :func:`tie_break_order`). No global sort."""
+    """One row per ``ad_id``: the newest record (:func:`freshidx.record_rules.tie_break_order`, the struct's
+    fields in that order, so Spark's ``max`` picks it). No global sort."""
     order = tie_break_order(valid.columns)
     winner = F.max(F.struct(*[F.col(c) for c in order])).alias("_w")
     out_columns = [*TYPED_FIELDS, *[c for c in order if c not in TYPED_FIELDS]]
@@ -335,7 +321,7 @@ def latest_per_ad(valid: DataFrame) -> DataFrame:
 
 def documents(latest: DataFrame) -> DataFrame:
     """The ads to index: active ones only."""
-    return latest.filter(F.col("status") == F.lit(ACTIVE))
+    return latest.filter(_is_active())
 
 
 def covered_ids(latest: DataFrame) -> DataFrame:
@@ -368,20 +354,25 @@ def expand_to_products(latest_window: DataFrame, full_state: DataFrame) -> DataF
     overrides a *higher* version the full version holds: a deleted or paused v10 before the window
     keeps a re-delivered or late active v5 inside it hidden (the row comes out inactive and lands in
     the kill-list only). Columns: :data:`TYPED_FIELDS`. Each product it mentions is whole, as the
-    product features need (computed in the shard tasks, :mod:`freshidx.spark.product_features`).
+    product features need (computed in the shard tasks, :class:`freshidx.record_rules.ProductFeatures`).
     """
     window = latest_window.select(*TYPED_FIELDS)
     full = full_state.select(*TYPED_FIELDS)
-    full_active = full.filter(F.col("status") == F.lit(ACTIVE))
-    window_ads = window.select("ad_id")
-    touched = (
-        window.select("product_id")
-        .unionByName(full_active.join(window_ads, "ad_id", "left_semi").select("product_id"))
-        .distinct()
-    )
-    siblings = full_active.join(touched, "product_id", "left_semi")
-    known = full.join(window_ads, "ad_id", "left_semi")  # inactive ones included: they may be newer
+    known = full.join(window.select("ad_id"), "ad_id", "left_semi")  # inactive ones included: they may be newer
+    touched = touched_products(window, known)
+    siblings = full.filter(_is_active()).join(touched, "product_id", "left_semi")
     return latest_per_ad(window.unionByName(siblings).unionByName(known))
+
+
+def touched_products(batch: DataFrame, prior: DataFrame) -> DataFrame:
+    """:func:`freshidx.record_rules.touched_products` in Spark: the ``product_id`` of every product the
+    ``batch`` ads belong to now or, active, in ``prior`` (their rows before the batch)."""
+    return (batch.select("product_id").unionByName(prior.filter(_is_active()).select("product_id"))
+            .distinct())
+
+
+def _is_active() -> Column:
+    return F.col("status") == F.lit(ACTIVE)
 
 
 def index_rows(latest: DataFrame, full_state: DataFrame | None = None) -> DataFrame:
@@ -391,7 +382,7 @@ def index_rows(latest: DataFrame, full_state: DataFrame | None = None) -> DataFr
     ``index_rows(latest_window, full_state)`` with the current full version's state (its docs alone
     also work, without the inactive-ad guard); without a full version (``None``) the window's rows
     are all there is. The product-level features are added by
-    the shard tasks (:mod:`freshidx.spark.product_features`), not here: a product never spans shards, so
+    the shard tasks (:class:`freshidx.record_rules.ProductFeatures`), not here: a product never spans shards, so
     that costs no shuffle.
     """
     return latest.select(*TYPED_FIELDS) if full_state is None else expand_to_products(latest, full_state)

@@ -12,7 +12,7 @@
     * ``single``: the same rows (pulled to the driver as Arrow before the clock starts) indexed by one
       plain Python process with the same schema and builder settings
       (:class:`freshidx.spark.index_format.IndexBuilder`). Both sides compute the product features inside
-      their clock (:mod:`freshidx.spark.product_features`), as a real build does in its shard tasks.
+      their clock (:class:`freshidx.record_rules.ProductFeatures`), as a real build does in its shard tasks.
 
     Each side starts on a quiet process tree (:func:`quiesce`: the JVM's compiler and collector
     threads go on working for a second or more after a Spark job; measured in the single side's
@@ -134,8 +134,8 @@ def _single_build(table: Any, workdir: str, name: str) -> int:
     import pyarrow.compute as pc
 
     from freshidx.raw_record import ACTIVE
+    from freshidx.record_rules import ProductFeatures
     from freshidx.spark.index_format import IndexBuilder
-    from freshidx.spark.product_features import ProductFeatures
 
     builder = IndexBuilder(os.path.join(workdir, name))
     active = table.filter(pc.equal(table.column("status"), ACTIVE))

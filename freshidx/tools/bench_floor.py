@@ -86,8 +86,8 @@ def _indexed_docs(store_cfg: Any, layers: list[Any], valid: pa.Table) -> pa.Tabl
     """The documents the micro-batch indexed: its re-indexed active ads with their products' features."""
     from freshidx.delta.executor.state_lookup import merged_rows, state_file_refs
     from freshidx.raw_record import ACTIVE
+    from freshidx.record_rules import ProductFeatures
     from freshidx.spark.index_shards import REPLACE_COLUMN
-    from freshidx.spark.product_features import ProductFeatures
 
     rows = merged_rows(store_cfg, state_file_refs(layers), 0, valid)
     active = rows.filter(pc.equal(rows.column("status"), ACTIVE))

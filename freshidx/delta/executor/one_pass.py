@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from freshidx.delta.executor.state_lookup import FileRef, Parts, StateLayer, merged_rows, state_file_refs
-from freshidx.delta.segment_merge import list_fingerprint
+from freshidx.record_rules import list_fingerprint
 from freshidx.spark import transform
 from freshidx.spark.index_build import BuildResult
 from freshidx.spark.index_shards import write_one_index_shard

@@ -11,7 +11,7 @@ Of everything the serving full version and the kept segments know, a micro-batch
 Reading every state row into Spark and joining there costs the window on every micro-batch (measured:
 the state step doubled from 100k to 400k documents), and merging with Spark joins cost ~15 small jobs
 (seconds through Spark Connect). Here the micro-batch's task (:mod:`freshidx.delta.executor.one_pass`),
-holding the batch it parsed, keeps its latest record per ad (``segment_merge.latest_per_ad``, so no
+holding the batch it parsed, keeps its latest record per ad (``record_rules.latest_per_ad``, so no
 aggregation job runs before it), reads the state files in two passes (the key columns of every file first, to find
 those rows, then whole records of the row groups that hold them only), merges in Arrow and writes the
 segment's shard. The key pass is the only part that still scans the state, at a few bytes per row;
@@ -50,6 +50,7 @@ from freshidx.delta.executor.key_index import (
     rows_and_hits,
 )
 from freshidx.raw_record import ACTIVE
+from freshidx.record_rules import latest_per_ad
 from freshidx.spark.index_shards import REPLACE_COLUMN, version_files, widen
 from freshidx.spark.shards import (
     COVERED_FILE,
@@ -91,7 +92,7 @@ def merged_rows(config: StoreConfig, files: list[FileRef], cache_bytes: int, rec
     time spent reading the state rows and merging. ``cache_bytes``: what each Python worker may keep
     decoded between tasks (:func:`freshidx.delta.executor.decoded_cache.resolve_worker_cache`)."""
     t1 = time.monotonic()
-    batch = segment_merge.latest_per_ad(records)
+    batch = latest_per_ad(records)
     if batch.num_rows == 0:
         return records.slice(0, 0).append_column(REPLACE_COLUMN, pa.array([], pa.bool_()))
     cache = resolve_worker_cache(cache_bytes)
@@ -300,8 +301,8 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
     segments not built over the serving full version (:meth:`StateFile.trusted`)."""
     batch_ads = _Ids([pc.unique(keys.column("ad_id").combine_chunks())])
     # Pass 1: key columns only.
-    key_info = [cache.get((f.name, "key-index", LAYOUT), lambda f=f: _read_keys(f.parquet()), _weight, lasting=True)
-                for f in files]
+    key_info = cache.get_many([((f.name, "key-index", LAYOUT), lambda f=f: _read_keys(f.parquet())) for f in files],
+                              _weight, lasting=True)
     # The batch's products and the products its ads were in ...
     strings: list[pa.Array] = [keys.column("product_id").combine_chunks().drop_null()]
     indexed: list[np.ndarray] = []

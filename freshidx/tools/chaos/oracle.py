@@ -1,7 +1,7 @@
 """What the index should serve, brute force, and what it serves, for ``freshidx bench chaos``.
 
 * :func:`oracle` (pure): the latest version of each ad over every valid record, active ads only; ties
-  as ``freshidx.spark.transform.tie_break_order`` settles them (version, then ``updated_at``, then status
+  as ``freshidx.record_rules.tie_break_order`` settles them (version, then ``updated_at``, then status
   with inactive beating active, then the other fields). It knows nothing of segments, windows,
   kill-lists or folding: only the records.
 * :func:`raw_records` (reads): every record of every raw partition up to a watermark, read and validated
@@ -30,7 +30,7 @@ COMPARED = ("version", "campaign_id", "product_id", "title", "bid")
 
 
 def rank(r: Mapping[str, Any]) -> tuple[Any, ...]:
-    """Greatest wins: the order of ``freshidx.spark.transform.tie_break_order``."""
+    """Greatest wins: the order of ``freshidx.record_rules.tie_break_order``."""
     return (r["version"], r["updated_at"], r["status"], r["campaign_id"], r["product_id"], r["title"],
             tuple(r.get("keywords") or ()), r["bid"])
 
