@@ -20,7 +20,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from freshidx.delta import segments, serving_state
+from freshidx.delta import segments, serving_state, window_files
 from freshidx.delta.executor import one_pass
 from freshidx.delta.executor.state_lookup import StateLayer
 from freshidx.delta.segments import BuildKind, FullBase, Segment
@@ -37,7 +37,6 @@ from freshidx.spark.shards import ShardCommit
 from freshidx.store import ObjectInfo, ObjectStore, StoreConfig
 from freshidx.store.partitions import PartitionId
 from freshidx.store.records import Manifest
-from freshidx.trigger import listing
 
 log = logging.getLogger(__name__)
 INDEX = "delta"
@@ -121,7 +120,7 @@ def _list_batch(store: ObjectStore, settings: Settings, plan: DeltaPlan) -> _Bat
                        force_rebuild=plan.force_rebuild or settings.delta_build == "window")
     t0 = time.monotonic()
     listed_at = utcnow()  # before listing: whatever is visible now is in the listing
-    files, ignored = listing.files_in_window(store, settings.source, mb.window_start, p)
+    files, ignored = window_files.files_in_window(store, settings.source, mb.window_start, p)
     if mb.kind is BuildKind.INCREMENTAL:
         assert full is not None
         to_read = segments.files_to_read(files, full, mb.kept)

@@ -8,9 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from freshidx.delta.window_files import files_in_window
 from freshidx.store import ObjectStore, StoreConfig, layout, open_store
 from freshidx.store.partitions import PartitionId
-from freshidx.trigger.listing import files_in_window, newest_partition, partitions_after
+from freshidx.trigger.listing import newest_partition, partitions_after
 
 T0 = dt.datetime(2026, 10, 1, tzinfo=dt.UTC)
 SRC = "ad_updates"

@@ -92,7 +92,7 @@ class RawRead:
 def raw_records(store: ObjectStore, config: StoreConfig, source: str, until: PartitionId) -> RawRead:
     """Every valid record (with its ``partition`` path) of the raw partitions up to ``until`` (inclusive)."""
     from freshidx.catchup.state import oldest_hour
-    from freshidx.trigger.listing import files_in_window
+    from freshidx.delta.window_files import files_in_window
 
     oldest = oldest_hour(store, source)
     if oldest is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from freshidx.delta import segments, serving_state
+from freshidx.delta import segments, serving_state, window_files
 from freshidx.publish.commit import DraftManifest, iso, new_version, utcnow
 from freshidx.settings import Settings
 from freshidx.spark.index_format import FORMAT
@@ -19,7 +19,6 @@ from freshidx.spark.task_files import ShardFile
 from freshidx.store import ObjectStore, layout
 from freshidx.store.partitions import PartitionId
 from freshidx.store.records import Segment
-from freshidx.trigger import listing
 
 SHARD_FILES = {"index/meta.json": b'{"segments":[]}', "covered.parquet": b"PAR1"}
 
@@ -55,7 +54,7 @@ def micro_batch(store: ObjectStore, settings: Settings, p: PartitionId, run_id: 
     mb = segments.plan(p, settings.window, full, previous, has_previous_delta=delta_pointer is not None,
                        max_segments=settings.delta_max_segments, force_rebuild=False)
     listed_at = utcnow()
-    files, _ = listing.files_in_window(store, settings.source, mb.window_start, p)
+    files, _ = window_files.files_in_window(store, settings.source, mb.window_start, p)
     to_read = segments.files_to_read(files, full, mb.kept) if mb.kind is segments.BuildKind.INCREMENTAL and \
         full is not None else files
     version = new_version(p.at)
