@@ -52,6 +52,7 @@ MODULE_SECONDS = {
     "test_catchup": 120, "test_connect_retry": 102, "test_version_conflicts": 93, "test_sla": 92,
     "test_devserver": 91, "test_run_health_e2e": 86, "test_sensor_e2e": 76, "test_delta_versions": 72,
     "test_demo_stop": 65, "test_micro_batch_crash": 64, "test_continuous_e2e": 63, "test_continuous_standby": 100,
+    "test_spark_spare": 100,
     "test_incremental_equivalence": 62, "test_launchpad_graphql": 48, "test_quarantine_replay": 44,
     "test_full_from_state": 45, "test_search_e2e": 36, "test_compaction": 35, "test_listing": 35,
     "test_hourly_build": 33,

@@ -33,7 +33,7 @@ def server_config(*, host: str, port: int, master: str, state_dir: Path, restart
                   max_heap_fraction: float, max_session_processes: int, driver_memory: str, drain_timeout: float,
                   health_interval: float, hang_timeout: float, cds_dir: Path | None, no_class_data_sharing: bool,
                   no_cds_dump: bool, conf: Sequence[str], no_warm_up: bool, control_port: int | None = 0,
-                  lease_ttl: float = 30.0) -> ServerConfig:
+                  lease_ttl: float = 30.0, spare: bool = False) -> ServerConfig:
     """The supervisor's configuration from the command's options."""
     from freshidx.spark_server.server_config import ServerConfig
 
@@ -51,7 +51,7 @@ def server_config(*, host: str, port: int, master: str, state_dir: Path, restart
         hang_timeout_s=hang_timeout,
         class_data_sharing=not no_class_data_sharing, cds_dir=cds_dir, cds_dump=not no_cds_dump,
         warm_up=not no_warm_up, control_port=port + 1 if control_port is None else control_port,
-        lease_ttl_s=lease_ttl,
+        lease_ttl_s=lease_ttl, spare=spare,
     )
 
 
@@ -201,6 +201,9 @@ spark_server = LazyCommand(
          "http://HOST:PORT): status, leases, kept sessions (default: --port + 1, skipped if taken; 0 = off)"),
     _opt("--lease-ttl", type=float, default=30.0, metavar="SECONDS",
          help="an endpoint lease its client stops renewing is dropped after this long (default 30)"),
+    _opt("--spare", is_flag=True,
+         help="keep a second JVM warmed up and promote it when the serving one dies: seconds instead of a "
+         "~30 s restart, for twice the memory (docs/operations.md)"),
     _opt("--status", is_flag=True, help="print the state of a running supervisor and exit"),
     json_option("print state changes as JSON lines"),
     short_help="run a supervised Spark Connect server (health checks, planned restarts)",

@@ -24,7 +24,9 @@ The modules, one job each:
   sessions, its hang detector;
 * :mod:`~freshidx.spark_server.server_process` – one JVM started, warmed up, probed and stopped
   (:mod:`~freshidx.spark_server.state_dir`: who owns the state dir; :mod:`~freshidx.spark_server.warm_up`);
-* :mod:`~freshidx.spark_server.supervisor` – the watchdog (health, progress, planned restarts);
+* :mod:`~freshidx.spark_server.supervisor` – the watchdog (health, progress, planned restarts), with its warm
+  spare JVM :mod:`~freshidx.spark_server.spare` (clients follow a promotion:
+  :mod:`~freshidx.spark_server.follow_server`);
 * :mod:`~freshidx.spark_server.local_cds` – making the class archive local-mode JVMs map (``freshidx spark-cds``);
 * :mod:`~freshidx.spark_server.server` – ``python -m freshidx.spark_server.server``.
 """
@@ -50,6 +52,7 @@ def open_connect_session(remote: str, where: str | Path, run_id: str, *, build: 
     """
     from freshidx.spark.session import close_session
     from freshidx.spark_server.control_client import control_for
+    from freshidx.spark_server.follow_server import follow_promotions
     from freshidx.spark_server.kept_session import attach
     from freshidx.spark_server.lease import acquire_lease
 
@@ -57,6 +60,7 @@ def open_connect_session(remote: str, where: str | Path, run_id: str, *, build: 
     with acquire_lease(control, run_id, timeout_s=lease_timeout_s) as lease:
         url = lease.url or remote
         session = attach(url, control, keep_as, build) if keep_as else build(url)
+        follow_promotions(session, control, url)  # a promoted spare serves elsewhere: stop retrying this URL
         try:
             yield session
         finally:

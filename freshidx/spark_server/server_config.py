@@ -63,6 +63,9 @@ class ServerConfig:
     # The control endpoint (control_server.py) on ``host``: 0 = none (the CLI's default is port + 1).
     control_port: int = 0
     lease_ttl_s: float = 30.0  # an endpoint lease not renewed for this long is dropped
+    # A second JVM kept warm and promoted when the serving one dies (spare.py): seconds instead of a
+    # ~30 s restart, for twice the memory. Off by default (docs/operations.md).
+    spare: bool = False
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser().absolute()

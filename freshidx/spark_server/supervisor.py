@@ -24,6 +24,10 @@ it) and the watchdog the design asks for:
   worker daemons that Spark Connect leaks per client session) is a planned restart too
   (``planned-processes``).
 
+With ``--spare`` (``ServerConfig.spare``) a second, warmed-up JVM waits beside the serving one and is
+*promoted* when the serving JVM dies (``last_restart_promoted``); planned restarts drain and restart as
+above (:mod:`freshidx.spark_server.spare`).
+
 ``SIGTERM``/``SIGINT`` to ``freshidx spark-server`` call :meth:`~ServerProcess.request_stop` from the
 handler (what a stop guarantees: :mod:`freshidx.spark_server.server_process`).
 
@@ -35,6 +39,9 @@ the server restarts).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -48,8 +55,9 @@ from freshidx.spark_server.job_progress import ProgressTracker, python_worker_cp
 from freshidx.spark_server.jvm import run_jcmd
 from freshidx.spark_server.lease import active_leases
 from freshidx.spark_server.server_config import ServerConfig
-from freshidx.spark_server.server_process import ServerProcess, ServerStartError, StateDirBusy
+from freshidx.spark_server.server_process import STOP_GRACE_S, ServerProcess, ServerStartError, StateDirBusy
 from freshidx.spark_server.server_state import now_iso
+from freshidx.spark_server.spare import SpareKeeper, kill_leftover_spares, promotion_fields
 
 
 class SparkConnectSupervisor(ServerProcess):
@@ -69,6 +77,7 @@ class SparkConnectSupervisor(ServerProcess):
         self.control = ControlPlane(self.state, self._usable, self._state_lock, DirectoryControl(self.state_dir),
                                     ttl_s=config.lease_ttl_s)
         self._control_server: ControlServer | None = None
+        self._spares = SpareKeeper(config, self._spare_changed) if config.spare else None
 
     # ---- the control endpoint (freshidx.spark_server.control_server) ------------------------
 
@@ -94,9 +103,22 @@ class SparkConnectSupervisor(ServerProcess):
         """Every lease held: lease files of the state dir and leases taken over the endpoint."""
         return active_leases(self.state_dir) + self.control.leases()
 
+    def kill_leftover(self) -> None:
+        """The primary's leftover JVM and spares (or a promoted one) a supervisor killed with SIGKILL left."""
+        super().kill_leftover()
+        kill_leftover_spares(self.state_dir)  # (one may hold the configured port)
+
+    def request_stop(self) -> None:
+        """:meth:`ServerProcess.request_stop`, and the spare JVM (if any) gets SIGTERM at the same moment."""
+        super().request_stop()
+        if self._spares is not None:
+            self._spares.request_stop()
+
     def stop(self) -> None:
-        """Stop the server (:meth:`ServerProcess.stop`), then the control endpoint."""
+        """Stop the server (:meth:`ServerProcess.stop`) and the spare, then the control endpoint."""
         super().stop()
+        if self._spares is not None:
+            self._spares.stop(STOP_GRACE_S + 20.0)  # (SIGTERMed with the serving JVM: the same grace)
         server, self._control_server = self._control_server, None
         if server is not None:
             server.stop()
@@ -164,12 +186,43 @@ class SparkConnectSupervisor(ServerProcess):
                 return {
                     "restarts": int(self._state.get("restarts") or 0) + 1, "last_restart_at": now_iso(),
                     "last_restart_reason": reason, "last_restart_duration_s": round(time.monotonic() - t0, 3),
-                    "last_restart_old_pid": old_pid, "restarting_reason": None,
+                    "last_restart_old_pid": old_pid, "restarting_reason": None, "last_restart_promoted": False,
+                    # (after a promotion the serving JVM ran elsewhere: this one runs from state_dir)
+                    "url": self.config.url, "port": self.config.port, "log": str(self.log_path),
                 }
 
             timings = self._spawn_and_wait(restarted)
         self._pending_reason = None
         return {**timings, "restart_s": self._state["last_restart_duration_s"]}
+
+    def _promote(self) -> bool:
+        """Make the ready spare the serving JVM (:mod:`freshidx.spark_server.spare`) in place of a dead one:
+        state.json points at its URL from now on. False if there is no ready spare (then restart)."""
+        if self._spares is None or self._stopping():
+            return False
+        t0 = time.monotonic()
+        with self._proc_lock:
+            old_pid = self.pid or self._state.get("last_pid")
+            handover = self._spares.take()
+            if handover is None:
+                return False
+            dead, self._proc = self._proc, handover.proc
+            self._started_mono, self._status_client = handover.started_mono, handover.status_client
+            self._max_heap_cache.clear()
+            self.config = dataclasses.replace(self.config, port=handover.config.port)
+            self.last_timings = handover.timings
+            self._update_state(**promotion_fields(self._state, handover, self.config.url, old_pid,
+                                                  took_s=time.monotonic() - t0))
+            if dead is not None:  # (reaped) its Python workers, orphaned: no grace for them
+                procs.signal_session(dead.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):  # (else the next probe connects)
+                self._reset_health_session()
+        self._pending_reason = None
+        return True
+
+    def _spare_changed(self, changes: dict[str, Any]) -> None:
+        if not self._stop.is_set():  # after a stop the last state written is the supervisor's "down"
+            self._update_state(**changes)
 
     def run_forever(self, stop_event: threading.Event | None = None) -> None:
         """Supervise until ``stop_event`` is set (or :meth:`request_stop` / :meth:`stop`). Starts the
@@ -210,18 +263,22 @@ class SparkConnectSupervisor(ServerProcess):
                 return "stop"
             self._fresh_jvm(watch)
             return "again"
-        if proc.poll() is not None:  # dead: restarted at once, nothing to drain
+        if proc.poll() is not None:  # dead: the spare promoted, or restarted at once; nothing to drain
             self._update_state(last_exit_code=proc.returncode)
-            self._restart_or_mark_down("crash")
+            if not self._promote():
+                self._restart_or_mark_down("crash")
             self._fresh_jvm(watch)
             return "again"
         reason = self._restart_due(watch)
         if reason is None:
+            if self._spares is not None:
+                self._spares.ensure(self.config, serving_up=self._state.get("status") == "up")
             return "wait"
         if not self._drain(reason):  # every restart of a live JVM drains first
             return "stop"
         dead = self._proc is None or self._proc.poll() is not None
-        self._restart_or_mark_down("crash" if dead else reason)
+        if not (dead and self._promote()):
+            self._restart_or_mark_down("crash" if dead else reason)
         self._fresh_jvm(watch)
         return "again"
 

@@ -127,8 +127,42 @@ def demo_tree(demo_pid: int) -> list[Proc]:
 
 
 def find_targets(demo_pid: int, instance: Any, looping_run_id: str | None) -> dict[str, list[int]]:
-    """Pids per target kind in the demo's tree now."""
-    return classify(demo_tree(demo_pid), run_workers(instance), looping_run_id)
+    """Pids per target kind in the demo's tree now (of the Spark JVMs, the serving one)."""
+    found = classify(demo_tree(demo_pid), run_workers(instance), looping_run_id)
+    if len(found.get(SPARK_JVM, [])) > 1:
+        found[SPARK_JVM] = serving_jvms(found[SPARK_JVM])
+    return found
+
+
+def option_value(args: Sequence[str], name: str) -> str | None:
+    """The value of ``name VALUE`` or ``name=VALUE`` in a command line."""
+    for a, b in itertools.pairwise([*args, ""]):
+        if a == name:
+            return b or None
+        if a.startswith(name + "="):
+            return a.partition("=")[2]
+    return None
+
+
+def serving_jvms(pids: list[int]) -> list[int]:
+    """The JVMs among ``pids`` that their supervisor's state.json names as serving: a warm spare
+    (``freshidx spark-server --spare``) is not the target a JVM kill means. All of them if none is named."""
+    from pathlib import Path
+
+    from freshidx.spark_server.server_state import read_state
+
+    serving = []
+    for pid in pids:
+        try:
+            parent = psutil.Process(pid).parent()
+            args, cwd = (parent.cmdline(), parent.cwd()) if parent is not None else ([], "/")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        state_dir = option_value(args, "--state-dir")
+        state = read_state(Path(cwd) / state_dir) if state_dir else None
+        if state is not None and state.get("pid") == pid:
+            serving.append(pid)
+    return serving or pids
 
 
 def kill(pid: int) -> bool:
@@ -141,4 +175,5 @@ def kill(pid: int) -> bool:
 
 
 __all__ = ["CODE_SERVER", "CONTINUOUS_WORKER", "DAEMON", "GENERATOR", "RUN_WORKER", "SPARK_JVM", "WEBSERVER", "Proc",
-           "RunWorker", "classify", "demo_tree", "find_targets", "kill", "kind_of", "run_workers", "worker_pid"]
+           "RunWorker", "classify", "demo_tree", "find_targets", "kill", "kind_of", "option_value", "run_workers",
+           "serving_jvms", "worker_pid"]
