@@ -429,8 +429,11 @@ def test_compose_continuous_mode_and_a_planned_connect_restart_over_the_control_
     write_partition(store, GEN, PartitionId(hour(2) + dt.timedelta(minutes=5)))
     first = poll_until(lambda: read_pointer(store, "delta")[0], timeout=900, interval=1,
                        what="continuous mode's first publish")
-    heartbeat = Heartbeat.latest(store, "delta")
-    assert heartbeat is not None and first.run_id == heartbeat.run_id  # published by the continuous run
+    # The loop writes its heartbeat in the tick that published, after the swap: a run whose first tick already
+    # found the partition has none when the pointer moves.
+    heartbeat = poll_until(lambda: Heartbeat.latest(store, "delta"), timeout=300, interval=0.5,
+                           what="the continuous run's heartbeat")
+    assert first.run_id == heartbeat.run_id  # published by the continuous run
     run_id = heartbeat.run_id
 
     def lease_of_the_run() -> list[dict[str, Any]]:
