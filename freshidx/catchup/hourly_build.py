@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 from freshidx.catchup.bucket_writer import write_buckets_parts
 from freshidx.publish.commit import DraftManifest, iso, new_version
 from freshidx.raw_record import DEFAULT_MAX_FUTURE_SKEW_SECONDS
+from freshidx.record_rules import TYPED_FIELDS, tie_break_order
 from freshidx.spark import transform
 from freshidx.spark.quarantine_once import ConflictReport, quarantined_files, report_conflicts
 from freshidx.spark.raw_source import read_raw_lines
@@ -50,7 +51,7 @@ _BUCKET = "_bucket"  # index of a row's hour in a multi-hour build
 
 
 def dedupe_versions(valid: DataFrame) -> DataFrame:
-    """One row per ``(ad_id, version)``; columns :data:`~freshidx.spark.transform.TYPED_FIELDS`.
+    """One row per ``(ad_id, version)``; columns :data:`~freshidx.record_rules.TYPED_FIELDS`.
 
     Exact duplicates collapse. When one ``(ad_id, version)`` comes with different content, the winner
     follows the project's tie-break (:func:`freshidx.record_rules.tie_break_order` minus the key): latest
@@ -64,14 +65,14 @@ def dedupe_versions(valid: DataFrame) -> DataFrame:
 def _dedupe(valid: DataFrame, extra_keys: tuple[str, ...]) -> DataFrame:
     # dedupe_versions within each group of extra_keys (kept as leading columns).
     key = (*extra_keys, *_DEDUPE_KEY)
-    order = [c for c in transform.tie_break_order(list(transform.TYPED_FIELDS)) if c not in _DEDUPE_KEY]
+    order = [c for c in tie_break_order(list(TYPED_FIELDS)) if c not in _DEDUPE_KEY]
     winner = F.max(F.struct(*[F.col(c) for c in order])).alias("_w")
     return (
-        valid.select(*extra_keys, *transform.TYPED_FIELDS)
+        valid.select(*extra_keys, *TYPED_FIELDS)
         .groupBy(*key)
         .agg(winner)
         .select(*key, *[F.col("_w")[c].alias(c) for c in order])
-        .select(*extra_keys, *transform.TYPED_FIELDS)
+        .select(*extra_keys, *TYPED_FIELDS)
     )
 
 

@@ -281,6 +281,7 @@ def test_newest_layer_answers_as_every_row(tmp_path: Path, seed: int) -> None:
     import random
 
     from freshidx.delta import segment_merge
+    from freshidx.record_rules import latest_per_ad
 
     rng = random.Random(seed)
     t0 = dt.datetime(2026, 11, 27, tzinfo=dt.UTC)
@@ -294,14 +295,14 @@ def test_newest_layer_answers_as_every_row(tmp_path: Path, seed: int) -> None:
         } for _ in range(n)], schema=DOCS_ARROW_SCHEMA)
 
     seen = records(60, 3)
-    full, full_id = segment_merge.latest_per_ad(seen), 0
+    full, full_id = latest_per_ad(seen), 0
     segments: list[tuple[pa.Table, int]] = []
     fewer = 0
     for step in range(10):
         if step == 5:  # a new full version; it also holds late records the kept segments never saw
             seen = pa.concat_tables([seen, records(15, step + 3)])
-            full, full_id = segment_merge.latest_per_ad(seen), 1
-        batch = segment_merge.latest_per_ad(records(rng.randint(1, 8), step + 3))
+            full, full_id = latest_per_ad(seen), 1
+        batch = latest_per_ad(records(rng.randint(1, 8), step + 3))
         seen = pa.concat_tables([seen, batch])
         newest, every = (_state(tmp_path / f"{step}-{layered}", batch, full, full_id, segments, layered)
                          for layered in (True, False))
