@@ -248,6 +248,9 @@ class LoopRuns:
 WARM_CHECK = dt.timedelta(seconds=5)
 #: ... and warms its Python workers at least this often: Spark stops a worker idle for a minute.
 KEEP_WARM = dt.timedelta(seconds=30)
+#: A warm-up's tasks stop decoding after this long (the next idle tick goes on): a partition that arrives
+#: while the workers decode a new full version's state (many seconds through a slow store) waits no longer.
+WARM_BUDGET = dt.timedelta(seconds=1)
 
 
 @dataclass
@@ -258,14 +261,22 @@ class Warmth:
     state: tuple[str, str | None] | None = None
     warmed_at: dt.datetime | None = None
     checked_at: dt.datetime | None = None
+    unfinished: bool = False  # the last warm-up ran out of its budget (:data:`WARM_BUDGET`)
 
     def look_due(self, now: dt.datetime, published: bool) -> bool:
-        """Read the serving versions now? After a publication at once, else every :data:`WARM_CHECK`."""
-        return published or self.checked_at is None or now - self.checked_at >= WARM_CHECK
+        """Read the serving versions now? After a publication or an unfinished warm-up at once, else every
+        :data:`WARM_CHECK`."""
+        return published or self.unfinished or self.checked_at is None or now - self.checked_at >= WARM_CHECK
 
     def warm_due(self, now: dt.datetime, state: tuple[str, str | None]) -> bool:
         """Warm for ``state`` now: it changed, or the workers were last kept busy :data:`KEEP_WARM` ago."""
         return state != self.state or self.warmed_at is None or now - self.warmed_at >= KEEP_WARM
+
+    def warmed(self, now: dt.datetime, state: tuple[str, str | None], *, complete: bool) -> None:
+        """A warm-up for ``state`` ran (the workers were busy now); only a complete one warmed ``state``."""
+        self.warmed_at, self.unfinished = now, not complete
+        if complete:
+            self.state = state
 
 
 # ------------------------------------------------------------------------------------------ heartbeat

@@ -95,9 +95,11 @@ def test_a_micro_batch_is_one_spark_job_that_also_quarantines_and_reports(
     # What the continuous loop does while idle: one job decodes the state the next micro-batch reads.
     named = state_layers(store)
     assert named is not None and named[0] == (draft.segments[-1]["full_version"], draft.version)
+    # A spent budget: the key indexes only (the idle loop's next tick goes on), then the rest.
+    assert not warm_state(spark, cfg, named[1], tasks=shards, cache_bytes=64 << 20, budget_s=0.0).complete
     warmed = warm_state(spark, cfg, named[1], tasks=shards, cache_bytes=64 << 20)
-    assert warmed.files == len(state_file_refs(named[1])) > 0
-    assert warmed.decoded > 0  # the new segment's files at least: no worker has read them yet
+    assert warmed.files == len(state_file_refs(named[1])) > 0 and warmed.complete
+    assert warmed.decoded > 0  # the new segment's row groups at least: no worker has decoded them yet
 
     # A conflict inside the batch: the second job reports both copies; the winner is served.
     _put(store, 10, [rec("ad-c", 10, "alpha conflict"), rec("ad-c", 10, "beta conflict", seconds=30)])

@@ -5,6 +5,7 @@ the published state a batch needs, read from row groups that hold them only, and
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -181,8 +182,11 @@ def test_warmed_files_serve_the_next_lookup_without_reading(tmp_path: Path) -> N
     docs = _docs(tmp_path / DOCS_FILE, rows, row_group=8)
     covered = _covered(tmp_path / COVERED_FILE, [("a30", "deleted"), ("zz", "paused")])
     cache = DecodedCache(1 << 20)
+    # A budget already spent: the key indexes (read together) and no row group; the next call goes on.
+    assert warm_files([_file(docs, "d", DOCS_FILE), _file(covered, "c", COVERED_FILE)], cache,
+                      deadline=time.monotonic()) == (2, False)
     decoded = warm_files([_file(docs, "d", DOCS_FILE), _file(covered, "c", COVERED_FILE)], cache)
-    assert decoded == 2 + 5 + 1  # two key indexes, every row group
+    assert decoded == (5 + 1, True)  # every row group, the key indexes already there
     opened: list[str] = []
     batch = pa.table({"ad_id": ["a30"], "product_id": ["p7"]})
     files = [_file(docs, "d", DOCS_FILE, opened), _file(covered, "c", COVERED_FILE, opened)]
@@ -191,7 +195,7 @@ def test_warmed_files_serve_the_next_lookup_without_reading(tmp_path: Path) -> N
     assert got == _rows(pa.Table.from_batches(list(select_rows(batch, [_file(docs, "d", DOCS_FILE),
                                                                        _file(covered, "c", COVERED_FILE)],
                                                               DecodedCache(0)))))
-    assert warm_files([_file(docs, "d", DOCS_FILE), _file(covered, "c", COVERED_FILE)], cache) == 0
+    assert warm_files([_file(docs, "d", DOCS_FILE), _file(covered, "c", COVERED_FILE)], cache) == (0, True)
 
 
 def _rows(out: pa.Table) -> list[tuple]:

@@ -114,6 +114,12 @@ def test_when_the_idle_loop_warms_its_workers() -> None:
     assert not w.warm_due(soon, state)  # nothing changed, the workers were busy a second ago
     assert w.warm_due(soon, ("full-1", "delta-2")) and w.warm_due(soon, ("full-2", "delta-1"))
     assert w.warm_due(T + continuous_rules.KEEP_WARM, state)  # before Spark stops an idle worker (a minute)
+    newer = ("full-2", "delta-1")
+    w.warmed(soon, newer, complete=False)  # the budget ran out: go on at the next idle tick
+    assert w.look_due(soon, published=False) and w.warm_due(soon, newer) and w.state == state
+    w.warmed(soon, newer, complete=True)
+    assert not w.look_due(soon, published=False) and not w.warm_due(soon, newer) and w.state == newer
+    assert continuous_rules.WARM_BUDGET < continuous_rules.WARM_CHECK
     assert dt.timedelta(minutes=1) > continuous_rules.KEEP_WARM
     assert Settings.from_env({}).continuous_keep_warm
     assert not Settings.from_env({"FRESHIDX_CONTINUOUS_KEEP_WARM": "false"}).continuous_keep_warm

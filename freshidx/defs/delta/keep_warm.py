@@ -13,7 +13,7 @@ from freshidx.delta.serving_state import state_layers
 from freshidx.publish.commit import read_pointer
 from freshidx.settings import Settings
 from freshidx.store import ObjectStore
-from freshidx.trigger.continuous_rules import Warmth
+from freshidx.trigger.continuous_rules import WARM_BUDGET, Warmth
 from freshidx.trigger.latest_only import PIPELINE
 
 
@@ -35,11 +35,13 @@ def keep_warm(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectStor
             return
         with spark.session(keep_as=PIPELINE) as session:
             result = warm_state(session, store.store_config(), found[1], tasks=settings.delta_segment_shards,
-                                cache_bytes=settings.delta_state_cache_mb * 2**20)
+                                cache_bytes=settings.delta_state_cache_mb * 2**20,
+                                budget_s=WARM_BUDGET.total_seconds())
     except Exception as exc:
         context.log.warning(f"warming the workers for the next micro-batch failed ({exc}); it decodes its state itself")
         return
-    warmth.state, warmth.warmed_at = found[0], now
+    warmth.warmed(now, found[0], complete=result.complete)
     if result.decoded:
+        rest = "" if result.complete else " (the rest on the next idle tick)"
         context.log.info(f"warm state: {result.files} state files, {result.decoded} parts decoded in "
-                         f"{result.seconds:.2f} s")
+                         f"{result.seconds:.2f} s{rest}")

@@ -31,7 +31,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -132,25 +132,31 @@ def open_state_files(config: StoreConfig, files: list[FileRef]) -> list[StateFil
             for path, kind, layer, over_full in paths]
 
 
-def warm_files(files: list[StateFile], cache: DecodedCache) -> int:
-    """Decode what a micro-batch over ``files`` reads into ``cache`` (each file's key index, then its row
-    groups, the newest layer first: what the budget cannot hold goes first); returns the values decoded."""
-    loaded = 0
+class WarmCount(NamedTuple):
+    decoded: int  # values decoded (0: everything was warm)
+    complete: bool  # False: the deadline came first
+
+
+def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | None = None) -> WarmCount:
+    """Decode what a micro-batch over ``files`` reads into ``cache`` (key indexes at once, then row groups, newest
+    layer first) until ``time.monotonic()`` passes ``deadline``; a later call goes on where this one stopped."""
+    loaded: list[None] = []  # appended from get_many's threads
 
     def counted(load: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
-            nonlocal loaded
-            loaded += 1
+            loaded.append(None)
             return load()
         return run
 
     newest_first = sorted(files, key=lambda f: -f.layer)
-    for f in newest_first:
-        cache.get((f.name, "key-index", LAYOUT), counted(lambda f=f: _read_keys(f.parquet())), _weight, lasting=True)
+    cache.get_many([((f.name, "key-index", LAYOUT), counted(lambda f=f: _read_keys(f.parquet())))
+                    for f in newest_first], _weight, lasting=True)
     for f in newest_first:
         for g in range(f.parquet().metadata.num_row_groups):
+            if deadline is not None and time.monotonic() >= deadline:
+                return WarmCount(len(loaded), False)
             cache.get((f.name, g), counted(lambda f=f, g=g: f.parquet().read_row_group(g)), lambda v: v.nbytes)
-    return loaded
+    return WarmCount(len(loaded), True)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ stops a Python worker that stayed idle for a minute, taking what it kept. So whi
 waits for a partition it runs this job, one task per worker slot, and each task decodes what the next
 micro-batch will read (:func:`freshidx.delta.executor.state_lookup.warm_files`):
 the next micro-batch finds its workers alive and its state decoded, and pays only for what it changes.
+A warm-up may be given a budget: its tasks stop decoding when it is spent, so a partition that arrives
+meanwhile waits at most that long; the next warm-up goes on where it stopped.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from freshidx.delta.executor.state_lookup import FileRef, StateLayer, open_state
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.store import StoreConfig
 
-_RESULT_DDL = "task long, decoded long"
+_RESULT_DDL = "task long, decoded long, complete boolean"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,30 +33,35 @@ class WarmResult:
     seconds: float
     files: int  # state files warmed
     decoded: int  # values the workers had to decode (0: everything was warm)
+    complete: bool  # False: the budget ran out before every task had decoded everything
 
 
 def warm_state(spark: SparkSession, store_config: StoreConfig, layers: Sequence[StateLayer], *, tasks: int,
-               cache_bytes: int) -> WarmResult:
-    """Decode the state ``layers`` in ``tasks`` Python tasks (one Spark job); with ``cache_bytes`` 0 the tasks
-    decode nothing (the workers keep nothing) and only keep the workers alive."""
+               cache_bytes: int, budget_s: float | None = None) -> WarmResult:
+    """Decode the state ``layers`` in ``tasks`` Python tasks (one Spark job), each for at most ``budget_s``
+    seconds of decoding (None: until done); with ``cache_bytes`` 0 the tasks decode nothing (the workers keep
+    nothing) and only keep the workers alive."""
     t0 = time.monotonic()
     refs = state_file_refs(layers) if cache_bytes > 0 else []
-    rows = spark.range(0, tasks, 1, tasks).mapInArrow(_task(store_to_json(store_config), refs, cache_bytes),
+    rows = spark.range(0, tasks, 1, tasks).mapInArrow(_task(store_to_json(store_config), refs, cache_bytes, budget_s),
                                                       _RESULT_DDL).collect()
-    return WarmResult(round(time.monotonic() - t0, 3), len(refs), sum(int(r["decoded"]) for r in rows))
+    return WarmResult(round(time.monotonic() - t0, 3), len(refs), sum(int(r["decoded"]) for r in rows),
+                      all(bool(r["complete"]) for r in rows))
 
 
-def _task(store_json: str, refs: list[FileRef],
-          cache_bytes: int) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _task(store_json: str, refs: list[FileRef], cache_bytes: int,
+          budget_s: float | None) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        deadline = None if budget_s is None else time.monotonic() + budget_s  # the worker's own clock
         task = [int(v) for b in batches for v in b.column(0).to_pylist()]
         files = open_state_files(store_from_json(store_json), refs) if refs else []
         try:
-            decoded = warm_files(files, resolve_worker_cache(cache_bytes))
+            count = warm_files(files, resolve_worker_cache(cache_bytes), deadline)
         finally:
             for f in files:
                 f.close()
         yield pa.record_batch({"task": pa.array(task[:1] or [-1], pa.int64()),
-                               "decoded": pa.array([decoded], pa.int64())})
+                               "decoded": pa.array([count.decoded], pa.int64()),
+                               "complete": pa.array([count.complete], pa.bool_())})
 
     return run
