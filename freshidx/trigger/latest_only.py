@@ -5,7 +5,8 @@
 and a :class:`DeltaRunIndex` that answers questions about runs, and returns a :class:`DeltaPlan`: the
 ledger entries to create, the observations each created entry earns, and either ONE run request
 (for the newest visible partition, as attempt ``N``) or the reason for skipping. :func:`apply`
-writes the plan (create-once, so a racing evaluation loses cleanly). The sensor
+writes the plan (create-once, so a racing evaluation loses cleanly); for the continuous loop, which runs its
+request itself, also the attempt's start. The sensor
 (``freshidx.defs.delta.sensor``) only adapts both to Dagster, like ``freshidx.sla.check_rules`` and
 ``freshidx.defs.sla.checks``. The types are the vocabulary the catch-up planner speaks too
 (:mod:`freshidx.trigger.tick_plan`), with what only this rule needs.
@@ -210,9 +211,17 @@ def _plan_attempt(plan: DeltaPlan, store: ObjectStore, settings: Settings, runs:
     plan.request = request
 
 
-def apply(store: ObjectStore, plan: DeltaPlan) -> DeltaApplied:
+#: The reason of the ``P.aN.run`` entry of an attempt the continuous loop runs itself.
+LOOP_STARTED = "micro-batch started for accepted trigger (continuous run)"
+
+
+def apply(store: ObjectStore, plan: DeltaPlan, *, run_by: str | None = None) -> DeltaApplied:
     """Write the plan (create-once): an entry already written by another evaluation earns nothing;
-    a claim already written means another evaluation requested the run."""
+    a claim already written means another evaluation requested the run.
+
+    ``run_by``: the run that executes the request itself (the continuous loop's id): a claim it wins is
+    started at once (:func:`freshidx.trigger.ledger.start_attempt`: the ``P.aN.run`` entry a
+    sensor-requested run writes when it begins)."""
     observations = [(r.partition, dict(r.observe)) for r in plan.records if _write(store, r) and r.observe]
     if plan.gap is not None:
         ledger.record_gap(store, PIPELINE, *plan.gap)
@@ -220,9 +229,13 @@ def apply(store: ObjectStore, plan: DeltaPlan) -> DeltaApplied:
         return DeltaApplied(observations, None, plan.skip_reason)
     if not claims_won(plan, lambda r: _write(store, r)):
         return DeltaApplied(observations, None, f"{plan.request.run_key} already accepted by another evaluation")
-    plan.cursor["last_requested"] = plan.request.run_key
+    req = plan.request
+    if run_by is not None:
+        ledger.start_attempt(store, PIPELINE, req.partition, req.attempt, run_id=run_by, run_key=req.run_key,
+                             reason=LOOP_STARTED)
+    plan.cursor["last_requested"] = req.run_key
     won = [(c.partition, dict(c.observe or {})) for c in plan.claims]
-    return DeltaApplied([*observations, *won], plan.request, None)
+    return DeltaApplied([*observations, *won], req, None)
 
 
 def _write(store: ObjectStore, r: PartitionRecord) -> bool:

@@ -135,6 +135,20 @@ def trigger_entries(store: ObjectStore, pipeline: str, date: str, trigger_id: st
     return out
 
 
+#: The reason of a ``P.aN.run`` entry a sensor-requested run writes (:func:`start_attempt`).
+RUN_STARTED = "run started for accepted trigger"
+
+
+def start_attempt(store: ObjectStore, pipeline: str, partition: PartitionId, attempt: int, *, run_id: str,
+                  run_key: str | None, reason: str = RUN_STARTED) -> bool:
+    """The run executing accepted attempt ``attempt`` of ``partition`` links itself to the claim: ``P.aN.run``,
+    ``started`` (create-once). A sensor-requested run writes it when it begins; the continuous loop, which
+    runs its own requests, when it claims (:func:`freshidx.trigger.latest_only.apply`)."""
+    return record_partition(store, pipeline, partition, Decision.STARTED, reason,
+                            tid=TriggerId(partition.compact).claim(attempt).then(Mark.RUN), run_id=run_id,
+                            run_key=run_key, attempt=attempt)
+
+
 def grants(store: ObjectStore, pipeline: str, partition: PartitionId) -> int:
     return attempt_state(partition_entries(store, pipeline, partition)).grants
 

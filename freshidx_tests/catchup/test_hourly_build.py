@@ -111,7 +111,7 @@ def _typed(obj: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _winner_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    # transform.tie_break_order without the key: updated_at, status, then the other fields.
+    # record_rules.tie_break_order without the key: updated_at, status, then the other fields.
     _ad, camp, prod, title, kw, bid, status, ts, _version = row
     return (ts, status, camp, prod, title, (kw is not None, kw or ()), bid)
 

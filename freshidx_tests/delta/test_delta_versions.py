@@ -107,7 +107,7 @@ WORDS = ("amber", "birch", "cobalt", "dune", "ember", "fjord", "garnet", "harbor
 
 def _oracle(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Latest version per ad. Ties: later updated_at, then the greater status (inactive beats active), then
-    the other fields, as documented in ``transform.tie_break_order``."""
+    the other fields, as documented in ``record_rules.tie_break_order``."""
     def rank(r: dict[str, Any]) -> tuple[Any, ...]:
         return (r["version"], r["updated_at"], r["status"], r["campaign_id"], r["product_id"], r["title"],
                 r["keywords"], r["bid"])

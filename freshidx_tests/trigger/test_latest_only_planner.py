@@ -129,6 +129,32 @@ def test_a_racing_evaluation_loses_the_claim(local_store_config: StoreConfig) ->
     assert lost.request is None and "already accepted by another evaluation" in (lost.skip_reason or "")
 
 
+def test_a_loop_that_runs_its_claim_starts_it_with_the_claim(local_store_config: StoreConfig) -> None:
+    """The continuous loop (``run_by``) writes the attempt's start right after the claim it wins, as a
+    sensor-requested run writes it when it begins; the sensor's apply and a lost claim write none."""
+    s = make(local_store_config)
+    s.write(0)
+    first, second = s.plan(), s.plan()
+    won = apply(s.store, first, run_by="loop-run-1")
+    assert won.request is not None and won.request.attempt == 1
+    lost = apply(s.store, second, run_by="loop-run-2")
+    assert lost.request is None
+    entries = ledger.partition_entries(s.store, "delta", at(0))
+    assert sorted(entries) == ["a1", "a1.run"]
+    run = entries["a1.run"]
+    assert (run["decision"], run["run_id"], run["run_key"], run["attempt"]) == (
+        "started", "loop-run-1", won.request.run_key, 1)
+    assert run["reason"] == "micro-batch started for accepted trigger (continuous run)"
+    s.write(5)
+    requested = s.tick().request  # the sensor's apply: the run it requests starts itself, when it begins
+    assert requested is not None and sorted(ledger.partition_entries(s.store, "delta", at(5))) == ["a1"]
+    assert ledger.start_attempt(s.store, "delta", at(5), 1, run_id="sensor-run", run_key=requested.run_key)
+    assert not ledger.start_attempt(s.store, "delta", at(5), 1, run_id="another-run", run_key=requested.run_key)
+    run = ledger.partition_entries(s.store, "delta", at(5))["a1.run"]
+    assert (run["decision"], run["run_id"], run["reason"]) == (
+        "started", "sensor-run", "run started for accepted trigger")
+
+
 def test_nothing_new(local_store_config: StoreConfig) -> None:
     s = make(local_store_config)
     assert s.tick().skip_reason == "no partition newer than (none)"

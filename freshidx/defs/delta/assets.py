@@ -34,7 +34,7 @@ from freshidx.store import ObjectStore
 from freshidx.store.partitions import PartitionId
 from freshidx.trigger import ledger
 from freshidx.trigger.latest_only import PIPELINE as DELTA_PIPELINE
-from freshidx.trigger.lifecycle import Decision, Mark, TriggerId, decision_for
+from freshidx.trigger.lifecycle import Mark, TriggerId, decision_for
 
 
 class DeltaIndexConfig(dg.Config):
@@ -123,10 +123,8 @@ def _link_accepted_trigger(context: dg.AssetExecutionContext, st: ObjectStore, p
     """Link the accepted trigger (P.aN, written by the sensor) to the run that executes it."""
     attempt = context.run.tags.get(TAG_ATTEMPT)
     if attempt and context.run.tags.get(TAG_PARTITION) == partition.path:
-        ledger.record_partition(
-            st, "delta", partition, Decision.STARTED, "run started for accepted trigger",
-            tid=TriggerId(partition.compact).claim(int(attempt)).then(Mark.RUN), run_id=context.run.run_id,
-            run_key=context.run.tags.get("dagster/run_key"), attempt=int(attempt))
+        ledger.start_attempt(st, "delta", partition, int(attempt), run_id=context.run.run_id,
+                             run_key=context.run.tags.get("dagster/run_key"))
 
 
 def _nothing_new_before_build(context: dg.AssetExecutionContext, st: ObjectStore, partition: PartitionId) -> None:

@@ -3,7 +3,8 @@
 ``delta_continuous`` is one long-lived run (one op) that holds ONE Spark session and, every
 ``FRESHIDX_CONTINUOUS_TRIGGER_SECONDS``, evaluates the latest-only rule of the sensor
 (:func:`freshidx.trigger.latest_only.plan_tick`/``apply``: the same ledger entries, folded partitions,
-attempts and parking). On something new it runs one micro-batch with the code a sensor-triggered
+attempts and parking; ``apply`` also writes the start of the attempt this run claims and runs itself).
+On something new it runs one micro-batch with the code a sensor-triggered
 ``delta_index`` run uses: :func:`freshidx.delta.delta_build.build_delta`, then the step after the build that the
 publishing IO manager takes too (:func:`freshidx.delta.after_build.after_build`: the early compare, gate →
 manifest → compare-and-swap → ledger, which settles the folded partitions), and
@@ -52,7 +53,7 @@ from freshidx.publish.commit import read_pointer, utcnow
 from freshidx.settings import PipelineSettings, Settings
 from freshidx.store import ObjectStore
 from freshidx.store.partitions import PartitionId
-from freshidx.trigger import continuous_rules, ledger
+from freshidx.trigger import continuous_rules
 from freshidx.trigger.continuous_rules import (
     JOB_NAME,
     TAG_MODE,
@@ -67,7 +68,6 @@ from freshidx.trigger.continuous_rules import (
 )
 from freshidx.trigger.continuous_standby import TAG_ENDED, restart_waits, standby_stop_reason, successor
 from freshidx.trigger.latest_only import PIPELINE, DeltaRequest, apply, plan_tick
-from freshidx.trigger.lifecycle import Decision, Mark, TriggerId
 from freshidx.trigger.listing import Ignored
 
 TAG_STOP = "freshidx/stop_requested"
@@ -200,7 +200,7 @@ def _loop(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectStoreRes
         if stop is not None and not _restart_waits(context, settings, state, stop, now):
             return stop
         _report_ignored(context, plan.ignored)
-        applied = apply(st, plan)
+        applied = apply(st, plan, run_by=context.run_id)  # this run executes what it claims: started with it
         cursor = plan.cursor
         for p, meta in applied.observations:
             context.log_event(partition_observation(partitions_def, p, meta))
@@ -285,13 +285,10 @@ def _run_info(context: dg.OpExecutionContext, settings: Settings, req: DeltaRequ
 def _micro_batch(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectStoreResource,
                  spark: SparkResource, settings: Settings, runs: LoopRuns, req: DeltaRequest,
                  state: LoopState) -> BatchStatus:
-    """One accepted attempt, built and published as a sensor-triggered ``delta_index`` run does it."""
+    """One accepted attempt, built and published as a sensor-triggered ``delta_index`` run does it (its claim
+    and start are in the ledger already: :func:`freshidx.trigger.latest_only.apply`)."""
     p = req.partition
     state.last_failure = ""
-    ledger.record_partition(
-        st, PIPELINE, p, Decision.STARTED, "micro-batch started for accepted trigger (continuous run)",
-        tid=TriggerId(p.compact).claim(req.attempt).then(Mark.RUN), run_id=context.run_id, run_key=req.run_key,
-        attempt=req.attempt)
     pointer, _ = read_pointer(st, PIPELINE)
     watermark = PartitionId.parse(pointer.source_partition) if pointer and pointer.source_partition else None
     policy = PublishPolicy(max_drop_fraction=settings.delta_max_drop_fraction)
