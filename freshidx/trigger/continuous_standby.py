@@ -154,3 +154,25 @@ def watchdog_decision(live: Sequence[LiveRun], newest: Newest | None, standby: b
         return Request(key, f"standby for active run {alive[0].run_id}", Role.STANDBY)
     why = f"previous ended: {newest.status}" + (f" ({newest.ended})" if newest.ended else "")
     return Request(key, why, Role.ACTIVE)
+
+
+class SessionStep(StrEnum):
+    """What a standby does with its Spark session on one check (``freshidx.defs.delta.continuous_session``)."""
+
+    KEEP = "keep"
+    RELEASE = "release"  # let go of the session and its lease
+    ATTACH = "attach"  # attach again and warm up
+
+
+def standby_session_step(*, answers: bool | None, server: str | None, attached_to: str | None, released: bool,
+                         published_since: bool) -> SessionStep:
+    """Let go of the session while the Connect server does not answer, or once another server serves than the
+    one it was attached to (a warm spare promoted within a blink: the server never stops answering, yet the
+    session the standby holds went with the old JVM and would fail its first micro-batch after a takeover).
+    Attach again once a server answers and the active run has published since (it attached first)."""
+    if not released and (answers is False or (None not in (server, attached_to) and server != attached_to)):
+        return SessionStep.RELEASE
+    if released and answers and published_since:
+        return SessionStep.ATTACH
+    return SessionStep.KEEP
+

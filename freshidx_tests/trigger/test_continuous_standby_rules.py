@@ -20,9 +20,11 @@ from freshidx.trigger.continuous_standby import (
     Newest,
     Request,
     Role,
+    SessionStep,
     older_than,
     restart_waits,
     role,
+    standby_session_step,
     standby_stop_reason,
     successor,
     takeover_reason,
@@ -166,3 +168,20 @@ def test_the_loop_fails_a_dead_delta_run_at_once_and_ignores_other_continuous_ru
     assert [r.run_id for r in view.in_flight()] == [live.run_id]
     # The sensor's view (no loop_job) is unchanged: every in-flight delta run counts, the continuous one too.
     assert {r.run_id for r in DagsterDeltaRuns(h.instance).in_flight()} == {live.run_id, standby.run_id}
+
+
+def test_a_standby_lets_go_of_its_session_when_the_server_stops_answering_or_is_replaced() -> None:
+    a, b = "sc://127.0.0.1:1#10", "sc://127.0.0.1:2#20"
+    step = standby_session_step
+    assert step(answers=True, server=a, attached_to=a, released=False, published_since=False) is SessionStep.KEEP
+    assert step(answers=False, server=None, attached_to=a, released=False, published_since=False) is \
+        SessionStep.RELEASE
+    # A promoted spare: the server never stopped answering, but the session went with the old JVM.
+    assert step(answers=True, server=b, attached_to=a, released=False, published_since=False) is SessionStep.RELEASE
+    # Released: attach again only once a server answers and the active run has published on it.
+    assert step(answers=True, server=b, attached_to=a, released=True, published_since=False) is SessionStep.KEEP
+    assert step(answers=False, server=None, attached_to=a, released=True, published_since=True) is SessionStep.KEEP
+    assert step(answers=True, server=b, attached_to=a, released=True, published_since=True) is SessionStep.ATTACH
+    # Without a supervisor nothing names the server: only "not answering" counts.
+    assert step(answers=True, server=None, attached_to=None, released=False, published_since=False) is \
+        SessionStep.KEEP

@@ -10,6 +10,7 @@ import dagster as dg
 
 from freshidx.defs.shared.resources import SparkResource
 from freshidx.trigger import continuous_rules
+from freshidx.trigger.continuous_standby import SessionStep, standby_session_step
 from freshidx.trigger.latest_only import PIPELINE
 
 #: After a micro-batch failed because the Spark Connect server went away: how often to ask whether it answers.
@@ -42,9 +43,10 @@ def release_if_draining(context: dg.OpExecutionContext, spark: SparkResource) ->
 
 class StandbySession:
     """A standby's Spark session stays usable for its takeover: let go of it (and its lease) while the
-    Connect server does not answer or drains for a restart, so the first micro-batch after a takeover does
-    not fail on a session the restarted server no longer knows. After a restart it attaches again only once
-    the active run has published (``version()``, the serving delta version, moved): both attach to the
+    Connect server does not answer, drains for a restart, or was replaced (a promoted spare), so the first
+    micro-batch after a takeover does not fail on a session the serving server does not know
+    (:func:`freshidx.trigger.continuous_standby.standby_session_step`). After a restart it attaches again only
+    once the active run has published (``version()``, the serving delta version, moved): both attach to the
     pipeline's kept session, and two clients registering its data sources at the same moment on a new server
     collide (``DATA_SOURCE_ALREADY_EXISTS``), which would fail the active run's first micro-batch. It runs no
     Spark job while it waits (a warm-up job of the state would hold up a takeover for as long as it runs)."""
@@ -55,20 +57,26 @@ class StandbySession:
         self.released_at: str | None = None  # the serving version when the session was let go of
         self.released = False
         self.checked = 0.0
+        self.attached_to = spark.serving_server()  # the server the warmed-up session lives on
 
     def __call__(self) -> None:
         if time.monotonic() - self.checked < STANDBY_SESSION_CHECK_SECONDS:
             return
         self.checked = time.monotonic()
-        answers = self.spark.server_answers()
-        if answers is False and not self.released:
+        answers, server = self.spark.server_answers(), self.spark.serving_server()
+        step = standby_session_step(answers=answers, server=server, attached_to=self.attached_to,
+                                    released=self.released,
+                                    published_since=self.released and self.version() != self.released_at)
+        if step is SessionStep.RELEASE:
             self.spark.discard()
             self.released, self.released_at = True, self.version()
-            self.context.log.info("standby: Spark Connect server not answering (restart, drain): session and "
-                                  "lease released until it answers again and the active run has published")
-        elif answers and self.released and self.version() != self.released_at:
+            self.context.log.info("standby: Spark Connect server not answering or replaced (restart, drain, "
+                                  "promoted spare): session and lease released until it answers again and "
+                                  "the active run has published")
+        elif step is SessionStep.ATTACH:
             self.released = False
             warm_up(self.context, self.spark)
+            self.attached_to = self.spark.serving_server()
 
 
 def back_off(context: dg.OpExecutionContext, spark: SparkResource, wait: Callable[[float], None], deadline: float,

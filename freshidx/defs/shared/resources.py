@@ -218,6 +218,16 @@ class SparkResource(LazyPySparkResource):
             url = str(state.get("url") or url)
         return _port_accepts(url)
 
+    def serving_server(self) -> str | None:
+        """Which supervised Connect server serves now (its URL and JVM pid: a promoted spare or a restart
+        changes it); None while none is up, or without a supervisor."""
+        if not (self.remote and self.supervisor):
+            return None
+        from freshidx.spark_server import supervisor_state
+
+        state = supervisor_state(self.supervisor) or {}
+        return f"{state.get('url')}#{state.get('pid')}" if state.get("status") == "up" else None
+
     def spark_metadata(self) -> dict[str, dg.MetadataValue]:
         """The Spark application of this run's session, for materialization metadata: ``spark_app_id`` and
         ``spark_ui`` where known. Empty when the run made no session; never raises (asked once per session)."""
