@@ -6,7 +6,9 @@ and the kept segments know, and index the touched products as one new segment wi
 new version lists the kept segments (their files stay where they are) and the new one.
 
 Window rebuild (the fallback, :class:`freshidx.delta.segments.RebuildReason` says why): read the whole window
-(P − window, P] and index it as a single segment.
+(P − window, P] and index it as a single segment: every ad of each product it touches, over the full
+version's state (:mod:`freshidx.delta.product_expansion`), with the engine's read and index steps
+(:mod:`freshidx.spark.index_build`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from freshidx.delta import segments, serving_state, window_files
+from freshidx.delta import product_expansion, segments, serving_state, window_files
 from freshidx.delta.executor import one_pass
 from freshidx.delta.executor.state_lookup import StateLayer
 from freshidx.delta.segments import BuildKind, FullBase, Segment
@@ -32,7 +34,8 @@ from freshidx.publish.commit import (
     utcnow,
 )
 from freshidx.settings import Settings
-from freshidx.spark.index_build import FORMAT, BuildResult, build_version
+from freshidx.spark import index_build
+from freshidx.spark.index_build import FORMAT, BuildResult
 from freshidx.spark.shards import ShardCommit
 from freshidx.store import ObjectInfo, ObjectStore, StoreConfig
 from freshidx.store.partitions import PartitionId
@@ -65,8 +68,9 @@ def build_delta(
     rebuild) and the draft manifest that lists them, ready for publication.
 
     This package decides (the micro-batch's plan, the files it reads, its manifest but for the build's
-    output), then the build runs below it (:func:`freshidx.delta.executor.one_pass.build_segment`, or
-    :func:`freshidx.spark.index_build.build_version` for a rebuild) and hands back what it staged."""
+    output), then the build runs below it (:func:`freshidx.delta.executor.one_pass.build_segment`, or for a
+    rebuild the engine's read and index steps, :mod:`freshidx.spark.index_build`, over this package's
+    product expansion) and hands back what it staged."""
     batch = _list_batch(store, settings, plan)
     if on_stage:
         on_stage("list_seconds", batch.list_seconds)
@@ -214,35 +218,51 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
            version: str) -> BuildResult:
     """Build and stage the new segment over what is known before this micro-batch: the full version, then
     the kept segments (none for a rebuild; nothing at all without a full version). An incremental
-    micro-batch is one pass of Python tasks (:func:`freshidx.delta.executor.one_pass.build_segment`); a
-    window rebuild reads the whole window and the full version's state whole
-    (:func:`freshidx.spark.index_build.build_version`)."""
+    micro-batch is one pass of Python tasks (:func:`freshidx.delta.executor.one_pass.build_segment`). A
+    window rebuild reads the full version's state whole first (stage ``state``, not in ``seconds``), then the
+    window's records (:func:`freshidx.spark.index_build.read_records`), and indexes every ad of each product
+    they touch at its latest state over both (:func:`freshidx.delta.product_expansion.expand_to_products`:
+    a product's features are never half-updated, a higher version already known never overridden); without
+    a full version the window's rows are all there is, as a full build of them."""
     mb, full, full_manifest = batch.mb, batch.full, batch.full_manifest
     known: list[StateLayer] | None = None
     if full is not None and full_manifest is not None:
         known = serving_state.known_layers(full, full_manifest, mb.kept)
-    if mb.kind is BuildKind.REBUILD:
-        num_shards = settings.delta_shards
-    else:
-        num_shards = segments.segment_shard_count(batch.input_bytes, max_shards=settings.delta_segment_shards,
-                                                  shard_mb=settings.delta_segment_shard_mb)
+    num_shards = _shard_count(settings, mb.kind, batch.input_bytes)
     if mb.kind is BuildKind.INCREMENTAL and known is not None:
         return one_pass.build_segment(
             spark, store_config, known, batch.file_list, index=INDEX, version=version, num_shards=num_shards,
             source=settings.source, run_id=run_id, cache_bytes=settings.delta_state_cache_mb * 2**20,
             max_future_skew_seconds=settings.max_future_skew_seconds)
-    return build_version(
-        spark, store_config, index=INDEX, version=version, files=batch.file_list, num_shards=num_shards,
-        source=settings.source, run_id=run_id,
-        # Every file read not quarantined yet, late ones included (files an earlier build quarantined
-        # have a done marker: freshidx.spark.quarantine_once).
-        quarantine_after=None,
-        known_shards=[sh for layer in known for sh in layer.shards] if known is not None else None,
-        # A few files per task: one Python task per 5-minute file costs more in task start-up than
-        # in reading (60 files in a 5 h window).
-        max_read_tasks=READ_TASKS,
-        max_future_skew_seconds=settings.max_future_skew_seconds,
-    )
+    # Every file read not quarantined yet, late ones included (files an earlier build quarantined have a
+    # done marker: freshidx.spark.quarantine_once).
+    write = {"index": INDEX, "version": version, "num_shards": num_shards, "source": settings.source,
+             "run_id": run_id, "quarantine_after": None}
+    # A few files per task: one Python task per 5-minute file costs more in task start-up than in reading
+    # (60 files in a 5 h window).
+    read = {"max_read_tasks": READ_TASKS, "max_future_skew_seconds": settings.max_future_skew_seconds}
+    if known is None:
+        return index_build.build_version(spark, store_config, files=batch.file_list, **read, **write)
+    t0 = time.monotonic()
+    state = product_expansion.read_version_state(spark, store_config, known)
+    state_seconds = round(time.monotonic() - t0, 3)
+    try:
+        with index_build.read_records(spark, store_config, batch.file_list, **read) as records:
+            rows = product_expansion.expand_to_products(records.latest(), state)
+            result = index_build.index_records(records, rows, store_config, **write)
+    finally:
+        state.unpersist()  # classic mode: drop the checkpoint's blocks now
+    result.stages["state"] = state_seconds
+    return result
+
+
+def _shard_count(settings: Settings, kind: BuildKind, input_bytes: int) -> int:
+    """A rebuild writes ``FRESHIDX_DELTA_SHARDS`` shards; a micro-batch's segment as many as the bytes it reads
+    need (:func:`freshidx.delta.segments.segment_shard_count`)."""
+    if kind is BuildKind.REBUILD:
+        return settings.delta_shards
+    return segments.segment_shard_count(input_bytes, max_shards=settings.delta_segment_shards,
+                                        shard_mb=settings.delta_segment_shard_mb)
 
 
 def _run_record(run_info: dict[str, Any], kind: BuildKind) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 The rules are :mod:`freshidx.record_rules`' (the newest record per ad,
 :func:`freshidx.record_rules.latest_per_ad`; every ad of every product the batch touches,
 :func:`freshidx.record_rules.touched_products`), as Spark renders them in
-:func:`freshidx.spark.transform.expand_to_products`. It runs here, in the task that has just read the state
+:func:`freshidx.delta.product_expansion.expand_to_products`. It runs here, in the task that has just read the state
 rows the batch needs (:mod:`freshidx.delta.executor.state_lookup`) and then writes the segment, because as a
 chain of Spark joins it cost ~15 small Spark jobs per micro-batch (each broadcast and shuffle stage its own
 job): seconds on a Spark Connect server, for a few thousand rows. Everything here is the size of the change.

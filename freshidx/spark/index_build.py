@@ -1,14 +1,18 @@
 """The Spark half of every index build: raw files → validated latest-per-ad → staged shards.
 
-Shared by the delta and the full index. The driver passes the file list and collects task commit
-messages; reading, validation, quarantine and shard writing run on executors.
+Shared by the delta and the full index: :func:`build_version` indexes the latest row per ad of the records
+read; a delta window rebuild reads the same way (:func:`read_records`) and indexes the rows it derives over
+the serving full version (:mod:`freshidx.delta.product_expansion`) with :func:`index_records`. The driver
+passes the file list and collects task commit messages; reading, validation, quarantine and shard writing
+run on executors.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,14 +22,14 @@ from pyspark.sql import functions as F
 from freshidx.raw_record import DEFAULT_MAX_FUTURE_SKEW_SECONDS
 from freshidx.spark import transform
 from freshidx.spark.index_format import FORMAT
-from freshidx.spark.index_shards import read_version_state, write_index_shards
+from freshidx.spark.index_shards import write_index_shards
 from freshidx.spark.quarantine_once import ConflictReport, quarantined_files, report_conflicts
 from freshidx.spark.quarantine_writer import QuarantineCommit, write_quarantine
 from freshidx.spark.raw_source import group_files, read_raw_lines
 from freshidx.spark.shards import ShardCommit
 from freshidx.store import StoreConfig, open_store
 
-__all__ = ["FORMAT", "BuildResult", "build_version"]
+__all__ = ["FORMAT", "BuildResult", "Records", "build_version", "index_records", "read_records"]
 
 
 @dataclass
@@ -72,83 +76,82 @@ def build_version(
     run_id: str,
     quarantine_after: str | bool | None,
     max_read_tasks: int = 0,
-    known_shards: Sequence[dict[str, Any]] | None = None,
     max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS,
 ) -> BuildResult:
-    """Build and stage one version of tantivy shards (``index_format.FORMAT``).
+    """Build and stage one version of tantivy shards (``index_format.FORMAT``) of the latest row per ad of
+    what ``files`` hold (:func:`read_records`, then :func:`index_records`): a full build. A delta window
+    rebuild indexes other rows of the same records (:mod:`freshidx.delta.product_expansion`).
 
     ``quarantine_after``: partition path after which invalid records are written to quarantine,
     ``None`` for all, ``False`` for none (counted only). Either way a raw file whose invalid records
     an earlier build quarantined is not written again, and each copy of an ``(ad_id, version)`` read
     with different contents is reported once (:mod:`freshidx.spark.quarantine_once`); the conflict's
     winner is what :func:`freshidx.spark.transform.latest_per_ad` keeps.
-
-    ``known_shards``: the shards (``ShardCommit`` dicts) of what is already published beneath the records
-    read (a delta window rebuild: the serving full version's). Their state is read first
-    (:func:`freshidx.spark.index_shards.read_version_state`, stage ``state``, not in ``seconds``) and the
-    build indexes every ad of each product the records touch, at its latest state over both
-    (:func:`freshidx.spark.transform.index_rows`: so a product's features are never half-updated and a
-    higher version already known is never overridden). ``None``: the latest row per ad of what was read
-    (a full build).
     """
-    state, state_seconds = _read_known(spark, store_config, known_shards)
-    try:
-        result = _build_over(spark, store_config, state, index=index, version=version, files=files,
-                        num_shards=num_shards, source=source, run_id=run_id, quarantine_after=quarantine_after,
-                        max_read_tasks=max_read_tasks, max_future_skew_seconds=max_future_skew_seconds)
-    finally:
-        if state is not None:
-            state.unpersist()  # classic mode: drop the checkpoint's blocks now
-    if state is not None:
-        result.stages["state"] = state_seconds
-    return result
+    with read_records(spark, store_config, files, max_read_tasks=max_read_tasks,
+                      max_future_skew_seconds=max_future_skew_seconds) as records:
+        return index_records(records, transform.index_rows(records.latest()), store_config, index=index,
+                             version=version, num_shards=num_shards, source=source, run_id=run_id,
+                             quarantine_after=quarantine_after)
 
 
-def _build_over(spark: SparkSession, store_config: StoreConfig, state: DataFrame | None, *, index: str,
-                version: str, files: list[tuple[str, str]], num_shards: int, source: str, run_id: str,
-                quarantine_after: str | bool | None, max_read_tasks: int, max_future_skew_seconds: int,
-                ) -> BuildResult:
-    """:func:`build_version` over the known ``state`` (``None``: none), read already."""
+@dataclass(frozen=True)
+class Records:
+    """The records of a build's files, read, parsed and validated once (a local checkpoint): every
+    build's input, whatever rows it then indexes."""
+
+    parsed: DataFrame  # every line with its ``reason`` (None: valid), :func:`transform.parse_records`
+    files: list[tuple[str, str]]
+    one_task: bool  # read in one task (a micro-batch of one partition)
+    started: float  # time.monotonic() when the read began
+    read_seconds: float
+
+    def latest(self) -> DataFrame:
+        """One row per ``ad_id`` of the valid records: the newest (:func:`transform.latest_per_ad`)."""
+        valid, _ = transform.split_valid(self.parsed)
+        return transform.latest_per_ad(valid)
+
+
+@contextmanager
+def read_records(spark: SparkSession, store_config: StoreConfig, files: list[tuple[str, str]], *,
+                 max_read_tasks: int = 0,
+                 max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS) -> Iterator[Records]:
+    """The files' :class:`Records`, released (the checkpoint's blocks dropped) when the block ends."""
     t0 = time.monotonic()
     parsed = _read_parsed(spark, store_config, files, max_read_tasks, max_future_skew_seconds)
-    stages = {"read_parse": round(time.monotonic() - t0, 3)}
-    valid, _ = transform.split_valid(parsed)
     # One read task (a micro-batch of one partition): its records are in one partition anyway, and a
     # single-partition child lets the bookkeeping aggregations run as one task each, without a shuffle
     # (two stages and 200 planned partitions each) beside the index task on the same cores.
     one_task = len(group_files(files, max_read_tasks)) <= 1
-    bookkeeping = parsed.coalesce(1) if one_task else parsed
-    _, invalid = transform.split_valid(bookkeeping)
     try:
-        # The bookkeeping (invalid counts + quarantine, the conflict report) and the index are independent
-        # Spark jobs over the same checkpoint: run side by side (Spark schedules concurrent jobs of one
-        # session; under Connect each is its own request), so a small build pays the longest of them, not
-        # the sum of their job and round-trip overheads. Their step seconds overlap.
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="freshidx-build") as pool:
-            quarantine = pool.submit(_quarantine_invalid, stages, invalid, files, store_config, source, run_id,
-                                     quarantine_after, one_task)
-            conflicts = pool.submit(_report_conflicts, stages, bookkeeping, store_config, source,
-                                    quarantine_after is not False)
-            t1 = time.monotonic()
-            commits = write_index_shards(transform.index_rows(transform.latest_per_ad(valid), state), store_config,
-                                         index, version, num_shards)
-            stages["index"] = round(time.monotonic() - t1, 3)
-            reasons, quarantined = quarantine.result()
-            report = conflicts.result()
+        yield Records(parsed, files, one_task, t0, round(time.monotonic() - t0, 3))
     finally:
         parsed.unpersist()  # classic mode: drop the checkpoint's blocks now, not at garbage collection
-    return BuildResult(commits, reasons, quarantined, round(time.monotonic() - t0, 3), report, stages)
 
 
-def _read_known(spark: SparkSession, store_config: StoreConfig,
-                known_shards: Sequence[dict[str, Any]] | None) -> tuple[DataFrame | None, float]:
-    """The state of ``known_shards`` (``None``: none), read whole and checkpointed, and the seconds it took.
-    One task reads all the files: a Python task that starts a new worker costs more than reading."""
-    if known_shards is None:
-        return None, 0.0
-    t0 = time.monotonic()
-    state = read_version_state(spark, store_config, {"shards": list(known_shards)}, max_tasks=1)
-    return state.localCheckpoint(eager=True), round(time.monotonic() - t0, 3)
+def index_records(records: Records, rows: DataFrame, store_config: StoreConfig, *, index: str, version: str,
+                  num_shards: int, source: str, run_id: str, quarantine_after: str | bool | None) -> BuildResult:
+    """Stage ``rows`` (typed record columns, every ad of each product they mention: what the caller made of
+    ``records``) as one version of ``num_shards`` shards, and do the records' bookkeeping beside it: invalid
+    counts, quarantine (``quarantine_after`` as :func:`build_version` has it), the conflict report."""
+    stages = {"read_parse": records.read_seconds}
+    bookkeeping = records.parsed.coalesce(1) if records.one_task else records.parsed
+    _, invalid = transform.split_valid(bookkeeping)
+    # The bookkeeping (invalid counts + quarantine, the conflict report) and the index are independent
+    # Spark jobs over the same checkpoint: run side by side (Spark schedules concurrent jobs of one
+    # session; under Connect each is its own request), so a small build pays the longest of them, not
+    # the sum of their job and round-trip overheads. Their step seconds overlap.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="freshidx-build") as pool:
+        quarantine = pool.submit(_quarantine_invalid, stages, invalid, records.files, store_config, source, run_id,
+                                 quarantine_after, records.one_task)
+        conflicts = pool.submit(_report_conflicts, stages, bookkeeping, store_config, source,
+                                quarantine_after is not False)
+        t1 = time.monotonic()
+        commits = write_index_shards(rows, store_config, index, version, num_shards)
+        stages["index"] = round(time.monotonic() - t1, 3)
+        reasons, quarantined = quarantine.result()
+        report = conflicts.result()
+    return BuildResult(commits, reasons, quarantined, round(time.monotonic() - records.started, 3), report, stages)
 
 
 def _read_parsed(spark: SparkSession, store_config: StoreConfig, files: list[tuple[str, str]], max_read_tasks: int,

@@ -15,7 +15,7 @@ every key, and the driver collects only the small commit messages. Each task
    its shard);
 2. writes ``covered.parquet`` (``ad_id, status, version, updated_at`` of *every* ad of the shard: the shard's part
    of the kill-list) and ``docs.parquet`` (the active ads' typed records, read back by the next
-   delta build to re-emit all ads of a touched product, see ``transform.expand_to_products``);
+   delta build to re-emit all ads of a touched product, see ``freshidx.delta.product_expansion``);
 3. uploads the index files (never ``.tantivy-*.lock``) under ``shard_prefix(...) + "index/"`` and the
    two Parquet files under ``shard_prefix(...)``, hashing each on the way (sha256), and returns a
    :class:`~freshidx.spark.shards.ShardCommit` listing every uploaded file.
@@ -170,8 +170,8 @@ def write_index_shards(
 
     ``latest`` has the typed record columns (``transform.index_rows``) of every ad of each product
     it mentions: the whole latest state for a full build; a delta build expands to whole products
-    first (``transform.expand_to_products``). The product features are computed in each task from
-    its shard's rows (:class:`freshidx.record_rules.ProductFeatures`).
+    first (``freshidx.delta.product_expansion.expand_to_products``). The product features are computed in each
+    task from its shard's rows (:class:`freshidx.record_rules.ProductFeatures`).
 
     Rows are hash-partitioned by ``xxhash64(product_id)`` (one product's ads land in exactly one
     shard; why the hash and not the bare column: see ``shards.write_sharded``). With ``sort`` each shard
@@ -260,18 +260,3 @@ def widen(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     arrays = [batch.column(f.name).cast(f.type) if f.name in names else pa.nulls(batch.num_rows, f.type)
               for f in schema]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-def read_version_state(spark: SparkSession, store_config: StoreConfig, manifest: dict[str, Any],
-                       max_tasks: int | None = None) -> DataFrame:
-    """Everything a published version knows about its ads, read on the executors: the active ads as
-    whole records (``docs.parquet``) and the paused/deleted ones from the kill-list files
-    (``covered.parquet``: ``ad_id, status, version, updated_at``, other columns null).
-
-    A delta build compares its window with this (``transform.expand_to_products``), so an ad whose
-    highest version is deleted or paused in the full version stays hidden. Columns:
-    ``transform.TYPED_FIELDS``; the file list comes from the manifest, never from a listing.
-    """
-    keys = [(k, DOCS_FILE) for k in version_files(manifest, DOCS_FILE)]
-    keys += [(k, COVERED_FILE) for k in version_files(manifest, COVERED_FILE)]
-    return read_state_files(spark, store_config, keys, max_tasks)

@@ -1,7 +1,8 @@
 """Pure transforms (DataFrame in, DataFrame out): parse, validate, deduplicate raw ad changes.
 
 The rules are :mod:`freshidx.record_rules`' (the record's fields, the order of its checks, which version
-wins, which products a change touches): this module renders them as Spark expressions. No I/O here and no
+wins): this module renders what every build uses of them as Spark expressions (which products a change
+touches, the delta's alone, is rendered in :mod:`freshidx.delta.product_expansion`). No I/O here and no
 Python UDFs: everything is a Spark SQL expression and runs in the JVM, so these functions can be tested with
 a local SparkSession alone and behave the same under Spark Connect.
 
@@ -332,57 +333,15 @@ def covered_ids(latest: DataFrame) -> DataFrame:
     return latest.select(*COVERED_COLUMNS)
 
 
-# -------------------------------------------------------------------------------------- product grouping
-
-def expand_to_products(latest_window: DataFrame, full_state: DataFrame) -> DataFrame:
-    """The delta's rows: every ad of every product the window touched, at its latest state.
-
-    Indexing works at the product level, so a change to one ad recomputes its product's
-    grouped features, and the delta must re-emit *all* ads of that product (its kill-list then hides
-    every stale copy in the full index, whose features are out of date).
-
-    * ``latest_window``: one row per ad changed in the delta window (:func:`latest_per_ad` output);
-    * ``full_state``: what the current full version knows
-      (``freshidx.spark.index_shards.read_version_state``): its active ads as whole records, and its
-      paused and deleted ads as ``ad_id, status, version, updated_at`` (other columns null).
-
-    A product is *touched* when an ad in the window belongs to it now, or belonged to it (active) in
-    the full version (an ad that moved products changes both). The result is, for every touched
-    product, the union of the window's rows and the full version's active rows, plus the full
-    version's state of every window ad whatever its status, reduced to one row per ad by
-    :func:`latest_per_ad`. So a full row never overrides a newer window row, and a window row never
-    overrides a *higher* version the full version holds: a deleted or paused v10 before the window
-    keeps a re-delivered or late active v5 inside it hidden (the row comes out inactive and lands in
-    the kill-list only). Columns: :data:`TYPED_FIELDS`. Each product it mentions is whole, as the
-    product features need (computed in the shard tasks, :class:`freshidx.record_rules.ProductFeatures`).
-    """
-    window = latest_window.select(*TYPED_FIELDS)
-    full = full_state.select(*TYPED_FIELDS)
-    known = full.join(window.select("ad_id"), "ad_id", "left_semi")  # inactive ones included: they may be newer
-    touched = touched_products(window, known)
-    siblings = full.filter(_is_active()).join(touched, "product_id", "left_semi")
-    return latest_per_ad(window.unionByName(siblings).unionByName(known))
-
-
-def touched_products(batch: DataFrame, prior: DataFrame) -> DataFrame:
-    """:func:`freshidx.record_rules.touched_products` in Spark: the ``product_id`` of every product the
-    ``batch`` ads belong to now or, active, in ``prior`` (their rows before the batch)."""
-    return (batch.select("product_id").unionByName(prior.filter(_is_active()).select("product_id"))
-            .distinct())
-
-
 def _is_active() -> Column:
     return F.col("status") == F.lit(ACTIVE)
 
 
-def index_rows(latest: DataFrame, full_state: DataFrame | None = None) -> DataFrame:
-    """Rows for an index build (:data:`TYPED_FIELDS`; every ad of each product mentioned).
-
-    Full build: ``index_rows(latest)`` (``latest`` is the whole state). Delta build:
-    ``index_rows(latest_window, full_state)`` with the current full version's state (its docs alone
-    also work, without the inactive-ad guard); without a full version (``None``) the window's rows
-    are all there is. The product-level features are added by
-    the shard tasks (:class:`freshidx.record_rules.ProductFeatures`), not here: a product never spans shards, so
+def index_rows(latest: DataFrame) -> DataFrame:
+    """Rows for an index build of the whole state ``latest`` (:data:`TYPED_FIELDS`): a full build. A delta
+    window rebuild indexes every ad of each product its window touched instead
+    (:func:`freshidx.delta.product_expansion.expand_to_products`). The product-level features are added by the
+    shard tasks (:class:`freshidx.record_rules.ProductFeatures`), not here: a product never spans shards, so
     that costs no shuffle.
     """
-    return latest.select(*TYPED_FIELDS) if full_state is None else expand_to_products(latest, full_state)
+    return latest.select(*TYPED_FIELDS)

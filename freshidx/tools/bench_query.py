@@ -45,6 +45,7 @@ def prepare_query_store(spark: Any, workdir: str, docs: int, shards: int, *, see
     """
     from pyspark.sql import functions as F
 
+    from freshidx.delta.product_expansion import expand_to_products
     from freshidx.publish.commit import DraftManifest, iso, new_version, publish, read_manifest, read_pointer
     from freshidx.spark.index_shards import read_version_docs, write_index_shards
     from freshidx.spark.transform import index_rows
@@ -71,8 +72,7 @@ def prepare_query_store(spark: Any, workdir: str, docs: int, shards: int, *, see
 
     full_at = T0 + dt.timedelta(hours=1)
     full_version = new_version(full_at)
-    full = index_rows(synthetic_docs(spark, docs, seed=seed))
-    commits = write_index_shards(full, cfg, "full", full_version, shards)
+    commits = write_index_shards(index_rows(synthetic_docs(spark, docs, seed=seed)), cfg, "full", full_version, shards)
     res = publish(store, draft("full", full_version, full_at, commits))
     if res.outcome != "published":
         raise RuntimeError(f"bench full publish: {res.reason}")
@@ -90,7 +90,8 @@ def prepare_query_store(spark: Any, workdir: str, docs: int, shards: int, *, see
         .withColumn("bid", F.col("bid") + F.lit(0.5))
         .withColumn("version", F.col("version") + F.lit(10_000_000_000))
     )
-    delta_commits = write_index_shards(index_rows(changed, full_docs), cfg, "delta", delta_version, max(1, shards // 2))
+    delta_rows = expand_to_products(changed, full_docs)
+    delta_commits = write_index_shards(delta_rows, cfg, "delta", delta_version, max(1, shards // 2))
     res = publish(store, draft("delta", delta_version, delta_at, delta_commits))
     if res.outcome != "published":
         raise RuntimeError(f"bench delta publish: {res.reason}")

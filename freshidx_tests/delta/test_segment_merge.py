@@ -1,7 +1,7 @@
 """The record rules in Arrow (freshidx.record_rules) and the micro-batch merge (freshidx.delta.segment_merge)
 answer exactly as the Spark rendering they stand in for: ``latest_per_ad`` as Spark's ``max(struct(...))``
 (ties on version, time and status settled by the other columns, nulls first, arrays element by element) and
-``segment_rows`` as ``transform.expand_to_products`` over a state of one row per ad."""
+``segment_rows`` as ``product_expansion.expand_to_products`` over a state of one row per ad."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from freshidx import record_rules
-from freshidx.delta import segment_merge
+from freshidx.delta import product_expansion, segment_merge
 from freshidx.spark import transform
 from freshidx.spark.index_format import DOCS_ARROW_SCHEMA
 from freshidx.spark.index_shards import DOCS_DDL
@@ -77,7 +77,7 @@ def test_segment_rows_equal_expand_to_products_over_one_row_per_ad(spark: Any) -
         batch = record_rules.latest_per_ad(_table(batch_rows))
         got = _by_ad(segment_merge.segment_rows(batch, _table(state)).to_pylist())
         spark_batch = _spark_frame(spark, batch.to_pylist())
-        out = transform.expand_to_products(spark_batch, _spark_frame(spark, state)).collect()
+        out = product_expansion.expand_to_products(spark_batch, _spark_frame(spark, state)).collect()
         want = _by_ad([{**r.asDict(), "updated_at": r["updated_at"] and r["updated_at"].astimezone(dt.UTC)}
                        for r in out])
         assert got == want

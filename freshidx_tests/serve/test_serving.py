@@ -13,6 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from freshidx import cli
+from freshidx.delta.product_expansion import expand_to_products
 from freshidx.publish.commit import read_manifest, read_pointer
 from freshidx.publish.retention import rollback
 from freshidx.serve.searcher import Hit, Searcher, ServingError
@@ -48,7 +49,7 @@ def build_and_publish(spark: SparkSession, cfg: StoreConfig) -> tuple[str, str]:
     commits = write_index_shards(index_rows(rows_df(spark, full_ads())), cfg, "full", "full-v1", 3)
     publish_commits(store, "full", "full-v1", FULL_AT, commits)
     full_docs = read_version_docs(spark, cfg, read_manifest(store, "full", "full-v1"))
-    delta_rows = index_rows(rows_df(spark, delta_window()), full_docs)
+    delta_rows = expand_to_products(rows_df(spark, delta_window()), full_docs)
     commits = write_index_shards(delta_rows, cfg, "delta", "delta-v1", 2)
     publish_commits(store, "delta", "delta-v1", DELTA_AT, commits)
     return "full-v1", "delta-v1"

@@ -20,6 +20,7 @@ import pytest
 import tantivy
 from pyspark.sql import DataFrame, SparkSession
 
+from freshidx.delta.product_expansion import expand_to_products
 from freshidx.publish.commit import DraftManifest, Pointer, iso, publish
 from freshidx.record_rules import ProductFeatures
 from freshidx.spark.index_format import (
@@ -33,7 +34,6 @@ from freshidx.spark.index_format import (
 )
 from freshidx.spark.index_shards import read_version_docs, write_index_shards, write_one_index_shard
 from freshidx.spark.shards import COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, ShardCommit
-from freshidx.spark.transform import expand_to_products, index_rows
 from freshidx.store import ObjectStore, StoreConfig, layout, open_store
 
 DDL = (
@@ -246,7 +246,7 @@ def test_product_features_and_expand_to_products(spark: SparkSession) -> None:
         ad(7, 5, bid=6.0, version=2),  # ad 7 moved from product 4 to 5: both touched
         ad(8, 6, bid=1.0, version=2),  # a brand-new ad of a new product
     ]
-    rows = {r["ad_id"]: r.asDict() for r in index_rows(rows_df(spark, window), full_docs).collect()}
+    rows = {r["ad_id"]: r.asDict() for r in expand_to_products(rows_df(spark, window), full_docs).collect()}
     assert sorted(rows) == ["ad-0001", "ad-0002", "ad-0004", "ad-0005", "ad-0007", "ad-0008"]  # not 3 or 6
     assert rows["ad-0002"]["title"] == "new title" and rows["ad-0002"]["version"] == 2
     feats = features_of(list(rows.values()))  # what the shard tasks attach to these rows
