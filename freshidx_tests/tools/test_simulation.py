@@ -15,7 +15,7 @@ import pytest
 from freshidx.publish import retention
 from freshidx.store import ListPage, ObjectInfo, ObjectStore, StoredObject
 from freshidx.tools.bench_simulate import simulate
-from freshidx.tools.simulation import seams, world
+from freshidx.tools.simulation import memos, seams, world
 from freshidx.tools.simulation.world import Protocol
 
 #: Schedules the fast lane runs, as two items (seed ranges) that `pytest -n 2` runs on both workers
@@ -134,6 +134,16 @@ def test_the_parse_cache_changes_no_schedule() -> None:
     cached = [world.run_schedule(seed) for seed in range(200)]
     fresh = [world.run_schedule(seed, parse_cache=False) for seed in range(200)]
     assert [(r.digest, r.outcomes, r.violation) for r in cached] == [(r.digest, r.outcomes, r.violation) for r in fresh]
+
+
+def test_the_memos_change_no_schedule() -> None:
+    """The simulator memoizes pure computations of the code under test and shares the records it reads
+    (memos.py): with the product's own functions and every body parsed anew, the schedules go the same."""
+    memoized = [world.run_schedule(seed) for seed in range(200)]
+    with memos.suspended():
+        plain = [world.run_schedule(seed, parse_cache=False) for seed in range(200)]
+    outcome = [(r.digest, r.outcomes, r.violation) for r in memoized]
+    assert outcome == [(r.digest, r.outcomes, r.violation) for r in plain]
 
 
 @pytest.mark.parametrize(("plant", "protocol", "invariants"), [

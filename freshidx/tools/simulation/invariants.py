@@ -28,24 +28,28 @@ from freshidx.publish.gc_plan import kept_versions
 from freshidx.store import layout
 from freshidx.store.partitions import PartitionId
 from freshidx.store.records import Manifest, Pointer
+from freshidx.tools.simulation import memstore
 from freshidx.tools.simulation.memstore import MemStore
 from freshidx.tools.simulation.scheduler import SimClock
 from freshidx.trigger import ledger
 
 INDEXES = ("delta", "full")
+#: Keys the checker builds again at every step, built once per process.
+_POINTER_KEYS = tuple((index, layout.pointer_key(index)) for index in INDEXES)
+_manifest_key = functools.lru_cache(maxsize=1 << 12)(layout.manifest_key)
+_history_key = functools.lru_cache(maxsize=1 << 12)(layout.history_key)
 
 
-# Parsed once per process by content: every schedule starts from the same records, and the checker reads each
-# pointer and manifest again and again (read-only: what they return is shared).
-@functools.lru_cache(maxsize=4096)
+# Parsed once per process by content (the records the code under test reads of the same bytes): every schedule
+# starts from the same records, and the checker reads each pointer and manifest again and again (read-only).
 def _pointer(raw: bytes) -> Pointer:
-    return Pointer.from_json(json.loads(raw))
+    return memstore.read_record(Pointer, raw)
 
 
 @functools.lru_cache(maxsize=4096)
 def _served_files(raw: bytes) -> Mapping[str, int]:
     """The files a reader of the manifest ``raw`` downloads, with their sizes."""
-    manifest = Manifest.from_json(json.loads(raw))
+    manifest = memstore.read_record(Manifest, raw)  # the record the code under test reads of these bytes
     return MappingProxyType({f["key"]: int(f["bytes"]) for s in manifest.served_shards() for f in s["files"]})
 
 
@@ -92,7 +96,7 @@ class Checker:
         entry = self.pointers.get(index)
         after = entry[1] if entry is not None else None
         while after is not None and after.seq > 1:
-            raw = self.store.raw(layout.history_key(index, after.seq - 1))
+            raw = self.store.raw(_history_key(index, after.seq - 1))
             if raw is None:
                 return
             before = _pointer(raw)
@@ -110,7 +114,10 @@ class Checker:
         store = self.store
         if store.mutations != self._seen:
             self._seen = store.mutations
-            moved = [self._check_pointer(index) for index in INDEXES]
+            objects, pointers = store.objects, self.pointers
+            moved = [self._check_pointer(index) if (found := objects.get(key)) is None
+                     or (before := pointers.get(index)) is None or before[0] != found[1] else False
+                     for index, key in _POINTER_KEYS]
             # A version can only lose a file by a delete or an overwrite of that file or its manifest, and only
             # a moved pointer adds versions that must be intact: otherwise the last full check still holds.
             removed, first = store.removed, self._removed < 0
@@ -161,7 +168,7 @@ class Checker:
         return True
 
     def _is_compaction(self, index: str, version: str) -> bool:
-        raw = self.store.raw(layout.manifest_key(index, version))
+        raw = self.store.raw(_manifest_key(index, version))
         return raw is not None and (json.loads(raw).get("inputs") or {}).get("build") == "compaction"
 
     def _refresh_kept(self, index: str) -> None:
@@ -171,7 +178,7 @@ class Checker:
             return
         entries = [entry[1]]
         for seq in range(entry[1].seq - 1, 0, -1):
-            raw = self.store.raw(layout.history_key(index, seq))
+            raw = self.store.raw(_history_key(index, seq))
             if raw is None:
                 break
             entries.append(_pointer(raw))
@@ -182,18 +189,18 @@ class Checker:
         (manifests are create-once)."""
         cached = self._manifests.get((index, version))
         if cached is None:
-            raw = self.store.raw(layout.manifest_key(index, version))
+            raw = self.store.raw(_manifest_key(index, version))
             if raw is None:
                 return None
             cached = self._manifests[(index, version)] = _served_files(raw)
-        elif layout.manifest_key(index, version) not in self.store.objects:
+        elif _manifest_key(index, version) not in self.store.objects:
             return None
         return cached
 
     def _missing(self, index: str, version: str) -> str | None:
         files = self._files(index, version)
         if files is None:
-            return layout.manifest_key(index, version)
+            return _manifest_key(index, version)
         objects = self.store.objects
         for key, size in files.items():
             found = objects.get(key)
@@ -231,7 +238,7 @@ class Checker:
                          f"grace {self.grace}")
 
     def _reaches(self, index: str, version: str, key: str) -> bool:
-        if key == layout.manifest_key(index, version):
+        if key == _manifest_key(index, version):
             return True
         self._files(index, version)  # cache the manifest's files while it is there
         return key in self._manifests.get((index, version), ())

@@ -10,13 +10,14 @@ conditional write gets, or a connection error). A crash never returns from the h
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import datetime as dt
 import functools
 import hashlib
 import json
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from freshidx.store.errors import Problem, StoreAccessError
 from freshidx.store.object_store import (
@@ -31,6 +32,9 @@ from freshidx.store.object_store import (
     _encode,
     check_key,
 )
+from freshidx.store.records.base import Record
+
+R = TypeVar("R", bound=Record)
 
 
 class Fault(Enum):
@@ -56,6 +60,30 @@ _checked = functools.lru_cache(maxsize=1 << 16)(check_key)
 #: one again and again. The value is shared: the only reader, ``Record.from_json``, validates it into a new
 #: record (test_simulation.py checks that a schedule's trace is the same with and without this cache).
 _parsed = functools.lru_cache(maxsize=1 << 12)(json.loads)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def read_record(cls: type[Record], data: bytes) -> Record:
+    """A record read once per process by kind and content (``Record.read`` while memos.py is installed, and the
+    checker): validating the same body again made a new, equal record; the records are shared the way the
+    parsed bodies are (nothing changes a record it read; test_simulation.py compares schedules without)."""
+    record = cls.from_json(_parsed(data))
+    if len(_SHARED) >= 1 << 13:
+        _SHARED.clear()
+    _SHARED[id(record)] = record
+    return record
+
+
+#: The records :func:`read_record` handed out, by identity (held, so an id is not reused while listed).
+_SHARED: dict[int, Record] = {}
+
+
+def shared(record: Record) -> bool:
+    """Whether ``record`` is one the store shares (read-only by contract: a value derived from it may be kept)."""
+    return _SHARED.get(id(record)) is record
+
+
+NO_FAULT = Fault.NONE  # a module global: read at every store call
 
 
 class _Stats(StoreStats):
@@ -88,10 +116,7 @@ class MemStore(ObjectStore):
         #: False: parse every JSON body read (the reference the parse cache is checked against).
         self.parse_cache = True
 
-    # ---- the scheduling point
-    def _point(self, op: str, key: str, write: bool) -> Fault:
-        return self.hook(op, key, write) if self.hook is not None else Fault.NONE
-
+    # ---- the scheduling point: each call of the contract asks ``hook`` first (inline: the hottest path)
     def _transient(self, op: str, key: str) -> StoreAccessError:
         return StoreAccessError(Problem.UNREACHABLE, self.uri, detail=f"{op} {key}: connection reset (simulated)")
 
@@ -115,6 +140,13 @@ class MemStore(ObjectStore):
     def get_json(self, key: str) -> tuple[Any, str]:
         obj = self.get(key)
         return (_parsed(obj.data) if self.parse_cache else json.loads(obj.data)), obj.etag
+
+    def get_record(self, cls: type[R], key: str) -> tuple[R, str]:
+        """``cls.read(self, key)``: the same call, the record shared by content (unless ``parse_cache`` is off)."""
+        obj = self.get(key)
+        if self.parse_cache:
+            return read_record(cls, obj.data), obj.etag  # type: ignore[return-value]
+        return cls.from_json(json.loads(obj.data)), obj.etag
 
     # ---- raw state (no scheduling point: the invariant checker and setup read through these)
     def raw(self, key: str) -> bytes | None:
@@ -143,7 +175,8 @@ class MemStore(ObjectStore):
 
     # ---- contract
     def get(self, key: str) -> StoredObject:
-        fault = self._point("get", _checked(key), False)
+        checked = _checked(key)
+        fault = NO_FAULT if (hook := self.hook) is None else hook("get", checked, False)
         self.stats.get_calls += 1
         if fault is Fault.TRANSIENT:
             raise self._transient("get", key)
@@ -153,7 +186,8 @@ class MemStore(ObjectStore):
         return StoredObject(key, found[0], found[1])
 
     def head(self, key: str) -> ObjectInfo:
-        fault = self._point("head", _checked(key), False)
+        checked = _checked(key)
+        fault = NO_FAULT if (hook := self.hook) is None else hook("head", checked, False)
         self.stats.get_calls += 1
         if fault is Fault.TRANSIENT:
             raise self._transient("head", key)
@@ -163,7 +197,8 @@ class MemStore(ObjectStore):
         return found[3]
 
     def put(self, key: str, data: bytes) -> str:
-        fault = self._point("put", _checked(key), True)
+        checked = _checked(key)
+        fault = NO_FAULT if (hook := self.hook) is None else hook("put", checked, True)
         self.stats.put_calls += 1
         if fault is Fault.TRANSIENT:
             raise self._transient("put", key)
@@ -179,7 +214,8 @@ class MemStore(ObjectStore):
         return self._conditional("swap", key, data, expected_etag, create=False)
 
     def _conditional(self, op: str, key: str, data: bytes, expected: str | None, *, create: bool) -> str:
-        fault = self._point(op, _checked(key), True)
+        checked = _checked(key)
+        fault = NO_FAULT if (hook := self.hook) is None else hook(op, checked, True)
         self.stats.put_calls += 1
         if fault is Fault.TRANSIENT:
             raise self._transient(op, key)
@@ -195,7 +231,8 @@ class MemStore(ObjectStore):
         return etag
 
     def delete(self, key: str) -> None:
-        fault = self._point("delete", _checked(key), True)
+        checked = _checked(key)
+        fault = NO_FAULT if (hook := self.hook) is None else hook("delete", checked, True)
         if fault is Fault.TRANSIENT:
             raise self._transient("delete", key)
         found = self.objects.pop(key, None)
@@ -208,13 +245,23 @@ class MemStore(ObjectStore):
         if fault is not Fault.NONE:
             self._lost(fault, "delete", key, conditional=False)
 
+    def list_page(
+        self, prefix: str, *, delimiter: str | None = None, start_after: str | None = None,
+        max_keys: int = 1000, continuation: str | None = None,
+    ) -> tuple[ListPage, str | None]:
+        """:meth:`ObjectStore.list_page`, counted directly."""
+        page, token = self._list_page(prefix, delimiter=delimiter, start_after=start_after, max_keys=max_keys,
+                                      continuation=continuation)
+        self.stats.listed_entries += len(page.objects) + len(page.prefixes)
+        return page, token
+
     def _list_page(
         self, prefix: str, *, delimiter: str | None, start_after: str | None, max_keys: int,
         continuation: str | None,
     ) -> tuple[ListPage, str | None]:
         if delimiter not in (None, "/"):
             raise ValueError("only '/' is supported as delimiter")
-        fault = self._point("list", prefix or "/", False)
+        fault = NO_FAULT if (hook := self.hook) is None else hook("list", prefix or "/", False)
         self.stats.list_calls += 1
         if fault is Fault.TRANSIENT:
             raise self._transient("list", prefix)
@@ -228,6 +275,12 @@ class MemStore(ObjectStore):
         keys, entries = self.keys, self.objects
         i = bisect.bisect_right(keys, after) if after is not None and after > prefix else \
             bisect.bisect_left(keys, prefix)
+        if delimiter is None and limit > 0 and not (skip_under and after is not None and after.endswith("/")):
+            # No grouping: the keys under the prefix are one run of the sorted keys, answered as a slice.
+            end = bisect.bisect_left(keys, prefix + "\U0010ffff", i)
+            taken = keys[i:min(end, i + limit)]
+            page = ListPage([entries[key][3] for key in taken], [])
+            return page, (taken[-1] if end - i > limit else None)
         objects: list[ObjectInfo] = []
         prefixes: list[str] = []
         last: str | None = None
@@ -254,4 +307,16 @@ class MemStore(ObjectStore):
 
 
 def _dump(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=_encode).encode()
+    return _ENCODER.encode(value).encode()
+
+
+def _dataclass_or_encode(value: Any) -> Any:
+    """A record's field values go to the encoder as they are (memos.py): a nested dataclass as
+    ``dataclasses.asdict`` makes it, as ``Record.to_json`` would have; anything else as every store encodes it."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return _encode(value)
+
+
+#: ``json.dumps(value, sort_keys=True, separators=(",", ":"), default=...)``, its encoder built once.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_dataclass_or_encode)

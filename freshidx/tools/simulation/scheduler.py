@@ -22,6 +22,7 @@ from freshidx.tools.simulation.memstore import Fault
 Step = tuple[str, str, str, str]
 #: Each fault's word in the trace (an Enum's ``.value`` is a slow property, read at every step).
 _WORD = {fault: fault.value for fault in Fault}
+_OK = _WORD[Fault.NONE]  # the word of nearly every step (looked up once: an Enum's hash is Python code too)
 
 
 @dataclass(frozen=True)
@@ -100,25 +101,32 @@ class Scheduler:
     def run(self, check: Callable[[], None]) -> None:
         live = list(self.actors)
         steps = 0
-        pick, decide, tick = self.rng.randrange, self._decide, self.clock.tick
+        decide, clock, step = self._decide, self.clock, self.clock.step
+        getrandbits = self.rng.getrandbits
         while live and steps < self.max_steps:
             steps += 1
-            actor = live[pick(len(live))]
+            # live[rng.randrange(len(live))], inlined: the same draws (Random._randbelow_with_getrandbits)
+            n = len(live)
+            k = n.bit_length()
+            r = getrandbits(k)
+            while r >= n:
+                r = getrandbits(k)
+            actor = live[r]
             fault = decide(actor)
             if fault is None:  # killed at its pending call
                 live.remove(actor)
                 continue
-            tick()
+            clock.at += step
             self.current = actor
-            if not actor.started:
+            glet = actor.glet
+            if glet is None:
                 actor.started = True
-                actor.glet = greenlet.greenlet(self._body(actor))
-                actor.glet.switch()
+                glet = actor.glet = greenlet.greenlet(self._body(actor))
+                glet.switch()
             else:
-                assert actor.glet is not None
-                actor.glet.switch(fault)
+                glet.switch(fault)
             self.current = None
-            if actor.glet is not None and actor.glet.dead:
+            if glet.dead:
                 live.remove(actor)
             check()
         for actor in live:  # out of steps: whoever is left is cut off like a killed one
@@ -133,23 +141,26 @@ class Scheduler:
         return body
 
     def _decide(self, actor: Actor) -> Fault | None:
-        if actor.pending is None:
+        pending = actor.pending
+        if pending is None:
             return Fault.NONE
-        op, key, write = actor.pending
+        op, key, write = pending
         actor.pending = None
-        fault = Fault.NONE
+        fault, word = Fault.NONE, _OK
         if actor.faulty:
             r = self.rng.random()
-            if r < self.rates.crash:
+            rates = self.rates
+            if r < rates.crash:
                 actor.crashed, actor.outcome = True, f"killed at {op} {key}"
                 self.trace.append((actor.name, op, key, "crash"))
                 return None
-            if write and r < self.rates.crash + self.rates.lost and op != "sleep":
+            if write and r < rates.crash + rates.lost and op != "sleep":
                 fault = Fault.LOST_RETRIED if op in ("create", "swap") and self.rng.random() < 0.5 else \
                     Fault.LOST_UNKNOWN
-            elif r > 1.0 - self.rates.transient and op != "sleep":
-                fault = Fault.TRANSIENT
-        self.trace.append((actor.name, op, key, _WORD[fault]))
+                word = _WORD[fault]
+            elif r > 1.0 - rates.transient and op != "sleep":
+                fault, word = Fault.TRANSIENT, _WORD[Fault.TRANSIENT]
+        self.trace.append((actor.name, op, key, word))
         return fault
 
     def close(self) -> None:

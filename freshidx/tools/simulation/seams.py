@@ -6,6 +6,7 @@ the modules that bound them, read the simulation's :class:`Context` instead: the
 RNG, and a sleep that is a scheduling point (the other actors run meanwhile). The Spark step of a compaction
 (``write_merged_segment``) writes a tiny synthetic merged segment through the store instead. The ledger's
 per-process entry cache is emptied at each schedule, so a schedule never depends on the ones before it.
+:func:`installed` also puts :mod:`~freshidx.tools.simulation.memos` in place (pure computations memoized).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from freshidx.store import ObjectStore
+from freshidx.tools.simulation import memos
 from freshidx.tools.simulation.scheduler import SimClock
 
 #: Modules whose calls the simulation drives; imported before patching so every binding is replaced.
@@ -126,7 +128,8 @@ def installed() -> Iterator[None]:
     for m, attr, value in _targets():
         setattr(m, attr, value)
     try:
-        yield
+        with memos.installed():
+            yield
     finally:
         global _context
         for m, attr, value in saved:

@@ -68,7 +68,7 @@ class Result:
 
     @property
     def digest(self) -> str:
-        text = "\n".join("|".join(s) for s in self.trace) + "\n" + repr(sorted(self.outcomes.items()))
+        text = "\n".join(map("|".join, self.trace)) + "\n" + repr(sorted(self.outcomes.items()))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def short_trace(self, last: int = 12) -> list[str]:
@@ -143,12 +143,14 @@ class World:
         return result.outcome
 
 
+#: The partitions the upstream writes during a schedule, and the one a backfill rebuilds (published by the setup).
+_FRESH = tuple(PartitionId(START - dt.timedelta(minutes=100 - k)) for k in (1, 2, 3))
+_BACKFILL = PartitionId(START - dt.timedelta(hours=2, minutes=6))
+
+
 def actor_bodies(w: World) -> dict[str, Callable[[], str | None]]:
     """What each actor does (each a few store calls long)."""
-    s = w.settings
-    newest = START - dt.timedelta(minutes=100)
-    fresh = [PartitionId(newest + dt.timedelta(minutes=k)) for k in (1, 2, 3)]
-    backfill = PartitionId(START - dt.timedelta(hours=2, minutes=6))  # published by the setup
+    s, fresh, backfill = w.settings, _FRESH, _BACKFILL
     w.given += fresh
 
     def upstream() -> str:
