@@ -15,9 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from freshidx.delta.executor import key_index, state_lookup
-from freshidx.delta.executor.decoded_cache import DecodedCache
+from freshidx.delta.executor.decoded_cache import LOAD_THREADS, DecodedCache
 from freshidx.delta.executor.key_index import LAYOUT, MAX_KEY_BYTES, KeyIndex, query_keys, rows_and_hits
-from freshidx.delta.executor.state_lookup import Parts, StateFile, segment_of, select_rows, warm_files
+from freshidx.delta.executor.state_lookup import Parts, StateFile, segment_of, select_rows
+from freshidx.delta.executor.warm_state import warm_files
 from freshidx.spark.shards import COVERED_ARROW_SCHEMA, COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, conform
 
 
@@ -197,6 +198,19 @@ def test_warmed_files_serve_the_next_lookup_without_reading(tmp_path: Path) -> N
                                                               DecodedCache(0)))))
     assert warm_files([_file(docs, "d", DOCS_FILE), _file(covered, "c", COVERED_FILE)], cache) == (0, True)
 
+
+
+def test_a_spent_budget_starts_no_more_key_index_reads_and_the_next_warm_up_goes_on(tmp_path: Path) -> None:
+    """More files than reads at once: past the deadline only the first round of key indexes is read."""
+    count = LOAD_THREADS + 3
+    parquet = [_docs(tmp_path / f"{i}-{DOCS_FILE}", [(f"a{i}", "p")], row_group=8) for i in range(count)]
+    files = [_file(f, f"d{i}", DOCS_FILE) for i, f in enumerate(parquet)]
+    cache = DecodedCache(1 << 20)
+    assert warm_files(files, cache, deadline=time.monotonic()) == (LOAD_THREADS, False)
+    assert warm_files(files, cache, deadline=time.monotonic()) == (3, False)  # the rest of the key indexes
+    assert warm_files(files, cache, deadline=time.monotonic()) == (1, False)  # a call always reads something
+    assert warm_files(files, cache) == (count - 1, True)  # the other row groups (one a file)
+    assert warm_files(files, cache) == (0, True)
 
 def _rows(out: pa.Table) -> list[tuple]:
     return sorted(zip(*(out.column(c).to_pylist() for c in ("ad_id", "product_id", "status", "version")),

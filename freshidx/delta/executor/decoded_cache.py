@@ -42,6 +42,10 @@ class DecodedCache:
     def nbytes(self) -> int:
         return self._bytes
 
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._items or key in self._lasting
+
     def resize(self, max_bytes: int) -> None:
         with self._lock:
             self.max_bytes = max_bytes

@@ -31,7 +31,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -132,31 +132,26 @@ def open_state_files(config: StoreConfig, files: list[FileRef]) -> list[StateFil
             for path, kind, layer, over_full in paths]
 
 
-class WarmCount(NamedTuple):
-    decoded: int  # values decoded (0: everything was warm)
-    complete: bool  # False: the deadline came first
+def has_key_index(f: StateFile, cache: DecodedCache) -> bool:
+    return (f.name, "key-index", LAYOUT) in cache
 
 
-def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | None = None) -> WarmCount:
-    """Decode what a micro-batch over ``files`` reads into ``cache`` (key indexes at once, then row groups, newest
-    layer first) until ``time.monotonic()`` passes ``deadline``; a later call goes on where this one stopped."""
-    loaded: list[None] = []  # appended from get_many's threads
+def load_key_index(f: StateFile, cache: DecodedCache, on_read: Callable[[], None] | None = None) -> Any:
+    """``f``'s key index (:func:`select_rows`' first pass), from ``cache`` or read (``on_read()``) and kept."""
+    def read() -> KeyIndex | KeyColumns:
+        if on_read is not None:
+            on_read()
+        return _read_keys(f.parquet())
+    return cache.get((f.name, "key-index", LAYOUT), read, _weight, lasting=True)
 
-    def counted(load: Callable[[], Any]) -> Callable[[], Any]:
-        def run() -> Any:
-            loaded.append(None)
-            return load()
-        return run
 
-    newest_first = sorted(files, key=lambda f: -f.layer)
-    cache.get_many([((f.name, "key-index", LAYOUT), counted(lambda f=f: _read_keys(f.parquet())))
-                    for f in newest_first], _weight, lasting=True)
-    for f in newest_first:
-        for g in range(f.parquet().metadata.num_row_groups):
-            if deadline is not None and time.monotonic() >= deadline:
-                return WarmCount(len(loaded), False)
-            cache.get((f.name, g), counted(lambda f=f, g=g: f.parquet().read_row_group(g)), lambda v: v.nbytes)
-    return WarmCount(len(loaded), True)
+def load_row_group(f: StateFile, group: int, cache: DecodedCache, on_read: Callable[[], None] | None = None) -> Any:
+    """Row group ``group`` of ``f`` (what the second pass reads), from ``cache`` or read (``on_read()``) and kept."""
+    def read() -> pa.Table:
+        if on_read is not None:
+            on_read()
+        return f.parquet().read_row_group(group)
+    return cache.get((f.name, group), read, lambda v: v.nbytes)
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,10 @@ keeps (:mod:`freshidx.delta.executor.decoded_cache`). A worker that has not seen
 first: all of them after a new full version; after each micro-batch, the new segment's files. And Spark
 stops a Python worker that stayed idle for a minute, taking what it kept. So while the continuous loop
 waits for a partition it runs this job, one task per worker slot, and each task decodes what the next
-micro-batch will read (:func:`freshidx.delta.executor.state_lookup.warm_files`):
+micro-batch will read (:func:`warm_files`):
 the next micro-batch finds its workers alive and its state decoded, and pays only for what it changes.
-A warm-up may be given a budget: its tasks stop decoding when it is spent, so a partition that arrives
-meanwhile waits at most that long; the next warm-up goes on where it stopped.
+A warm-up may be given a budget: its tasks start no read once it is spent (the reads under way finish), so
+a partition that arrives meanwhile waits about that long; the next warm-up goes on where it stopped.
 """
 
 from __future__ import annotations
@@ -16,12 +16,23 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import NamedTuple
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from freshidx.delta.executor.decoded_cache import resolve_worker_cache
-from freshidx.delta.executor.state_lookup import FileRef, StateLayer, open_state_files, state_file_refs, warm_files
+from freshidx.delta.executor.decoded_cache import LOAD_THREADS, DecodedCache, resolve_worker_cache
+from freshidx.delta.executor.state_lookup import (
+    FileRef,
+    StateFile,
+    StateLayer,
+    has_key_index,
+    load_key_index,
+    load_row_group,
+    open_state_files,
+    state_file_refs,
+)
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.store import StoreConfig
 
@@ -65,3 +76,47 @@ def _task(store_json: str, refs: list[FileRef], cache_bytes: int,
                                "complete": pa.array([count.complete], pa.bool_())})
 
     return run
+
+
+class WarmCount(NamedTuple):
+    decoded: int  # values decoded (0: everything was warm)
+    complete: bool  # False: the deadline came first
+
+
+def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | None = None) -> WarmCount:
+    """Decode what a micro-batch over ``files`` reads into ``cache``: every file's key index (several read at
+    once: each is a few store round trips, mostly waiting), then the row groups, the newest layer first (what
+    the budget cannot hold goes first). No read starts once ``time.monotonic()`` passes ``deadline``; a later
+    call goes on where this one stopped."""
+    reads: list[None] = []  # appended from the pool's threads
+
+    def due() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
+    newest_first = sorted(files, key=lambda f: -f.layer)
+    missing = [f for f in newest_first if not has_key_index(f, cache)]
+    todo = iter(missing)
+    started = 0
+    with ThreadPoolExecutor(LOAD_THREADS) as pool:
+        running: set[Future[object]] = set()
+        while True:
+            while len(running) < LOAD_THREADS and (started < LOAD_THREADS or not due()):
+                f = next(todo, None)
+                if f is None:
+                    break
+                running.add(pool.submit(load_key_index, f, cache, lambda: reads.append(None)))
+                started += 1
+            if not running:
+                break
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for d in done:
+                d.result()  # a failed read fails the warm-up (the loop logs it; the micro-batch reads itself)
+    if started < len(missing):
+        return WarmCount(len(reads), False)
+    for f in newest_first:
+        for g in range(f.parquet().metadata.num_row_groups):
+            if due() and reads:  # each call reads something, so a short budget still gets there
+                return WarmCount(len(reads), False)
+            load_row_group(f, g, cache, lambda: reads.append(None))
+    return WarmCount(len(reads), True)
+
