@@ -185,10 +185,35 @@ def build_connect_session(
     # was restarted since), and it works beside a classic SparkSession in the same process, where
     # getOrCreate() raises SESSION_ALREADY_EXIST.
     spark: SparkSession = builder.create()
-    if ship_code:
-        ship_to_connect(spark)
-    register_sources(spark)
+    try:
+        _take_the_place_of_a_stopped_session(spark)
+        if ship_code:
+            ship_to_connect(spark)
+        register_sources(spark)
+    except BaseException:
+        # create() already made it the process's default session: a half-made one must not stay there.
+        close_session(spark, release=False)
+        raise
     return spark
+
+
+def _take_the_place_of_a_stopped_session(spark: Any) -> None:
+    """Make ``spark`` the process's default and this thread's active Connect session where those are a
+    stopped one. pyspark binds some results to them (a local checkpoint's DataFrame: ``SparkSession.active()``),
+    and ``create()`` fills them only when they are empty; a client pyspark closed on an error (a server
+    that lost the session) is stopped without emptying them, and every later checkpoint in the process would
+    fail with ``NO_ACTIVE_OR_DEFAULT_SESSION``, whatever session the caller holds."""
+    cls = type(spark)
+    lock, local = getattr(cls, "_lock", None), getattr(cls, "_active_session", None)
+    if lock is None or local is None or not hasattr(cls, "_default_session"):
+        return  # another pyspark: nothing to mend
+    with lock:
+        default = cls._default_session
+        if default is None or default.is_stopped:
+            cls._default_session = spark
+    active = getattr(local, "session", None)
+    if active is None or active.is_stopped:
+        local.session = spark
 
 
 def close_session(session: Any, *, release: bool) -> None:

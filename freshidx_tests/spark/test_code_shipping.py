@@ -87,3 +87,31 @@ def test_a_connect_session_runs_the_clients_code_from_its_zip(shared_spark_conne
     # A job carries a reference to the code, not the code: a micro-batch's task pickles to a few KB.
     job = one_pass.MicroBatchJob("{}", [], [], 0, "delta", "v", 2, "src", "run", 3600)
     assert len(cloudpickle.dumps(one_pass._task(job, None))) < 20_000
+
+
+def test_a_session_pyspark_closed_or_one_half_made_does_not_hold_the_next_ones_place(
+        shared_spark_connect: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyspark binds a local checkpoint to the process's default Connect session: a client it closed on an
+    error (stopped, yet still the default) or a session whose set-up failed must not keep that place."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from freshidx.spark import session as session_module
+
+    remote = shared_spark_connect["FRESHIDX_SPARK_REMOTE"]
+    closed = build_connect_session(remote)
+    closed.client.close()  # what pyspark does when the server lost the session: stopped, not emptied
+    with monkeypatch.context() as m:
+        def refuse(spark: object) -> None:
+            raise RuntimeError("registering the data sources failed")
+
+        m.setattr(session_module, "register_sources", refuse)
+        with pytest.raises(RuntimeError, match="data sources"):
+            build_connect_session(remote)
+    assert ConnectSession.getActiveSession() is None  # the half-made one was stopped, not left active
+    fresh = build_connect_session(remote)
+    try:
+        assert fresh.range(3).localCheckpoint(eager=True).count() == 3
+        assert ConnectSession.active() is fresh
+    finally:
+        close_session(fresh, release=True)
+        close_session(closed, release=False)
