@@ -114,7 +114,11 @@ def cmd_bench_chaos(*, minutes: float, seed: int, every: float, kill_every: tupl
     def log(line: str) -> None:
         print(line, file=out, flush=True)
 
-    result = run_chaos(opts, log)
+    try:
+        result = run_chaos(opts, log)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: run_chaos has stopped the demo and its servers
+        print("freshidx bench chaos: interrupted; the demo was stopped, no result", file=sys.stderr)
+        return 130
     print(render(result), file=out, flush=True)
     if as_json:
         print(json.dumps(result, default=str))
