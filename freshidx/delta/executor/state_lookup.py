@@ -132,8 +132,13 @@ def open_state_files(config: StoreConfig, files: list[FileRef]) -> list[StateFil
             for path, kind, layer, over_full in paths]
 
 
+def _key_index_key(f: StateFile) -> tuple[str, str, int]:
+    """Where ``f``'s key index lives in a worker's cache (the lookup's first pass and the warm-up alike)."""
+    return f.name, "key-index", LAYOUT
+
+
 def has_key_index(f: StateFile, cache: DecodedCache) -> bool:
-    return (f.name, "key-index", LAYOUT) in cache
+    return _key_index_key(f) in cache
 
 
 def load_key_index(f: StateFile, cache: DecodedCache, on_read: Callable[[], None] | None = None) -> Any:
@@ -142,7 +147,7 @@ def load_key_index(f: StateFile, cache: DecodedCache, on_read: Callable[[], None
         if on_read is not None:
             on_read()
         return _read_keys(f.parquet())
-    return cache.get((f.name, "key-index", LAYOUT), read, _weight, lasting=True)
+    return cache.get(_key_index_key(f), read, _weight, lasting=True)
 
 
 def load_row_group(f: StateFile, group: int, cache: DecodedCache, on_read: Callable[[], None] | None = None) -> Any:
@@ -302,7 +307,7 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
     segments not built over the serving full version (:meth:`StateFile.trusted`)."""
     batch_ads = _Ids([pc.unique(keys.column("ad_id").combine_chunks())])
     # Pass 1: key columns only.
-    key_info = cache.get_many([((f.name, "key-index", LAYOUT), lambda f=f: _read_keys(f.parquet())) for f in files],
+    key_info = cache.get_many([(_key_index_key(f), lambda f=f: _read_keys(f.parquet())) for f in files],
                               _weight, lasting=True)
     # The batch's products and the products its ads were in ...
     strings: list[pa.Array] = [keys.column("product_id").combine_chunks().drop_null()]
