@@ -21,7 +21,14 @@ partition is published, then stops the demo (SIGTERM) and checks (``--json`` key
   the index does not serve; ``wrong``: served documents that differ from it or should not be there;
 * ``backwards``: readings of the pointer older than an earlier one;
 * ``unexplained``: raw partitions without a final ledger decision (or parked, or in a recorded gap);
+* ``unrestarted``: kills of a part the demo supervises (daemon, webserver, code server, generator) with no
+  restart line in its output;
+* ``outside``: the most processes carrying the demo's id seen outside its process tree (looked for before
+  each kill);
 * ``leftover``: processes of the demo's tree alive after its stop.
+
+Before the stop the UI must serve again (webserver, code location loaded, daemons healthy) and the demo
+must exit 0 on SIGTERM; otherwise the run fails with that in ``errors``.
 
 ``recovery_s`` has ``run`` (run-worker kills: the continuous one and others), ``jvm`` and ``all``, each
 ``{n, p50, p95, max}``, and ``by_target``; ``recoveries`` every value per target. Exit 1 when a check
@@ -38,6 +45,7 @@ from typing import Any
 import click
 
 from freshidx.cli.base import LazyCommand, Parsed, json_option
+from freshidx.tools.chaos.verdict import CHECKS
 
 TARGET_NAMES = ("continuous-worker", "run-worker", "spark-jvm", "daemon", "webserver", "code-server", "generator")
 
@@ -145,7 +153,8 @@ def render(r: dict[str, Any]) -> str:
                  f"p95 {_fmt(b['p95'])}  max {_fmt(b['max'])}")
     lines.append(f"publications {r['publications']}, partitions {r.get('partitions', '-')}, faults {r['faults']}")
     lines.append(f"settled in {_fmt(r['settle_s'])} s, stopped in {_fmt(r['stop_s'])} s")
-    lines.append("checks: " + ", ".join(f"{c} {r[c]}" for c in ("lost", "wrong", "backwards", "unexplained",
-                                                                "leftover")))
+    restarts = r.get("restarts") or {}
+    lines.append("restarts the demo printed: " + (", ".join(f"{k} {v}" for k, v in sorted(restarts.items())) or "none"))
+    lines.append("checks: " + ", ".join(f"{c} {r[c]}" for c in CHECKS))
     lines.append("PASS" if not r["failed"] else "FAIL: " + "; ".join(r["failed"]))
     return "\n".join(lines)

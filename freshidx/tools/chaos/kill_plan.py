@@ -21,6 +21,8 @@ GENERATOR = "generator"
 TARGETS: tuple[str, ...] = (CONTINUOUS_WORKER, RUN_WORKER, SPARK_JVM, DAEMON, WEBSERVER, CODE_SERVER, GENERATOR)
 #: Kills whose recovery the summary groups as ``run`` (a run worker, the continuous one or another).
 RUN_TARGETS = frozenset({CONTINUOUS_WORKER, RUN_WORKER})
+#: The demo's own children: it restarts each (the JVM is its Spark server's child: a spare takes over).
+SUPERVISED: tuple[str, ...] = (DAEMON, WEBSERVER, CODE_SERVER, GENERATOR)
 
 
 @dataclass

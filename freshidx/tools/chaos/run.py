@@ -7,10 +7,12 @@ its parts, then settle, stop and check. The phases:
    part found in the demo's tree (:mod:`~.targets`); the delta pointer is polled all along
    (:class:`~.pointer_watch.PointerWatch`);
 3. settle: the generator is paused (SIGSTOP: the demo's supervisor would restart one that exits) and the
-   bench waits until the newest partition is published;
-4. stop: SIGTERM to the demo, then the processes left (:class:`~.demo_proc.DemoProcess`);
+   bench waits until the newest partition is published; then until the UI serves again (webserver, code
+   location, daemons);
+4. stop: SIGTERM to the demo (it must exit 0), then the processes left (:class:`~.demo_proc.DemoProcess`);
 5. checks, on the store as moto holds it: every raw partition explained by the ledger, the served
-   documents against the oracle (:mod:`~.oracle`), the pointer's moves (:mod:`~.verdict`).
+   documents against the oracle (:mod:`~.oracle`), the pointer's moves and a restart printed for every
+   kill of a supervised part (:mod:`~.verdict`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from freshidx.tools.chaos.fault_proxy import FaultProxy, FaultRates
 from freshidx.tools.chaos.kill_plan import GENERATOR, TARGETS, KillPlan, kill_times
 from freshidx.tools.chaos.pointer_watch import PointerWatch, looping_run_id, source_partition, wait_until
 from freshidx.tools.chaos.s3_server import MotoServer
-from freshidx.tools.chaos.verdict import Kill, recoveries, summarize
+from freshidx.tools.chaos.verdict import Kill, recoveries, summarize, unrestarted
 
 Log = Callable[[str], None]
 
@@ -52,6 +54,7 @@ class ChaosOptions:
     targets: tuple[str, ...] = TARGETS
     history_minutes: int = 30
     start_timeout_s: float = 900.0
+    ui_timeout_s: float = 300.0
     settle_timeout_s: float = 900.0
     stop_timeout_s: float = 600.0
     workdir: str | None = None
@@ -65,6 +68,7 @@ class Phases:
     kills: list[Kill] = field(default_factory=list)
     newest: PartitionId | None = None
     settle_s: float | None = None
+    outside: int = 0  # the most processes of the demo's seen outside its tree (before each kill)
     errors: list[str] = field(default_factory=list)
 
 
@@ -102,7 +106,12 @@ def run_chaos(opts: ChaosOptions, log: Log) -> dict[str, Any]:
                      "errors": [*phases.errors, *checks.pop("errors")], "work_dir": str(work), **checks}
             if stop_s is None:
                 extra["errors"].append(f"the demo did not stop within {opts.stop_timeout_s:g} s of SIGTERM")
-            return summarize(kills=phases.kills, obs=obs, counts={**checks, "leftover": leftover}, extra=extra)
+            elif demo.proc.returncode != 0:
+                extra["errors"].append(f"the demo exited with {demo.proc.returncode} on SIGTERM: {demo.tail(3)}")
+            extra["restarts"] = demo.restarts()
+            counts = {**checks, "leftover": leftover, "outside": phases.outside,
+                      "unrestarted": unrestarted(phases.kills, extra["restarts"])}
+            return summarize(kills=phases.kills, obs=obs, counts=counts, extra=extra)
     finally:
         if not opts.keep and opts.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -119,7 +128,7 @@ def _phases(opts: ChaosOptions, demo: DemoProcess, direct: ObjectStore, watch: P
         errors.append(f"the demo exited with {demo.proc.returncode}: {demo.tail(3)}")
         return
     log(f"first delta at {clock():.0f} s; {opts.minutes:g} min of kills every {opts.kill_min:g}-{opts.kill_max:g} s")
-    _kill_phase(opts, demo, direct, clock, log, out.kills)
+    _kill_phase(opts, demo, direct, clock, log, out)
     if not demo.running():
         errors.append(f"the demo exited during the kills with {demo.proc.returncode}: {demo.tail(3)}")
         return
@@ -127,16 +136,22 @@ def _phases(opts: ChaosOptions, demo: DemoProcess, direct: ObjectStore, watch: P
     if out.settle_s is None:
         errors.append(f"the newest partition {out.newest.path if out.newest else '?'} was not published within "
                       f"{opts.settle_timeout_s:g} s after the last kill")
+    log(f"waiting for the UI to serve again (at most {opts.ui_timeout_s:g} s) …")
+    problem = _wait_for_ui(demo, opts.ui_timeout_s)
+    if problem is not None:
+        errors.append(f"the UI did not serve again within {opts.ui_timeout_s:g} s after the kills: {problem}")
 
 
 def _kill_phase(opts: ChaosOptions, demo: DemoProcess, direct: ObjectStore, clock: Callable[[], float], log: Log,
-                kills: list[Kill]) -> None:
+                out: Phases) -> None:
+    kills = out.kills
     plan = KillPlan(opts.seed, opts.kill_min, opts.kill_max, opts.targets)
     pick = random.Random(opts.seed + 2)  # which pid, when a kind has several
     start = clock()
     for offset in kill_times(plan, opts.minutes * 60):
         if not _sleep_until(start + offset, clock, demo):
             return
+        out.outside = max(out.outside, demo.outside())  # what the kill before left, given its time to settle
         found = targets.find_targets(demo.pid, demo.instance(), looping_run_id(direct))
         target = plan.choose([k for k, pids in found.items() if pids])
         if target is None:
@@ -146,7 +161,8 @@ def _kill_phase(opts: ChaosOptions, demo: DemoProcess, direct: ObjectStore, cloc
         killed = targets.kill(pid)
         kills.append(Kill(round(clock(), 2), target, pid if killed else None))
         log(f"  {clock():7.1f} s  SIGKILL {target} (pid {pid}){'' if killed else ': already gone'}")
-    _sleep_until(start + opts.minutes * 60, clock, demo)
+    if _sleep_until(start + opts.minutes * 60, clock, demo):
+        out.outside = max(out.outside, demo.outside())
 
 
 def _sleep_until(at: float, clock: Callable[[], float], demo: DemoProcess) -> bool:
@@ -178,6 +194,14 @@ def _settle(opts: ChaosOptions, demo: DemoProcess, direct: ObjectStore, watch: P
     if wait_until(published, opts.settle_timeout_s):
         return newest, round(time.monotonic() - t0, 1)
     return newest, None
+
+
+def _wait_for_ui(demo: DemoProcess, timeout_s: float) -> str | None:
+    """Poll the demo's UI until it serves (None) or ``timeout_s`` passed (the last problem seen)."""
+    deadline = time.monotonic() + timeout_s
+    while (problem := demo.ui_problem()) is not None and time.monotonic() < deadline:
+        time.sleep(2.0)  # polling interval: a restarted webserver or code server takes seconds to serve
+    return problem
 
 
 def _pause_generator(demo: DemoProcess) -> bool:

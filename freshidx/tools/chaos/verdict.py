@@ -6,8 +6,10 @@
 * each kill's recovery (:func:`recoveries`): seconds from the kill to the first publication of a delta
   newer than the one served at the kill; the baseline (:func:`baseline_gaps`): the gaps between two
   publications with no kill between them;
+* :func:`unrestarted`: kills of a part the demo supervises that its output shows no restart for;
 * :func:`summarize` puts everything into the result ``--json`` prints and :func:`failures` names each
-  check that failed (``lost``, ``wrong``, ``backwards``, ``unexplained``, ``leftover``).
+  check that failed (``lost``, ``wrong``, ``backwards``, ``unexplained``, ``unrestarted``, ``outside``,
+  ``leftover``).
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from freshidx.tools.chaos.kill_plan import RUN_TARGETS, SPARK_JVM, TARGETS
+from freshidx.tools.chaos.kill_plan import RUN_TARGETS, SPARK_JVM, SUPERVISED, TARGETS
 
 #: The counts that must be 0 for the run to pass.
-CHECKS = ("lost", "wrong", "backwards", "unexplained", "leftover")
+CHECKS = ("lost", "wrong", "backwards", "unexplained", "unrestarted", "outside", "leftover")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,12 @@ def baseline_gaps(obs: Sequence[Observation], kills: Sequence[Kill]) -> list[flo
     kill_times = [k.t for k in kills if k.pid is not None]
     return [round(b.t - a.t, 2) for a, b in itertools.pairwise(pubs)
             if not any(a.t < t <= b.t for t in kill_times)]
+
+
+def unrestarted(kills: Sequence[Kill], restarts: Mapping[str, int]) -> int:
+    """Kills of a supervised part (the demo's direct children) beyond the restarts the demo printed for it."""
+    return sum(max(0, sum(1 for k in kills if k.target == kind and k.pid is not None) - restarts.get(kind, 0))
+               for kind in SUPERVISED)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
