@@ -104,7 +104,8 @@ def test_five_minutes_of_chaos(tmp_path: Path) -> None:
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     proc = subprocess.run(
         [sys.executable, "-m", "freshidx.cli", "bench", "chaos", "--minutes", "5", "--seed", str(SEED),
-         "--kill-every", "20", "40", "--history-minutes", "10", "--workdir", str(tmp_path / "chaos"), "--json"],
+         "--kill-every", "20", "40", "--every", "10", "--history-minutes", "10", "--workdir", str(tmp_path / "chaos"),
+         "--json"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=2300,
     )
     print(proc.stderr[-6000:])  # the kills table and the summary (-s shows them)

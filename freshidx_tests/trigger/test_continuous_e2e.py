@@ -103,7 +103,8 @@ def test_watchdog_starts_restarts_after_kill_and_pointer_never_regresses(
         assert run.tags[TAG_WHY] == "none at start-up"
         poll_until(lambda: w.at(at(25).path), timeout=300, interval=0.5, what="first continuous publication")
         for m in range(0, 25, 5):
-            entry = ledger.decision(store, "delta", at(m))
+            entry = poll_until(lambda m=m: ledger.decision(store, "delta", at(m)), timeout=120, interval=0.1,
+                               what=f"the ledger's decision on {m}")  # written right after the swap
             assert entry is not None and entry["decision"] == "folded", (m, entry)
         # Sensor mode is off: no delta_index run was requested by the sensor.
         assert not instance.get_runs(dg.RunsFilter(tags={"dagster/sensor_name": "delta_index_sensor"}))
@@ -139,7 +140,8 @@ def test_watchdog_starts_restarts_after_kill_and_pointer_never_regresses(
               f" started {restarted_s:.1f}s after it")
 
         poll_until(lambda: w.at(at(40).path), timeout=240, interval=0.25, what="jump to the newest after restart")
-        entry = ledger.decision(store, "delta", at(35))
+        entry = poll_until(lambda: ledger.decision(store, "delta", at(35)), timeout=120, interval=0.1,
+                           what="the ledger's decision on 35")  # written right after the swap
         assert entry is not None and entry["decision"] == "folded", entry
 
         # UI "Terminate" ends the idle loop promptly; the watchdog starts the next run.

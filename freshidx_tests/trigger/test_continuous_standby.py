@@ -95,7 +95,9 @@ def test_standby_takes_over_after_kill_and_a_new_standby_follows(dev: tuple[Dags
         created = {r.run_id: r for r in (active, standby)}
         assert standby.tags["dagster/run_key"] == f"{JOB_NAME}:after:{active.run_id}"
         poll_until(lambda: w.published(at(25).path), timeout=300, interval=0.5, what="first publication")
-        entry = ledger.decision(store, "delta", at(25))
+        # The ledger records the outcome right after the compare-and-swap: the pointer can be seen first.
+        entry = poll_until(lambda: ledger.decision(store, "delta", at(25)), timeout=120, interval=0.1,
+                           what="the ledger's decision on 25")
         assert entry is not None and entry.decision == "published" and entry.run_id == active.run_id, entry
         # Written after the publication's tick (not with it): waited for. The standby writes none.
         hb = poll_until(lambda: Heartbeat.latest(store, "delta"), timeout=120, interval=0.5, what="a heartbeat")
@@ -106,7 +108,8 @@ def test_standby_takes_over_after_kill_and_a_new_standby_follows(dev: tuple[Dags
         write_partition(store, GEN, at(30))  # arrives after the kill: only the standby can publish it
         poll_until(lambda: w.published(at(30).path), timeout=300, interval=0.1, what="publication of 30 after kill")
         took = time.monotonic() - killed
-        entry = ledger.decision(store, "delta", at(30))
+        entry = poll_until(lambda: ledger.decision(store, "delta", at(30)), timeout=120, interval=0.1,
+                           what="the ledger's decision on 30")
         assert entry is not None and entry.decision == "published", entry
         assert entry.run_id == standby.run_id, (entry.run_id, standby.run_id, active.run_id)
         print(f"standby {standby.run_id[:8]} published partition 30 {took:.1f} s after kill -9 of the active "

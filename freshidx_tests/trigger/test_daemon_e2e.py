@@ -123,7 +123,8 @@ def test_daemon_latest_only_and_ui_materialize(cpu_load: list, dev: tuple[Dagste
         assert at(40).path in tagged
         assert at(30).path not in tagged and at(35).path not in tagged
         for m in (30, 35):
-            entry = ledger.decision(store, "delta", at(m))
+            entry = poll_until(lambda m=m: ledger.decision(store, "delta", at(m)), timeout=120, interval=0.1,
+                               what=f"the ledger's decision on {m}")  # written right after the swap
             assert entry is not None and entry["decision"] == "folded"
             assert entry["reason"] == f"folded into the micro-batch for {at(40).path}"
         # Observations on raw_ad_updates record every decision (runless events in the instance).

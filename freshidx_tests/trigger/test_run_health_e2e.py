@@ -96,7 +96,8 @@ def test_killed_run_worker_is_failed_fast_and_the_sensor_jumps_to_the_newest(
 
         # The sensor jumps to the newest partition and says why it gave up on the killed one.
         poll_until(lambda: pointer_at(cfg) == at(30).path, timeout=300, interval=1, what="jump to the newest")
-        entry = ledger.decision(store, "delta", at(25))
+        entry = poll_until(lambda: ledger.decision(store, "delta", at(25)), timeout=120, interval=0.1,
+                           what="the ledger's decision on 25")  # written right after the swap
         assert entry is not None and entry["decision"] == "folded", entry
         assert entry["reason"].startswith(f"folded into the micro-batch for {at(30).path}"), entry
         assert f"its run {run.run_id[:8]}" in entry["reason"], entry
