@@ -46,6 +46,7 @@ SLOW_MODULES = frozenset({
 #: matter: this VM's speed varies up to ~2x from day to day (the same suite took 871 and 1632 CPU-s).
 MODULE_SECONDS = {
     "test_bench_chaos": 700, "test_compose_deployment": 540, "test_continuous_monitoring": 340,
+    "test_demo_supervision": 260,
     "test_cluster": 350, "test_browser_ui": 306, "test_spark_server": 277,
     "test_daemon_e2e": 173, "test_limits_e2e": 200, "test_ledger_explains": 158, "test_supervisor_stop": 127,
     "test_catchup": 120, "test_connect_retry": 102, "test_version_conflicts": 93, "test_sla": 92,
