@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
+
+#: The line :meth:`Supervised._exited` prints for each restart (what, how it exited), as readers of the demo's
+#: output find it.
+RESTART_LINE = re.compile(r"(\S+) exited \((.+?)\) after \d+s; restart #\d+ in")
 
 #: Linux ``prctl`` option (``<linux/prctl.h>``): orphaned descendants re-parent to this process.
 PR_SET_CHILD_SUBREAPER = 36

@@ -7,12 +7,12 @@ and its UI is asked whether it serves again after the kills (:meth:`ui_problem`)
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,10 @@ import psutil
 from freshidx.procs import kill_all, pid_alive, processes_with_env
 from freshidx.spark_server.server_launch import PDEATHSIG_SHIM
 from freshidx.tools.demo_stop import DEMO_ID_ENV
+from freshidx.tools.demo_supervisor import RESTART_LINE
 from freshidx.tools.devserver import free_port
 
 LEFTOVER_GRACE_S = 30.0
-#: A restart line the demo's supervisor prints (``freshidx.tools.demo_supervisor``).
-_RESTART_LINE = re.compile(r"(\S+) exited \((.+?)\) after \d+s; restart #\d+ in")
 
 
 class DemoProcess:
@@ -77,10 +76,7 @@ class DemoProcess:
             text = self.log.read_text(errors="replace")
         except OSError:
             return {}
-        counts: dict[str, int] = {}
-        for name, _how in _RESTART_LINE.findall(text):
-            counts[name] = counts.get(name, 0) + 1
-        return counts
+        return dict(Counter(name for name, _how in RESTART_LINE.findall(text)))
 
     def outside(self) -> int:
         """Live processes carrying the demo's id outside its process tree (an orphan re-parented to init, not
