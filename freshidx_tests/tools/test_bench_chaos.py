@@ -99,8 +99,8 @@ def test_pure_parts() -> None:
 # Start-up, 5 minutes of kills, settling and the stop: ~7 min alone, 11-12 min beside the suite's other
 # JVMs and Dagster processes on a 2-core box (pytest-timeout's 600 s default cut one short there).
 @pytest.mark.timeout(2400)
-# Not in the default suite: in two clean clones with it the whole command took 38:53 and 44:58 on 2 cores,
-# past the 40-minute budget on a slow day; run it with FRESHIDX_BENCH_E2E=1 (as the other end-to-end benches).
+# Not in the default suite: with it the suite overruns its 40-minute budget on 2 cores (docs/benchmarks.md);
+# run it with FRESHIDX_BENCH_E2E=1 (as the other end-to-end benches).
 @pytest.mark.skipif(not os.environ.get("FRESHIDX_BENCH_E2E"),
                     reason="the main job under chaos for 5 minutes: set FRESHIDX_BENCH_E2E=1")
 def test_five_minutes_of_chaos(tmp_path: Path) -> None:
