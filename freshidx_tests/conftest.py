@@ -96,22 +96,41 @@ def _restore_spark_mode() -> Iterator[None]:
             os.environ[var] = value
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A loopback port free now, picked below the kernel's ephemeral range. A port the kernel hands out
-    for port 0 comes from that range, and so do the source ports of outgoing connections and every other
-    process's port-0 binds: a server started a minute later found one such port taken ("address already in
-    use") while the suite ran four workers."""
-    low = _ephemeral_low()
+    """A loopback port free now and never handed out before in this test process, picked below the
+    kernel's ephemeral range, from this xdist worker's own slice of it.
+
+    A port the kernel hands out for port 0 comes from the ephemeral range, and so do the source ports of
+    outgoing connections and every other process's port-0 binds: a server started a minute later found
+    one such port taken. Two picks in a row can also be the same port (a webserver once lost its port to
+    the PostgreSQL picked just before it), and so can two workers' picks: hence the set and the slices."""
+    low, high = _worker_slice(_ephemeral_low())
     pick = random.SystemRandom()
     for _ in range(500):
-        port = pick.randrange(10_000, low) if low > 11_000 else 0
+        port = pick.randrange(low, high) if high - low > 1_000 else 0
+        if port in _HANDED_OUT:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return int(s.getsockname()[1])
+            port = int(s.getsockname()[1])
+        _HANDED_OUT.add(port)
+        return port
     raise RuntimeError("no free loopback port")
+
+
+def _worker_slice(ephemeral_low: int) -> tuple[int, int]:
+    """This xdist worker's part of [10000, ephemeral_low): gw0 the first, gw1 the second, and so on."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) if worker.isdigit() else 0
+    width = max(0, ephemeral_low - 10_000) // max(count, 1)
+    return 10_000 + index * width, 10_000 + (index + 1) * width
 
 
 def _ephemeral_low() -> int:
