@@ -24,48 +24,10 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from freshidx.settings_values import OVERLAP_POLICIES, parse_duration, parse_readiness
 from freshidx.store import StoreConfig, normalize_uri
 
 DEFAULT_HOME = ".freshidx"
-
-
-READINESS_POLICIES = ("visible", "marker", "quiet_period", "manifest")
-OVERLAP_POLICIES = ("serialize", "skip", "queue")
-
-
-def parse_readiness(text: str) -> tuple[str, dict[str, str]]:
-    """``"marker"`` or ``"quiet_period,ad_updates=manifest"`` → (default policy, per-source policies)."""
-    default = "visible"
-    per_source: dict[str, str] = {}
-    for item in (p.strip() for p in text.split(",")):
-        if not item:
-            continue
-        src, eq, policy = item.rpartition("=")
-        if policy not in READINESS_POLICIES:
-            raise ValueError(f"unknown readiness policy {policy!r} (one of {', '.join(READINESS_POLICIES)})")
-        if eq and not re.match(r"^[a-z][a-z0-9_]{0,62}$", src):
-            raise ValueError(f"bad source name {src!r} in readiness")
-        if eq:
-            per_source[src] = policy
-        else:
-            default = policy
-    return default, per_source
-
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
-
-
-def parse_duration(text: str) -> float:
-    """``"86400"``, ``"90s"``, ``"30m"``, ``"24h"`` or ``"1h30m"`` → seconds."""
-    t = text.strip().lower()
-    try:
-        return float(t)
-    except ValueError:
-        pass
-    parts = _DURATION_PART.findall(t)
-    if not parts or "".join(n + u for n, u in parts) != t:
-        raise ValueError(f"not a duration: {text!r} (seconds, or like 90s, 30m, 24h, 1h30m)")
-    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
 
 
 class SettingsError(ValueError):
@@ -109,6 +71,10 @@ class PipelineSettings(BaseModel):
         1024, ge=0, le=65536,
         description="per Python worker: MiB of decoded state files (immutable) kept for the next micro-batches "
         "(reused workers: a continuous run decodes only new segments); 0 = off")
+    delta_state_disk_cache_mb: int = Field(
+        4096, ge=0, le=1048576,
+        description="per executor machine (an S3 store): MiB of state files (immutable) copied to its local disk "
+        "(TMPDIR) for its Python workers, so a new worker (after a killed task, a takeover) decodes from disk; 0 = off")
     delta_max_segments: int = Field(
         24, ge=1, le=1000,
         description="segments one delta version may hold before a micro-batch rebuilds the window instead")

@@ -31,7 +31,7 @@ from freshidx.store import NotFound, ObjectInfo, ObjectStore, layout
 from freshidx.store.partitions import PartitionError, PartitionId
 from freshidx.trigger.listing import Ignored
 
-POLICIES = ("visible", "marker", "quiet_period", "manifest")  # = freshidx.settings.READINESS_POLICIES
+POLICIES = ("visible", "marker", "quiet_period", "manifest")  # = freshidx.settings_values.READINESS_POLICIES
 MARKER = "_SUCCESS"
 MANIFEST = "_manifest.json"
 CONTROL_FILES = (MARKER, MANIFEST)

@@ -39,7 +39,7 @@ def delta_modes(text: str) -> list[str]:
 
 def duration(text: str) -> str:
     """A ``FRESHIDX_CONTINUOUS_MAX_RUNTIME`` value (seconds, ``90s``, ``30m``, ``1h30m``), checked, as given."""
-    from freshidx.settings import parse_duration  # pydantic only: no Spark, no Dagster
+    from freshidx.settings_values import parse_duration  # no Spark, no Dagster
 
     parse_duration(text)
     return text.strip()

@@ -233,6 +233,7 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
         return one_pass.build_segment(
             spark, store_config, known, batch.file_list, index=INDEX, version=version, num_shards=num_shards,
             source=settings.source, run_id=run_id, cache_bytes=settings.delta_state_cache_mb * 2**20,
+            disk_bytes=settings.delta_state_disk_cache_mb * 2**20,
             max_future_skew_seconds=settings.max_future_skew_seconds)
     # Every file read not quarantined yet, late ones included (files an earlier build quarantined have a
     # done marker: freshidx.spark.quarantine_once).

@@ -187,7 +187,7 @@ def bench_soak_continuous(
     """Run the continuous-mode soak (module docstring); returns the JSON-able result."""
     import dagster as dg
 
-    from freshidx.settings import parse_duration
+    from freshidx.settings_values import parse_duration
     from freshidx.store import StoreConfig, open_store
     from freshidx.tools.bench_measure import dev_env, start_dev, warm_up
     from freshidx.tools.devserver import DagsterDev, packaged_dagster_yaml, prepare_home

@@ -24,7 +24,7 @@ from freshidx.catchup.readiness import (
     write_hour_manifest,
     write_marker,
 )
-from freshidx.settings import READINESS_POLICIES
+from freshidx.settings_values import READINESS_POLICIES
 from freshidx.store import ObjectStore, layout
 from freshidx.store.partitions import PartitionId
 

@@ -135,7 +135,7 @@ def test_the_task_survives_shipping_by_value(tmp_path: Path) -> None:
     import freshidx
     from freshidx.spark.raw_source import ARROW_SCHEMA
 
-    job = one_pass.MicroBatchJob("{}", [], [], 0, "delta", "v", 2, SOURCE, "run", 3600)
+    job = one_pass.MicroBatchJob("{}", [], [], 0, 0, "delta", "v", 2, SOURCE, "run", 3600)
     cloudpickle.register_pickle_by_value(freshidx)
     try:
         task = cloudpickle.loads(cloudpickle.dumps(one_pass._task(job, None)))

@@ -85,7 +85,7 @@ def test_a_connect_session_runs_the_clients_code_from_its_zip(shared_spark_conne
     if rows[0]["pid"] == rows[1]["pid"]:  # a reused worker keeps its decoded state between jobs
         assert rows[0]["cache"] == rows[1]["cache"]
     # A job carries a reference to the code, not the code: a micro-batch's task pickles to a few KB.
-    job = one_pass.MicroBatchJob("{}", [], [], 0, "delta", "v", 2, "src", "run", 3600)
+    job = one_pass.MicroBatchJob("{}", [], [], 0, 0, "delta", "v", 2, "src", "run", 3600)
     assert len(cloudpickle.dumps(one_pass._task(job, None))) < 20_000
 
 

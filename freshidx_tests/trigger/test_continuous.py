@@ -16,7 +16,8 @@ import dagster as dg
 import pytest
 
 from freshidx.publish.commit import read_pointer
-from freshidx.settings import Settings, SettingsError, parse_duration
+from freshidx.settings import Settings, SettingsError
+from freshidx.settings_values import parse_duration
 from freshidx.store import layout
 from freshidx.trigger import continuous_rules, ledger
 from freshidx.trigger.continuous_rules import BatchStatus, Limits, LoopRuns, StopReason, TickKind

@@ -64,6 +64,7 @@ class MicroBatchJob:
     raw_files: list[tuple[str, str]]  # (key, partition path) of the raw files the batch reads
     state_files: list[FileRef]
     cache_bytes: int
+    disk_bytes: int
     index: str
     version: str
     num_shards: int
@@ -74,7 +75,7 @@ class MicroBatchJob:
 
 def build_segment(spark: SparkSession, store_config: StoreConfig, layers: Sequence[StateLayer],
                   files: list[tuple[str, str]], *, index: str, version: str, num_shards: int, source: str,
-                  run_id: str, cache_bytes: int, max_future_skew_seconds: int) -> BuildResult:
+                  run_id: str, cache_bytes: int, max_future_skew_seconds: int, disk_bytes: int = 0) -> BuildResult:
     """Stage an incremental micro-batch's segment of ``files`` (``(key, partition path)``) over the state
     ``layers`` in one Spark job (module docstring); the result has the commits, invalid counts, quarantine
     commits, conflicts and the job's seconds (``stages``: ``job``; ``spark_parse`` and ``conflicts`` when
@@ -82,8 +83,8 @@ def build_segment(spark: SparkSession, store_config: StoreConfig, layers: Sequen
     check_name("source", source)
     check_name("run_id", run_id)
     t0 = time.monotonic()
-    job = MicroBatchJob(store_to_json(store_config), list(files), state_file_refs(layers), cache_bytes, index,
-                        version, num_shards, source, run_id, max_future_skew_seconds)
+    job = MicroBatchJob(store_to_json(store_config), list(files), state_file_refs(layers), cache_bytes, disk_bytes,
+                        index, version, num_shards, source, run_id, max_future_skew_seconds)
     tasks = spark.range(0, num_shards, 1, num_shards)
     commits = write_sharded(tasks, store_config, num_shards, _task(job, None), what="micro_batch")
     stages = {"job": round(time.monotonic() - t0, 3)}
@@ -125,7 +126,7 @@ def _task(job: MicroBatchJob, parsed_by: str | None) -> ShardWriter:
         if shard == 0:
             extra = _bookkeeping(job, parsed.filter(pc.invert(valid_mask)), valid)
         owned = Parts(job.num_shards, frozenset({shard})) if job.num_shards > 1 else None
-        rows = merged_rows(config, job.state_files, job.cache_bytes, valid, owned, seconds)
+        rows = merged_rows(config, job.state_files, job.cache_bytes, valid, owned, seconds, job.disk_bytes)
         # One batch: the merge leaves many small pieces, and the index step does its per-batch work on each.
         commit = write_one_index_shard(config, job.index, job.version, shard, attempt,
                                        rows.combine_chunks().to_batches())

@@ -31,6 +31,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from freshidx.delta import segment_merge
-from freshidx.delta.executor import segment_parts
+from freshidx.delta.executor import file_cache, segment_parts
 from freshidx.delta.executor.decoded_cache import DecodedCache, resolve_worker_cache
 from freshidx.delta.executor.key_index import (
     LAYOUT,
@@ -85,18 +86,18 @@ def state_file_refs(layers: Sequence[StateLayer]) -> list[FileRef]:
 
 
 def merged_rows(config: StoreConfig, files: list[FileRef], cache_bytes: int, records: pa.Table,
-                owned: Parts | None = None, seconds: dict[str, float] | None = None) -> pa.Table:
+                owned: Parts | None = None, seconds: dict[str, float] | None = None, disk_bytes: int = 0) -> pa.Table:
     """The segment's rows with their :data:`REPLACE_COLUMN` flags (``segment_merge.segment_update``) of
     ``records`` (the micro-batch's valid records, ``DOCS_ARROW_SCHEMA``, several per ad possible) over the
     state ``files`` know; of the products of ``owned``'s parts only, when given. ``seconds`` receives the
     time spent reading the state rows and merging. ``cache_bytes``: what each Python worker may keep
-    decoded between tasks (:func:`freshidx.delta.executor.decoded_cache.resolve_worker_cache`)."""
+    decoded between tasks (``decoded_cache.resolve_worker_cache``); ``disk_bytes``: :func:`open_state_files`."""
     t1 = time.monotonic()
     batch = latest_per_ad(records)
     if batch.num_rows == 0:
         return records.slice(0, 0).append_column(REPLACE_COLUMN, pa.array([], pa.bool_()))
     cache = resolve_worker_cache(cache_bytes)
-    state_files = open_state_files(config, files)
+    state_files = open_state_files(config, files, disk_bytes)
     distrusted: list[pa.Array] = []
     try:
         state = pa.Table.from_batches(list(select_rows(batch, state_files, cache, owned, distrusted)),
@@ -122,14 +123,14 @@ def segment_of(batch: pa.Table, state: pa.Table, owned: Parts | None = None,
     return rows if owned is None else rows.filter(pa.array(owned.owns_rows(rows, batch)))
 
 
-def open_state_files(config: StoreConfig, files: list[FileRef]) -> list[StateFile]:
-    """``files`` as :class:`StateFile` (each opened on first use; the caller closes them)."""
-    fs = config.arrow_fs()
-    # Named by endpoint and path: two S3 servers may hold a bucket of the same name.
-    paths = [(config.arrow_path(k), kind, layer, over_full) for k, kind, layer, over_full in files]
-    return [StateFile(f"{config.endpoint_url or ''}|{path}", kind,
-                      lambda path=path: pq.ParquetFile(fs.open_input_file(path)), layer, over_full)
-            for path, kind, layer, over_full in paths]
+def open_state_files(config: StoreConfig, files: list[FileRef], disk_bytes: int = 0) -> list[StateFile]:
+    """``files`` as :class:`StateFile`, named by endpoint and path (two S3 servers may hold a bucket of the same
+    name), opened on first use (with ``disk_bytes``, from a local copy: ``file_cache``; the caller closes them)."""
+    fs, copies = config.arrow_fs(), disk_bytes if config.is_s3 else 0
+    named = [(f"{config.endpoint_url or ''}|{config.arrow_path(k)}", config.arrow_path(k), kind, layer, over)
+             for k, kind, layer, over in files]
+    return [StateFile(name, kind, partial(file_cache.open_parquet, fs, path, name, copies), layer, over)
+            for name, path, kind, layer, over in named]
 
 
 def _key_index_key(f: StateFile) -> tuple[str, str, int]:
@@ -259,8 +260,6 @@ def _read_keys(f: pq.ParquetFile) -> KeyIndex | KeyColumns:
 
 # Below, "isinstance(info, tuple)" tells the key columns from an index, never isinstance(info, KeyIndex):
 # a cached index may have been built by another client's copy of the class (LAYOUT).
-
-
 def _weight(keys: KeyIndex | KeyColumns) -> int:
     return keys[0].nbytes if isinstance(keys, tuple) else keys.nbytes
 

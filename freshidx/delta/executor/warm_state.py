@@ -48,24 +48,24 @@ class WarmResult:
 
 
 def warm_state(spark: SparkSession, store_config: StoreConfig, layers: Sequence[StateLayer], *, tasks: int,
-               cache_bytes: int, budget_s: float | None = None) -> WarmResult:
+               cache_bytes: int, budget_s: float | None = None, disk_bytes: int = 0) -> WarmResult:
     """Decode the state ``layers`` in ``tasks`` Python tasks (one Spark job), each for at most ``budget_s``
     seconds of decoding (None: until done); with ``cache_bytes`` 0 the tasks decode nothing (the workers keep
     nothing) and only keep the workers alive."""
     t0 = time.monotonic()
     refs = state_file_refs(layers) if cache_bytes > 0 else []
-    rows = spark.range(0, tasks, 1, tasks).mapInArrow(_task(store_to_json(store_config), refs, cache_bytes, budget_s),
-                                                      _RESULT_DDL).collect()
+    task = _task(store_to_json(store_config), refs, cache_bytes, budget_s, disk_bytes)
+    rows = spark.range(0, tasks, 1, tasks).mapInArrow(task, _RESULT_DDL).collect()
     return WarmResult(round(time.monotonic() - t0, 3), len(refs), sum(int(r["decoded"]) for r in rows),
                       all(bool(r["complete"]) for r in rows))
 
 
-def _task(store_json: str, refs: list[FileRef], cache_bytes: int,
-          budget_s: float | None) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _task(store_json: str, refs: list[FileRef], cache_bytes: int, budget_s: float | None,
+          disk_bytes: int) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         deadline = None if budget_s is None else time.monotonic() + budget_s  # the worker's own clock
         task = [int(v) for b in batches for v in b.column(0).to_pylist()]
-        files = open_state_files(store_from_json(store_json), refs) if refs else []
+        files = open_state_files(store_from_json(store_json), refs, disk_bytes) if refs else []
         try:
             count = warm_files(files, resolve_worker_cache(cache_bytes), deadline)
         finally:
