@@ -313,3 +313,27 @@ def test_failed_micro_batches_count_as_attempts_and_park(make_harness: Any, spar
     assert not result.get_asset_materialization_events()
     logs = [e.message for e in h.instance.all_logs(result.run_id) if e.message]
     assert any("failed: RuntimeError: executor lost" in m for m in logs)
+
+
+def test_a_continuous_run_checks_the_stores_conditional_writes_before_it_waits_as_standby(
+        s3_store_config: Any) -> None:
+    from freshidx.defs.delta import continuous_job
+    from freshidx.store import open_store, s3
+
+    st = open_store(s3_store_config)
+    ident = (s3_store_config.endpoint_url, s3_store_config.bucket, s3_store_config.prefix)
+    assert ident not in s3._verdicts  # a fresh bucket: not checked yet in this process
+    with dg.build_op_context() as context:
+        continuous_job._probe_writes(context, st)
+    assert s3._verdicts[ident] is None  # checked, and enforced: the first write after a takeover skips it
+
+
+def test_a_failed_check_of_conditional_writes_does_not_end_the_run() -> None:
+    from freshidx.defs.delta import continuous_job
+
+    class Unreachable:
+        def check_conditional_writes(self) -> None:
+            raise OSError("connection refused")
+
+    with dg.build_op_context() as context:
+        continuous_job._probe_writes(context, Unreachable())  # type: ignore[arg-type]

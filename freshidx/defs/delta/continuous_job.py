@@ -148,6 +148,7 @@ def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreReso
     if (unguarded := continuous_rules.max_runtime_tag_problem(context.run.tags, limits)) is not None:
         context.log.warning(unguarded)
     warm_up(context, spark)
+    _probe_writes(context, st)
     with stopper.installed():
         # A standby (an older run is live) waits here, warm, until it is the oldest live run.
         stop = wait_until_active(context, stop_check=lambda: _standby_stop(context, limits, state, stopper),
@@ -158,6 +159,15 @@ def delta_continuous_loop(context: dg.OpExecutionContext, store: ObjectStoreReso
             return
         stop = _loop(context, st, store, spark, settings, state, stopper)
     _ended(context, st, state, stop)
+
+
+def _probe_writes(context: dg.OpExecutionContext, st: ObjectStore) -> None:
+    """Check now, once per process, that the store enforces conditional writes: otherwise a standby's first
+    write after its takeover does it, a few store round trips on the way to the first publication."""
+    try:
+        st.check_conditional_writes()
+    except Exception as exc:  # the first write checks again and fails the micro-batch, with this reason
+        context.log.warning(f"checking the store's conditional writes failed ({exc}); the first write checks again")
 
 
 def _serving_version(st: ObjectStore) -> str | None:
