@@ -8,7 +8,7 @@ from typing import Any
 
 import tantivy
 
-from freshidx.serve.versions import Hit, Shard, VersionSet
+from freshidx.serve.versions import Hit, KillLists, Shard, VersionSet
 
 
 def search_set(snap: VersionSet, q: tantivy.Query, k: int) -> list[Hit]:
@@ -51,7 +51,7 @@ class ShardStream:
     eats into them)."""
 
     def __init__(self, index: str, version: str, shard: Shard, q: tantivy.Query, k: int,
-                 kill: frozenset[str]) -> None:
+                 kill: KillLists) -> None:
         self.index, self.version, self.shard, self.q, self.kill = index, version, shard, q, kill
         self.limit = k
         self.pos = 0

@@ -40,6 +40,21 @@ class Shard:
     doc_count: int
 
 
+@dataclass(frozen=True)
+class KillLists:
+    """What hides a part's hits: the kill-lists of every newer applied segment, kept apart. Their union
+    would cost a new version set the whole window's ids at every swap (quadratic in the segments, one per
+    part); a hit instead asks each list in turn, a few set lookups for the few hits a search takes."""
+
+    lists: tuple[frozenset[str], ...] = ()
+
+    def __contains__(self, ad_id: object) -> bool:
+        return any(ad_id in kill for kill in self.lists)
+
+    def with_list(self, kill: frozenset[str]) -> KillLists:
+        return KillLists((*self.lists, kill)) if kill else self
+
+
 @dataclass
 class Part:
     """The shards one version wrote, downloaded and opened: a full version, or one delta segment."""
@@ -97,20 +112,20 @@ class VersionSet:
 
     @functools.cached_property
     def kill_list(self) -> frozenset[str]:
-        """What hides full-index hits: every applied segment's kill-list."""
+        """Every applied segment's kill-list as one set (for reports: a search uses :attr:`searched`)."""
         return frozenset().union(*(p.covered for p in self.applied_segments))
 
     @functools.cached_property
-    def searched(self) -> list[tuple[str, str, Part, frozenset[str]]]:
-        """(index, version, part, kill-list of the part) for every part a search reads. Computed once per
-        version set (it never changes after the swap), not per query."""
-        out: list[tuple[str, str, Part, frozenset[str]]] = []
-        hidden: frozenset[str] = frozenset()
+    def searched(self) -> list[tuple[str, str, Part, KillLists]]:
+        """(index, version, part, what hides the part's hits) for every part a search reads. Computed once
+        per version set (it never changes after the swap), not per query; no set of ids is copied."""
+        out: list[tuple[str, str, Part, KillLists]] = []
+        hidden = KillLists()
         delta = self.active_delta
         if delta is not None:
             for part in reversed(self.applied_segments):  # newest first: each is hidden by the newer ones
                 out.append(("delta", delta.version, part, hidden))
-                hidden = hidden | part.covered
+                hidden = hidden.with_list(part.covered)
         if self.full is not None:
             for part in self.full.parts:
                 out.append(("full", self.full.version, part, hidden))
