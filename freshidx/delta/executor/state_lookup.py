@@ -127,10 +127,10 @@ def open_state_files(config: StoreConfig, files: list[FileRef], disk_bytes: int 
     """``files`` as :class:`StateFile`, named by endpoint and path (two S3 servers may hold a bucket of the same
     name), opened on first use (with ``disk_bytes``, from a local copy: ``file_cache``; the caller closes them)."""
     fs, copies = config.arrow_fs(), disk_bytes if config.is_s3 else 0
-    named = [(f"{config.endpoint_url or ''}|{config.arrow_path(k)}", config.arrow_path(k), kind, layer, over)
-             for k, kind, layer, over in files]
-    return [StateFile(name, kind, partial(file_cache.open_parquet, fs, path, name, copies), layer, over)
-            for name, path, kind, layer, over in named]
+    paths = [(config.arrow_path(k), kind, layer, over) for k, kind, layer, over in files]
+    return [StateFile(name := f"{config.endpoint_url or ''}|{path}", kind,
+                      partial(file_cache.open_parquet, fs, path, name, copies), layer, over)
+            for path, kind, layer, over in paths]
 
 
 def _key_index_key(f: StateFile) -> tuple[str, str, int]:
