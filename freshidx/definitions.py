@@ -76,7 +76,7 @@ def build_resources(settings: Settings) -> dict[str, Any]:
         endpoint_url=cfg.endpoint_url, region_name=cfg.region, aws_access_key_id=_secret("AWS_ACCESS_KEY_ID"),
         aws_secret_access_key=_secret("AWS_SECRET_ACCESS_KEY"), aws_session_token=_secret("AWS_SESSION_TOKEN"),
     )
-    store = ObjectStoreResource(uri=settings.store, s3=s3)
+    store = ObjectStoreResource(uri=settings.store, s3=s3, s3_first_try_seconds=settings.s3_first_try_seconds)
     return {
         "store": store,
         "spark": SparkResource(spark_config=dict(settings.spark_conf), remote=settings.spark_remote,

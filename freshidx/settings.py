@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from freshidx.settings_values import OVERLAP_POLICIES, parse_duration, parse_readiness
-from freshidx.store import StoreConfig, normalize_uri
+from freshidx.store import DEFAULT_FIRST_TRY_S, FIRST_TRY_ENV, StoreConfig, normalize_uri
 
 DEFAULT_HOME = ".freshidx"
 
@@ -220,6 +220,10 @@ class Settings(PipelineSettings, BaseSettings):
 
     store: str = Field(default_factory=default_store_uri, description="file:///abs/path or s3://bucket/prefix")
     s3_endpoint_url: str | None = Field(None, description="custom S3 endpoint (moto, MinIO, …)")
+    s3_first_try_seconds: float = Field(
+        DEFAULT_FIRST_TRY_S, ge=0, le=60,
+        description="a driver's S3 read (GET, HEAD, LIST) not answered within this is asked again at once, then "
+        "with the usual retries and timeouts (a stalled request costs this, not seconds); 0 = off")
     spark_remote: str | None = Field(None, description="Spark Connect URL sc://host:port; unset = local")
     spark_master: str = Field("local[2]", description="master for local mode")
     spark_server_state: str | None = Field(
@@ -294,6 +298,7 @@ class Settings(PipelineSettings, BaseSettings):
         env = dict(os.environ)
         if self.s3_endpoint_url:
             env["FRESHIDX_S3_ENDPOINT_URL"] = self.s3_endpoint_url
+        env[FIRST_TRY_ENV] = str(self.s3_first_try_seconds)
         return StoreConfig.from_env(self.store, env)
 
     @classmethod

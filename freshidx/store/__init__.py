@@ -27,6 +27,9 @@ from freshidx.store.object_store import (
     WriteOutcomeUnknown,
 )
 
+#: The setting of :attr:`StoreConfig.first_try_seconds` (``Settings.s3_first_try_seconds``) and its default.
+FIRST_TRY_ENV = "FRESHIDX_S3_FIRST_TRY_SECONDS"
+DEFAULT_FIRST_TRY_S = 1.0
 #: Attempts of an executor's pyarrow S3 request (the driver's boto3 client makes as many: ``store/s3.py``).
 ARROW_S3_ATTEMPTS = 5
 
@@ -60,6 +63,8 @@ class StoreConfig:
     access_key_id: str | None = field(default=None, repr=False)
     secret_access_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
+    #: Seconds the first try of a driver's S3 read may take before it is asked again (0 = one patient try).
+    first_try_seconds: float = DEFAULT_FIRST_TRY_S
 
     def __post_init__(self) -> None:
         scheme = urlparse(self.uri).scheme
@@ -69,6 +74,8 @@ class StoreConfig:
             raise ValueError(f"file store uri must be absolute, got {self.uri!r}")
         if scheme == "s3" and not urlparse(self.uri).netloc:
             raise ValueError(f"s3 store uri needs a bucket, got {self.uri!r}")
+        if not 0 <= self.first_try_seconds <= 60:
+            raise ValueError(f"{FIRST_TRY_ENV} must be 0-60 seconds, got {self.first_try_seconds!r}")
 
     @classmethod
     def from_env(cls, uri: str, env: dict[str, str] | None = None) -> StoreConfig:
@@ -80,6 +87,7 @@ class StoreConfig:
             access_key_id=e.get("AWS_ACCESS_KEY_ID") or None,
             secret_access_key=e.get("AWS_SECRET_ACCESS_KEY") or None,
             session_token=e.get("AWS_SESSION_TOKEN") or None,
+            first_try_seconds=_seconds(e.get(FIRST_TRY_ENV)),
         )
 
     @property
@@ -130,14 +138,30 @@ class StoreConfig:
 
     # ---- driver side ----
     def boto3_client(self) -> Any:
-        from freshidx.store.s3 import s3_client
+        from freshidx.store.s3_clients import s3_client
 
         return s3_client(**self.boto3_kwargs())
 
+    def boto3_quick_client(self) -> Any:
+        """The client of a read's first try (:func:`freshidx.store.s3_clients.s3_quick_client`), or None
+        when :attr:`first_try_seconds` is 0."""
+        from freshidx.store.s3_clients import s3_quick_client
+
+        return s3_quick_client(self.first_try_seconds, **self.boto3_kwargs()) if self.first_try_seconds > 0 else None
+
     def boto3_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`freshidx.store.s3.s3_client` for this store."""
+        """The keyword arguments of :func:`freshidx.store.s3_clients.s3_client` for this store."""
         return {"endpoint_url": self.endpoint_url, "region_name": self.region, "aws_access_key_id": self.access_key_id,
                 "aws_secret_access_key": self.secret_access_key, "aws_session_token": self.session_token}
+
+
+def _seconds(text: str | None) -> float:
+    if not text:
+        return DEFAULT_FIRST_TRY_S
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{FIRST_TRY_ENV} must be a number of seconds, got {text!r}") from None
 
 
 def normalize_uri(uri: str) -> str:
@@ -153,7 +177,7 @@ def open_store(config: StoreConfig | str, *, for_writing: bool = False, must_exi
     ``must_exist``: the store must be there already, and opening it creates nothing. A ``file://`` root
     that is missing (or not a directory) raises :class:`StoreAccessError` instead of becoming a new empty
     store, and an S3 store is asked once now (one LIST of at most one key, with short timeouts:
-    :func:`freshidx.store.s3.s3_check_client`), so a wrong endpoint, missing or refused credentials or a
+    :func:`freshidx.store.s3_clients.s3_check_client`), so a wrong endpoint, missing or refused credentials or a
     missing bucket fail here, naming the setting to fix. Commands that only read open their store so.
     Without it (writers), a ``file://`` root is created as needed; S3 errors of that kind are raised as
     :class:`StoreAccessError` by the first call that meets them.
@@ -164,9 +188,10 @@ def open_store(config: StoreConfig | str, *, for_writing: bool = False, must_exi
     cfg = StoreConfig.from_env(config) if isinstance(config, str) else config
     store: ObjectStore
     if cfg.is_s3:
-        from freshidx.store.s3 import S3Store, s3_check_client
+        from freshidx.store.s3 import S3Store
+        from freshidx.store.s3_clients import s3_check_client
 
-        s3 = S3Store(cfg.boto3_client(), cfg.bucket, cfg.prefix, cfg.uri)
+        s3 = S3Store(cfg.boto3_client(), cfg.bucket, cfg.prefix, cfg.uri, quick_client=cfg.boto3_quick_client())
         if must_exist:
             s3.check_exists(s3_check_client(**cfg.boto3_kwargs()))
         store = s3

@@ -93,6 +93,7 @@ class StoreStats:
     get_calls: int = 0
     put_calls: int = 0
     listed_entries: int = 0
+    quick_retries: int = 0  # reads the quick first try did not answer, asked again (an S3 store)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def bump(self, name: str, by: int = 1) -> None:
@@ -101,7 +102,7 @@ class StoreStats:
 
     def reset(self) -> None:
         with self._lock:
-            self.list_calls = self.get_calls = self.put_calls = self.listed_entries = 0
+            self.list_calls = self.get_calls = self.put_calls = self.listed_entries = self.quick_retries = 0
 
 
 class ObjectStore(ABC):

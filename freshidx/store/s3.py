@@ -16,11 +16,7 @@ overwrite manifests and let two publishers both "win", so it is refused with
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
-import os
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -45,88 +41,16 @@ from freshidx.store.object_store import (
 _LOST = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
 
 
-def s3_client(**kwargs: Any) -> Any:
-    """The one boto3 S3 client configuration of freshidx: the CLI and tools (through
-    :meth:`StoreConfig.boto3_client`) and the Dagster store resource (with dagster-aws ``S3Resource``'s
-    fields, same names) all build their clients here (keyword arguments of :func:`_new_s3_client`).
-
-    One client per configuration and process, reused: building one costs ~0.2 s of CPU (botocore loads
-    its service model), which every sensor tick and every store opened in a run paid before. boto3
-    clients are thread-safe; the process id is part of the key so a forked child builds its own (a
-    client's connection pool must not be shared across a fork). Credentials that botocore resolves
-    itself are resolved when a client is built: refreshable ones (assumed roles, instance metadata) are
-    refreshed by botocore, and a client is rebuilt every :data:`CLIENT_MAX_AGE_S` so static ones rotated
-    in a credentials file or profile are picked up by a long-lived code server too.
-    """
-    bound = inspect.signature(_new_s3_client).bind(**kwargs)  # a wrong name fails here, naming it
-    bound.apply_defaults()  # the same configuration spelled with or without defaults: one client
-    era = int(time.monotonic() // CLIENT_MAX_AGE_S)
-    return _cached_client(os.getpid(), era, tuple(sorted(bound.arguments.items())))
-
-
-def s3_check_client(**kwargs: Any) -> Any:
-    """:func:`s3_client`'s configuration for the one call that checks a store is there
-    (:meth:`S3Store.check_exists`, ``open_store(..., must_exist=True)``): short timeouts and a single retry
-    (:data:`CHECK_TIMEOUTS`, :data:`CHECK_ATTEMPTS`), so a wrong endpoint is reported in seconds, not after
-    five attempts of a 60 s connect timeout (a refused connection fails at once either way). The store's
-    other calls keep the patient configuration."""
-    bound = inspect.signature(_new_s3_client).bind(**kwargs)
-    bound.apply_defaults()
-    bound.arguments["max_attempts"] = CHECK_ATTEMPTS
-    era = int(time.monotonic() // CLIENT_MAX_AGE_S)
-    return _cached_client(os.getpid(), era, tuple(sorted(bound.arguments.items())), CHECK_TIMEOUTS)
-
-
-#: How long one S3 client is reused (seconds).
-CLIENT_MAX_AGE_S = 900
-#: Connect and read timeouts (seconds) of the client that checks a store is there (:func:`s3_check_client`).
-CHECK_TIMEOUTS = (3.0, 15.0)
-#: Attempts of that check: one retry (botocore waits under 0.05 s before it, unless throttled).
-CHECK_ATTEMPTS = 2
-
-
-@functools.lru_cache(maxsize=32)
-def _cached_client(pid: int, era: int, kwargs: tuple[tuple[str, Any], ...],
-                   timeouts: tuple[float, float] | None = None) -> Any:
-    return _build_client(dict(kwargs), timeouts)
-
-
-def _new_s3_client(
-    *, endpoint_url: str | None = None, region_name: str | None = None, aws_access_key_id: str | None = None,
-    aws_secret_access_key: str | None = None, aws_session_token: str | None = None, max_attempts: int = 5,
-    profile_name: str | None = None, use_ssl: bool = True, verify: bool | str | None = None,
-    use_unsigned_session: bool = False,
-) -> Any:
-    """A new boto3 S3 client. Path-style addressing, because custom endpoints (moto, MinIO) rarely
-    resolve ``bucket.host``; botocore's standard retry mode (5 attempts by default, as dagster-aws)."""
-    return _build_client({
-        "endpoint_url": endpoint_url, "region_name": region_name, "aws_access_key_id": aws_access_key_id,
-        "aws_secret_access_key": aws_secret_access_key, "aws_session_token": aws_session_token,
-        "max_attempts": max_attempts, "profile_name": profile_name, "use_ssl": use_ssl, "verify": verify,
-        "use_unsigned_session": use_unsigned_session,
-    })
-
-
-def _build_client(kw: dict[str, Any], timeouts: tuple[float, float] | None = None) -> Any:
-    """:func:`_new_s3_client` from all its keyword arguments; ``timeouts`` (connect, read) replace botocore's
-    defaults (60 s each)."""
-    import boto3
-    from botocore import UNSIGNED
-    from botocore.config import Config
-
-    config = Config(retries={"max_attempts": kw["max_attempts"], "mode": "standard"}, s3={"addressing_style": "path"})
-    if kw["use_unsigned_session"]:
-        config = config.merge(Config(signature_version=UNSIGNED))
-    if timeouts is not None:
-        config = config.merge(Config(connect_timeout=timeouts[0], read_timeout=timeouts[1]))
-    return boto3.session.Session(profile_name=kw["profile_name"]).client(
-        "s3", endpoint_url=kw["endpoint_url"], region_name=kw["region_name"] or "us-east-1", use_ssl=kw["use_ssl"],
-        verify=kw["verify"], aws_access_key_id=kw["aws_access_key_id"],
-        aws_secret_access_key=kw["aws_secret_access_key"], aws_session_token=kw["aws_session_token"], config=config,
-    )
-
-
 _MISSING = {"NoSuchKey", "404", "NotFound"}
+
+
+def _call(client: Any, op: str, read_body: bool, args: dict[str, Any]) -> Any:
+    r = getattr(client, op)(**args)
+    return (r, r["Body"].read()) if read_body else r
+
+
+def _status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
 
 
 def _code(exc: ClientError) -> str:
@@ -148,16 +72,38 @@ _verdicts_lock = threading.Lock()
 
 
 class S3Store(ObjectStore):
-    def __init__(self, client: Any, bucket: str, prefix: str, uri: str) -> None:
+    def __init__(self, client: Any, bucket: str, prefix: str, uri: str, *, quick_client: Any = None) -> None:
+        """``client``: the patient client (:func:`~freshidx.store.s3_clients.s3_client`); ``quick_client``
+        (:func:`~freshidx.store.s3_clients.s3_quick_client`), if given, makes the first try of each read."""
         self.client = client
+        self.quick_client = quick_client
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.uri = uri
         self.stats = StoreStats()
         # Count real HTTP LIST calls (every page), not our method calls.
-        client.meta.events.register(
-            "before-call.s3.ListObjectsV2", lambda **_: self.stats.bump("list_calls")
-        )
+        for c in (client, quick_client) if quick_client is not None else (client,):
+            c.meta.events.register("before-call.s3.ListObjectsV2", self._count_list)
+
+    def _count_list(self, **_: Any) -> None:
+        self.stats.bump("list_calls")
+
+    def _read(self, op: str, read_body: bool = False, **args: Any) -> Any:
+        """A read (``GetObject``, ``HeadObject``, ``ListObjectsV2``; with ``read_body`` the object's bytes
+        too): first one attempt on the quick client, then, if that got no answer in time, lost its
+        connection or got a 5xx, the patient client's attempts. A read has no side effect, so a slow first
+        try left behind costs nothing; a 2 s stall on a micro-batch's path costs the quick timeout instead.
+        Writes never go this way: a write given up on may still land after its retry."""
+        if self.quick_client is not None:
+            try:
+                return _call(self.quick_client, op, read_body, args)
+            except (HTTPClientError, BotoConnectionError):
+                pass
+            except ClientError as exc:
+                if _status(exc) < 500:
+                    raise
+            self.stats.bump("quick_retries")
+        return _call(self.client, op, read_body, args)
 
     @contextlib.contextmanager
     def _reaching(self) -> Iterator[None]:
@@ -192,18 +138,18 @@ class S3Store(ObjectStore):
         self.stats.bump("get_calls")
         with self._reaching():
             try:
-                r = self.client.get_object(Bucket=self.bucket, Key=self._k(key))
+                r, body = self._read("get_object", True, Bucket=self.bucket, Key=self._k(key))
             except ClientError as exc:
                 if _code(exc) in _MISSING:
                     raise NotFound(key) from exc
                 raise
-        return StoredObject(key, r["Body"].read(), r["ETag"])
+        return StoredObject(key, body, r["ETag"])
 
     def head(self, key: str) -> ObjectInfo:
         self.stats.bump("get_calls")
         with self._reaching():
             try:
-                r = self.client.head_object(Bucket=self.bucket, Key=self._k(key))
+                r = self._read("head_object", Bucket=self.bucket, Key=self._k(key))
             except ClientError as exc:
                 if _code(exc) in _MISSING:
                     raise NotFound(key) from exc
@@ -238,7 +184,7 @@ class S3Store(ObjectStore):
             try:
                 return str(self.client.put_object(Bucket=self.bucket, Key=key, Body=body, **cond)["ETag"])
             except ClientError as exc:
-                status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+                status = _status(exc)
                 if status >= 500 and status != 501:
                     raise  # transient (botocore's retries spent): no verdict, the next write probes again
                 if self._access_error(exc) is not None:
@@ -332,7 +278,7 @@ class S3Store(ObjectStore):
         elif start_after:
             args["StartAfter"] = self._k(start_after)
         with self._reaching():
-            r = self.client.list_objects_v2(**args)
+            r = self._read("list_objects_v2", **args)
         objects = [
             ObjectInfo(self._rel(o["Key"]), int(o["Size"]), str(o["ETag"]), o["LastModified"])
             for o in r.get("Contents", [])

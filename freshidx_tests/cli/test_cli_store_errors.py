@@ -8,7 +8,7 @@ checks: exit 2, exactly one line on stderr naming the setting and where the stor
 traceback, and no file created in the working directory, ``HOME`` or at the store's path.
 
 The S3 check of a read-only command uses a client with one retry and short timeouts
-(``freshidx.store.s3.CHECK_ATTEMPTS`` / ``CHECK_TIMEOUTS``), and botocore's backoff between attempts of a
+(``freshidx.store.s3_clients.CHECK_ATTEMPTS`` / ``CHECK_TIMEOUTS``), and botocore's backoff between attempts of a
 refused connection is under 0.05 s, so the unreachable row costs no more than the others (~1 s: the
 child's start).
 """
@@ -35,7 +35,8 @@ from botocore.exceptions import (
 
 from freshidx.store import StoreConfig, open_store
 from freshidx.store.errors import Origin, Problem, StoreAccessError, classify
-from freshidx.store.s3 import S3Store, s3_client
+from freshidx.store.s3 import S3Store
+from freshidx.store.s3_clients import s3_client
 from freshidx_tests.conftest import MOTO_ACCESS_KEY, MOTO_SECRET_KEY, free_port, make_s3_config, wait_for_port
 
 CLI = Path(sys.executable).with_name("freshidx")

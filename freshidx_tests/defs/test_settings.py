@@ -17,7 +17,7 @@ from freshidx.defs.shared.resources import FreshidxSettings, ObjectStoreResource
 from freshidx.settings import PipelineSettings, Settings, SettingsError
 from freshidx.store import StoreConfig
 from freshidx.store.local import LocalStore
-from freshidx.store.s3 import _new_s3_client, s3_client
+from freshidx.store.s3_clients import _new_s3_client, s3_client
 
 
 def test_env_is_read_with_the_prefix_and_an_explicit_env_replaces_os_environ(
@@ -50,8 +50,8 @@ def test_the_freshidx_resource_is_the_pipeline_settings_declared_once() -> None:
     schema = FreshidxSettings.to_config_schema().as_field().config_type.fields  # type: ignore[attr-defined]
     assert set(schema) == set(PipelineSettings.model_fields)
     assert set(Settings.model_fields) - set(PipelineSettings.model_fields) == {
-        "store", "s3_endpoint_url", "spark_remote", "spark_master", "spark_server_state", "spark_server_url",
-        "spark_keep_sessions", "spark_conf"}
+        "store", "s3_endpoint_url", "s3_first_try_seconds", "spark_remote", "spark_master", "spark_server_state",
+        "spark_server_url", "spark_keep_sessions", "spark_conf"}
     # launchpad-style config is validated by the same rules
     with pytest.raises(Exception, match="window_minutes"):
         FreshidxSettings(window_minutes=-1)

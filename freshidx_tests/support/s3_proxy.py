@@ -5,7 +5,9 @@ Not a mock: every request reaches moto unless a rule says otherwise. Faults it c
 * ``drop_response``: forward the request (moto applies it), then close the client's connection
   without answering, so the client never hears that its write landed (a lost response);
 * ``strip_conditions``: remove ``If-None-Match`` / ``If-Match`` before forwarding, like an
-  S3-compatible server or proxy that ignores conditional writes.
+  S3-compatible server or proxy that ignores conditional writes;
+* ``stall``: hold the request until the test calls :meth:`S3Proxy.release` (a request stuck on the
+  network), then forward it.
 
 Every request is recorded (method, path, status or ``None`` when dropped) for assertions.
 """
@@ -20,13 +22,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal
 from urllib.parse import unquote, urlparse
 
-Action = Literal["forward", "drop_response", "strip_conditions"]
+Action = Literal["forward", "drop_response", "strip_conditions", "stall"]
 #: Decides what to do with one request: ``rule(method, path, headers)``.
 Rule = Callable[[str, str, dict[str, str]], Action]
 
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
                "upgrade", "expect"}
 _CONDITIONS = {"if-none-match", "if-match"}
+#: The longest a stalled request is held if the test never releases it.
+STALL_LIMIT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class S3Proxy:
         self.upstream_port = u.port or 80
         self.rule: Rule = rule or (lambda *_: "forward")
         self.seen: list[Seen] = []
+        self._released = threading.Event()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
@@ -61,9 +66,14 @@ class S3Proxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=30)
+
+    def release(self) -> None:
+        """Let the stalled requests through (and every later one that a rule stalls)."""
+        self._released.set()
 
     def record(self, seen: Seen) -> None:
         with self._lock:
@@ -102,6 +112,8 @@ class S3Proxy:
                 path = unquote(urlparse(self.path).path)
                 conditional = any(k.lower() in _CONDITIONS for k in headers)
                 action = proxy.rule(self.command, path, headers)
+                if action == "stall":
+                    proxy._released.wait(STALL_LIMIT_S)
                 if action == "strip_conditions":
                     headers = {k: v for k, v in headers.items() if k.lower() not in _CONDITIONS}
                 if body or self.command in ("PUT", "POST"):
@@ -151,6 +163,26 @@ def drop_first(n: int, method: str, contains: str) -> Rule:
                 return "forward"
             left[0] -= 1
             return "drop_response"
+
+    return rule
+
+
+def stall_first(n: int, method: str | None = None, *, every_other: bool = False) -> Rule:
+    """Stall the first ``n`` requests (of ``method``, or of any); ``every_other``: the 1st, 3rd, … (the
+    request after a stalled one, e.g. its retry, is forwarded)."""
+    lock = threading.Lock()
+    left = [n]
+    seen = [0]
+
+    def rule(m: str, path: str, headers: dict[str, str]) -> Action:
+        with lock:
+            if left[0] <= 0 or (method is not None and m != method):
+                return "forward"
+            seen[0] += 1
+            if every_other and seen[0] % 2 == 0:
+                return "forward"
+            left[0] -= 1
+            return "stall"
 
     return rule
 

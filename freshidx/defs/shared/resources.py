@@ -23,7 +23,7 @@ from freshidx.spark.session import (
     conf_strings,
     is_cluster_master,
 )
-from freshidx.store import ObjectStore, StoreConfig, open_store
+from freshidx.store import DEFAULT_FIRST_TRY_S, ObjectStore, StoreConfig, open_store
 from freshidx.trigger.run_health import TAG_WORKER, worker_identity
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,9 @@ class ObjectStoreResource(dg.ConfigurableResource):
 
     uri: str
     s3: dg.ResourceDependency[S3Resource] = Field(default_factory=S3Resource)
+    s3_first_try_seconds: float = Field(
+        DEFAULT_FIRST_TRY_S, ge=0, le=60,
+        description="a read not answered within this is asked again at once (then with S3Resource's retries); 0 = off")
 
     _store: Any = PrivateAttr(default=None)
 
@@ -51,19 +54,21 @@ class ObjectStoreResource(dg.ConfigurableResource):
         return StoreConfig(
             uri=self.uri, endpoint_url=self.s3.endpoint_url, region=self.s3.region_name,
             access_key_id=self.s3.aws_access_key_id, secret_access_key=self.s3.aws_secret_access_key,
-            session_token=self.s3.aws_session_token,
+            session_token=self.s3.aws_session_token, first_try_seconds=self.s3_first_try_seconds,
         )
 
     def open(self) -> ObjectStore:
         if self._store is None:
             cfg = self.store_config()
             if cfg.is_s3:
-                from freshidx.store.s3 import S3Store, s3_client
+                from freshidx.store.s3 import S3Store
+                from freshidx.store.s3_clients import s3_client, s3_quick_client
 
                 # freshidx's one client configuration (path-style, as the CLI) from all of S3Resource's
                 # fields (same names, a test pins it): S3Resource.get_client() would be a second one.
-                client = s3_client(**{name: getattr(self.s3, name) for name in S3Resource.model_fields})
-                self._store = S3Store(client, cfg.bucket, cfg.prefix, cfg.uri)
+                fields = {name: getattr(self.s3, name) for name in S3Resource.model_fields}
+                quick = s3_quick_client(cfg.first_try_seconds, **fields) if cfg.first_try_seconds > 0 else None
+                self._store = S3Store(s3_client(**fields), cfg.bucket, cfg.prefix, cfg.uri, quick_client=quick)
             else:
                 self._store = open_store(cfg)
         return self._store
