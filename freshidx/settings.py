@@ -97,6 +97,10 @@ class PipelineSettings(BaseModel):
     silence_fail_seconds: int = Field(3600, gt=0, description="no new raw partition for this long fails")
     stuck_seconds: int = Field(900, gt=0, description="newest visible partition this far ahead of the pointer")
     full_max_age_seconds: int = Field(6 * 3600, gt=0, description="full cutoff older than this is remediated")
+    coverage_margin: float = Field(
+        0.2, ge=0, lt=1,
+        description="share of the delta window: once the full cutoff is this close to leaving the window, the SLA "
+        "sensor rebuilds the full index ahead of it (0 = only once a gap opened)")
     sla_interval_seconds: int = Field(30, ge=1, le=3600, description="SLA sensor tick interval")
     sla_autostart: bool = Field(True, description="start freshidx_sla_sensor (checks and remediation) with the code "
                                 "location (false: it can still be started from the UI)")

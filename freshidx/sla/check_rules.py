@@ -120,7 +120,9 @@ def data_lag(o: Observed, s: Settings) -> CheckOutcome:
 
 def coverage(o: Observed, s: Settings) -> CheckOutcome:
     """The delta window must reach back to (or past) the full cutoff, else updates in between are
-    visible in neither index (the argument for why skipping partitions is safe)."""
+    visible in neither index (the argument for why skipping partitions is safe). A full rebuild is
+    launched ahead of that, once the cutoff is within ``coverage_margin`` of the window's start: while
+    the cutoff is behind the window every micro-batch rebuilds the window (docs/architecture.md)."""
     if o.full is None:
         return CheckOutcome("delta_index", "coverage", False, "ERROR",
                             "no full index published: nothing covers data before the delta window",
@@ -131,13 +133,16 @@ def coverage(o: Observed, s: Settings) -> CheckOutcome:
     start, cutoff = parse_iso(o.delta.window_start), parse_iso(o.full.position)
     gap = (start - cutoff).total_seconds()
     passed = gap <= 0
+    margin = s.coverage_margin * s.window.total_seconds()
+    soon = passed and margin > 0 and gap > -margin
+    state = (f"covered; the cutoff leaves the window in {-gap:.0f}s: rebuilding the full index ahead of it"
+             if soon else "covered" if passed else f"{gap:.0f}s of updates are in neither index")
     return CheckOutcome(
         "delta_index", "coverage", passed, "ERROR",
-        f"delta window starts {o.delta.window_start}, full cutoff {o.full.cutoff}: "
-        + ("covered" if passed else f"{gap:.0f}s of updates are in neither index"),
+        f"delta window starts {o.delta.window_start}, full cutoff {o.full.cutoff}: {state}",
         {"gap_seconds": round(max(gap, 0.0), 3), "window_start": o.delta.window_start,
-         "full_cutoff": o.full.cutoff or o.full.position},
-        remediate=None if passed else "full_index",
+         "full_cutoff": o.full.cutoff or o.full.position, "leaves_window_in_seconds": round(max(-gap, 0.0), 3)},
+        remediate="full_index" if soon or not passed else None,
     )
 
 
@@ -217,7 +222,9 @@ DESCRIPTIONS: dict[str, str] = {
         f"neither index. The window is {_env('window_minutes')} minutes; the full index is rebuilt every "
         f"{_env('full_every_hours')} hours. Fails (ERROR) on any gap or when no full index is published. "
         f"{_SENSOR} and on a failure launches one full_index rebuild (run key per full version, never "
-        "while another full_index run is queued or running, at most 3 failed attempts per version)."
+        "while another full_index run is queued or running, at most 3 failed attempts per version); it "
+        "launches one ahead of a gap too, while passing, once the cutoff is within "
+        f"{_env('coverage_margin')} of the window of leaving it."
     ),
     "publication_stuck": (
         "How long visible data has waited for the delta: now minus the time the oldest raw partition "

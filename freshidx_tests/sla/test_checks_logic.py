@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 from freshidx.defs.shared.assets import store_kind
@@ -80,3 +81,23 @@ def test_sla_tick_skip_reason_is_always_specific() -> None:
 def test_raw_asset_kind_follows_the_store() -> None:
     assert store_kind("file:///data/store") == "file"
     assert store_kind("s3://bucket/prefix") == "s3"
+
+
+def test_coverage_launches_the_full_rebuild_before_the_cutoff_leaves_the_window() -> None:
+    s = Settings.from_env({}, store="file:///tmp/unused", window_minutes=300, coverage_margin=0.2)  # 60 min
+    delta = dataclasses.replace(delta_at(P0), window_start=iso(P0.at))
+
+    def outcome(cutoff_after_window_start: dt.timedelta, settings: Settings = s) -> sla.CheckOutcome:
+        full = dataclasses.replace(delta_at(P0), index="full", position=iso(P0.at + cutoff_after_window_start))
+        return sla.coverage(sla.Observed(P0.at, P0, delta, full, 0, None), settings)
+
+    far = outcome(dt.timedelta(minutes=90))
+    assert far.passed and far.remediate is None and far.description.endswith("covered")
+    near = outcome(dt.timedelta(minutes=30))
+    assert near.passed and near.remediate == "full_index", near.description
+    assert "leaves the window in 1800s" in near.description
+    assert near.metadata["leaves_window_in_seconds"] == 1800.0
+    gap = outcome(-dt.timedelta(minutes=10))
+    assert not gap.passed and gap.remediate == "full_index" and "600s of updates" in gap.description
+    off = Settings.from_env({}, store="file:///tmp/unused", window_minutes=300, coverage_margin=0)
+    assert outcome(dt.timedelta(minutes=1), off).remediate is None
