@@ -101,13 +101,14 @@ _HANDED_OUT: set[int] = set()
 
 def free_port() -> int:
     """A loopback port free now and never handed out before in this test process, picked below the
-    kernel's ephemeral range, from this xdist worker's own slice of it.
+    kernel's ephemeral range (above it with ``FRESHIDX_TEST_PORTS=high``), from this xdist worker's own
+    slice of it.
 
     A port the kernel hands out for port 0 comes from the ephemeral range, and so do the source ports of
     outgoing connections and every other process's port-0 binds: a server started a minute later found
     one such port taken. Two picks in a row can also be the same port (a webserver once lost its port to
     the PostgreSQL picked just before it), and so can two workers' picks: hence the set and the slices."""
-    low, high = _worker_slice(_ephemeral_low())
+    low, high = _worker_slice(*_port_range())
     pick = random.SystemRandom()
     for _ in range(500):
         port = pick.randrange(low, high) if high - low > 1_000 else 0
@@ -124,20 +125,27 @@ def free_port() -> int:
     raise RuntimeError("no free loopback port")
 
 
-def _worker_slice(ephemeral_low: int) -> tuple[int, int]:
-    """This xdist worker's part of [10000, ephemeral_low): gw0 the first, gw1 the second, and so on."""
+#: ``high``: pick ports above the kernel's ephemeral range instead of below it (the version lanes'
+#: tests, which run beside the main suite's: two pytest sessions must not share a range).
+PORTS_ENV = "FRESHIDX_TEST_PORTS"
+
+
+def _worker_slice(low: int, high: int) -> tuple[int, int]:
+    """This xdist worker's part of [low, high): gw0 the first, gw1 the second, and so on."""
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
     index = int(worker) if worker.isdigit() else 0
-    width = max(0, ephemeral_low - 10_000) // max(count, 1)
-    return 10_000 + index * width, 10_000 + (index + 1) * width
+    width = max(0, high - low) // max(count, 1)
+    return low + index * width, low + (index + 1) * width
 
 
-def _ephemeral_low() -> int:
+def _port_range() -> tuple[int, int]:
+    """Below the kernel's ephemeral range ([10000, its start)), or above it with ``FRESHIDX_TEST_PORTS=high``."""
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
+        first, last = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+    except (OSError, ValueError):
+        first, last = 32768, 60999  # Linux's default
+    return (last + 1, 65536) if os.environ.get(PORTS_ENV) == "high" else (10_000, first)
 
 
 def wait_for_port(port: int, deadline_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:

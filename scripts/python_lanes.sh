@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The supported versions beyond the main suite's (Python 3.11 on requirements.lock), each in a virtualenv made
-# afresh under .lanes/ (scripts/test.sh runs this after the main suite; `--fast` runs only the fast lane part):
+# afresh under .lanes/ (scripts/test.sh runs this beside the main suite; `--fast` runs only the fast lane part):
 #   py3.12-lowest   Python 3.12 with the lowest pyspark, pyarrow, tantivy and pandas that pyproject.toml
 #                   declares (scripts/lanes/lowest.txt): the fast lane, then pyspark 4.0 in local mode and
 #                   through Spark Connect (server and client of that minor) publishing micro-batches.
@@ -14,6 +14,9 @@
 #   bash scripts/python_lanes.sh --prepared [...]       the tests, in virtualenvs --prepare made (made now if not)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Test servers' ports from above the kernel's ephemeral range: the main suite may be running beside the
+# lanes, picking from below it (freshidx_tests/conftest.py free_port).
+export FRESHIDX_TEST_PORTS=high
 FAST_ONLY=""
 PHASE=all  # all | prepare | prepared
 while [[ "${1:-}" == --* ]]; do

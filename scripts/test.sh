@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One command: set up (venv, packages, Java check), lint, and run the whole test suite.
 # Tests start their own servers (moto S3, dagster dev) on free loopback ports.
-#   bash scripts/test.sh            the full suite on Python 3.11 (requirements.lock), then the version lanes
+#   bash scripts/test.sh            the full suite on Python 3.11 (requirements.lock) and the version lanes
 #                                   (scripts/python_lanes.sh: Python 3.12 with the lowest pyspark/pyarrow/tantivy,
-#                                   Python 3.13 beside the lowest dagster): what CI runs
+#                                   Python 3.13 beside the lowest dagster; beside the main suite, at low
+#                                   priority): what CI runs
 #   bash scripts/test.sh --fast     the fast lane: every test that starts no JVM and no dagster dev
 # Other arguments are passed to pytest (and leave the version lanes out).
 set -euo pipefail
@@ -27,16 +28,25 @@ fi
 rc=0
 lanes_pid=""
 if [[ $# -eq 0 ]]; then
-    # The version lanes' virtualenvs are made while the main suite runs (downloads, a pyspark wheel built
-    # once), at low priority; their tests run after it.
+    # The version lanes run beside the main suite at low priority: their virtualenvs (downloads, a pyspark
+    # wheel built once), then their tests, on the CPU the main suite leaves (most of it near its end, when
+    # only its last tests remain). Their output is shown after the main suite's.
     mkdir -p .lanes
-    nice -n 15 bash scripts/python_lanes.sh --prepare > .lanes/prepare.log 2>&1 &
+    ( nice -n 15 bash scripts/python_lanes.sh --prepare > .lanes/prepare.log 2>&1 || exit 3
+      nice -n 15 bash scripts/python_lanes.sh --prepared > .lanes/run.log 2>&1 ) &
     lanes_pid=$!
 fi
 .venv/bin/python -m pytest -n 4 --dist loadfile --no-loadscope-reorder --durations=25 freshidx_tests "$@" || rc=$?
 if [[ -n "$lanes_pid" ]]; then
-    wait "$lanes_pid" || echo "making the version lanes' virtualenvs failed (.lanes/prepare.log); making them again" >&2
+    lanes_rc=0
+    wait "$lanes_pid" || lanes_rc=$?
     cat .lanes/prepare.log >&2
-    bash scripts/python_lanes.sh --prepared || rc=1
+    if [[ $lanes_rc -eq 3 ]]; then
+        echo "making the version lanes' virtualenvs failed (.lanes/prepare.log); making them again" >&2
+        bash scripts/python_lanes.sh --prepared || rc=1
+    else
+        cat .lanes/run.log >&2
+        [[ $lanes_rc -eq 0 ]] || rc=1
+    fi
 fi
 exit $rc
