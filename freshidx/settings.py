@@ -11,6 +11,7 @@ resources. A bad value fails at load with a message naming both the field and th
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -302,8 +303,8 @@ class Settings(PipelineSettings, BaseSettings):
         env = dict(os.environ)
         if self.s3_endpoint_url:
             env["FRESHIDX_S3_ENDPOINT_URL"] = self.s3_endpoint_url
-        env[FIRST_TRY_ENV] = str(self.s3_first_try_seconds)
-        return StoreConfig.from_env(self.store, env)
+        env.pop(FIRST_TRY_ENV, None)  # this field has read (and validated) it
+        return dataclasses.replace(StoreConfig.from_env(self.store, env), first_try_seconds=self.s3_first_try_seconds)
 
     @classmethod
     def env_name(cls, field: str) -> str:

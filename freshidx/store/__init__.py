@@ -147,7 +147,7 @@ class StoreConfig:
         when :attr:`first_try_seconds` is 0."""
         from freshidx.store.s3_clients import s3_quick_client
 
-        return s3_quick_client(self.first_try_seconds, **self.boto3_kwargs()) if self.first_try_seconds > 0 else None
+        return s3_quick_client(self.first_try_seconds, **self.boto3_kwargs())
 
     def boto3_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of :func:`freshidx.store.s3_clients.s3_client` for this store."""

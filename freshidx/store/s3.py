@@ -58,8 +58,7 @@ def _code(exc: ClientError) -> str:
 
 
 def _condition_failed(exc: ClientError) -> bool:
-    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    return _code(exc) in _LOST or status in (409, 412)
+    return _code(exc) in _LOST or _status(exc) in (409, 412)
 
 
 KNOWN_GOOD = "AWS S3 (conditional writes, documented since 2024), moto 5.2.5 (tested)"

@@ -43,11 +43,13 @@ def s3_check_client(**kwargs: Any) -> Any:
     return _cached_client(os.getpid(), _era(), _arguments(kwargs, max_attempts=CHECK_ATTEMPTS), CHECK_TIMEOUTS)
 
 
-def s3_quick_client(timeout_s: float, **kwargs: Any) -> Any:
+def s3_quick_client(timeout_s: float, **kwargs: Any) -> Any | None:
     """:func:`s3_client`'s configuration for the first try of a read (:class:`~freshidx.store.s3.S3Store`):
-    one attempt, ``timeout_s`` to connect and between bytes. What it does not answer in time (or answers
-    with a 5xx) is asked again on the patient client (S3's own advice for latency-sensitive reads: a slow
-    request retried usually takes another path and answers at once)."""
+    one attempt, ``timeout_s`` to connect and between bytes (None for 0: no first try). What it does not
+    answer in time (or answers with a 5xx) is asked again on the patient client (S3's own advice for
+    latency-sensitive reads: a slow request retried usually takes another path and answers at once)."""
+    if timeout_s <= 0:
+        return None
     return _cached_client(os.getpid(), _era(), _arguments(kwargs, max_attempts=0), (timeout_s, timeout_s))
 
 

@@ -67,8 +67,8 @@ class ObjectStoreResource(dg.ConfigurableResource):
                 # freshidx's one client configuration (path-style, as the CLI) from all of S3Resource's
                 # fields (same names, a test pins it): S3Resource.get_client() would be a second one.
                 fields = {name: getattr(self.s3, name) for name in S3Resource.model_fields}
-                quick = s3_quick_client(cfg.first_try_seconds, **fields) if cfg.first_try_seconds > 0 else None
-                self._store = S3Store(s3_client(**fields), cfg.bucket, cfg.prefix, cfg.uri, quick_client=quick)
+                self._store = S3Store(s3_client(**fields), cfg.bucket, cfg.prefix, cfg.uri,
+                                      quick_client=s3_quick_client(cfg.first_try_seconds, **fields))
             else:
                 self._store = open_store(cfg)
         return self._store
