@@ -3,10 +3,8 @@ measurement searches for, and a supervised Spark Connect server in a background 
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
-import os
 import random
 import re
 import sys
@@ -19,7 +17,6 @@ from typing import Any
 
 from freshidx.raw_record import STATUSES
 from freshidx.store.partitions import PartitionId
-from freshidx.tools.generate import history_partitions, write_partition
 from freshidx.tools.generator import GeneratorConfig, partition_records
 
 MODES = ("connect", "local")
@@ -133,25 +130,6 @@ def pick_probe(cfg: GeneratorConfig, partition: PartitionId, seed: int = 0) -> P
     if not candidates:
         return None
     return random.Random(f"{seed}:{partition.compact}").choice(candidates)
-
-
-def seed_history(store_dir: Path, cfg: GeneratorConfig, now: dt.datetime, window_minutes: int) -> tuple[int, float]:
-    from freshidx.store import StoreConfig, open_store
-
-    store = open_store(StoreConfig(uri=store_dir.as_uri()))
-    t0 = time.monotonic()
-    parts = history_partitions(now, dt.timedelta(minutes=window_minutes))
-    records = 0
-    for p in parts:
-        written = write_partition(store, cfg, p)
-        records += written.records
-        # A history partition's files arrived at its own time, as upstream's would: otherwise every seeded
-        # file is newer than the first full index's listing minus the clock-skew margin
-        # (segments.files_to_read), and the first micro-batch after it re-reads the whole window.
-        at = p.at.timestamp()
-        for key in written.keys:
-            os.utime(store_dir / key, (at, at))
-    return records, round(time.monotonic() - t0, 1)
 
 
 # ============================================================================== searchable

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from freshidx.store.partitions import PartitionId
-from freshidx.tools.bench_common import generator_config_for, log, seed_history
+from freshidx.tools.bench_common import generator_config_for, log
+from freshidx.tools.bench_seed import seed_history
 
 SIZES = (100_000, 400_000, 1_000_000)
 CHANGES = 1_000
@@ -67,7 +68,7 @@ def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int,
     store_dir = workdir / f"store-{docs}"
     cfg = generator_config_for(docs, seed=seed, window_minutes=WINDOW_MINUTES)
     now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0) - dt.timedelta(minutes=15)
-    records, write_s = seed_history(store_dir, cfg, now, WINDOW_MINUTES)
+    records, write_s = seed_history(store_dir, cfg, now, WINDOW_MINUTES, progress=log)
     log(f"D={docs}: wrote {records} records in {write_s}s")
     sc = StoreConfig(uri=store_dir.as_uri())
     store = open_store(sc)

@@ -44,7 +44,8 @@ import pyarrow.compute as pc
 import pyarrow.json as pajson
 
 from freshidx.store.partitions import PartitionId
-from freshidx.tools.bench_common import SOURCE, WINDOW_MINUTES, ConnectServer, generator_config_for, log, seed_history
+from freshidx.tools.bench_common import SOURCE, WINDOW_MINUTES, ConnectServer, generator_config_for, log
+from freshidx.tools.bench_seed import seed_history
 
 
 def parse_floor(data: bytes) -> tuple[pa.Table, float]:
@@ -138,7 +139,7 @@ def measure(server: ConnectServer, root: Path, docs: int, changes: int | None, s
     now = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0) - dt.timedelta(minutes=5 * (rounds + 2))
     newest = PartitionId(now - dt.timedelta(minutes=now.minute % 5))
     server.start_async()
-    records, write_s = seed_history(store_dir, cfg, newest.at, WINDOW_MINUTES)
+    records, write_s = seed_history(store_dir, cfg, newest.at, WINDOW_MINUTES, progress=log)
     server.wait_up()
     log(f"floor: {records} records seeded in {write_s} s; Spark Connect server up on {server.url}")
     sc = StoreConfig(uri=store_dir.as_uri())

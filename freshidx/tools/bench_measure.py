@@ -31,7 +31,6 @@ from freshidx.tools.bench_common import (
     generator_config_for,
     log,
     pick_probe,
-    seed_history,
     session_usage,
 )
 from freshidx.tools.bench_report import (
@@ -40,7 +39,9 @@ from freshidx.tools.bench_report import (
     goal_verdict,
     mode_summary,
 )
+from freshidx.tools.bench_seed import seed_history
 from freshidx.tools.bench_sensor_mode import log_sample, measure_partition
+from freshidx.tools.bench_wait import in_flight_runs, warm_up
 from freshidx.tools.generate import GeneratorConfig
 
 _SCHEDULE_QUERY = """
@@ -94,17 +95,6 @@ def _stop_sensor(dev: Any, name: str) -> str:
         return f"error: {exc}"[:300]
 
 
-def _in_flight_runs(instance: Any) -> list[Any]:
-    """Runs in flight, the long-lived continuous run (continuous mode) aside."""
-    import dagster as dg
-
-    from freshidx.trigger.continuous_rules import JOB_NAME
-
-    statuses = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
-                dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
-    return [r for r in instance.get_runs(dg.RunsFilter(statuses=statuses), limit=20) if r.job_name != JOB_NAME]
-
-
 def dev_env(uri: str, server: ConnectServer | None, window_minutes: int, delta_mode: str) -> dict[str, str]:
     return {"FRESHIDX_DELTA_MODE": delta_mode,
         "FRESHIDX_STORE": uri, "FRESHIDX_S3_ENDPOINT_URL": "", "FRESHIDX_SOURCE": SOURCE,
@@ -137,30 +127,6 @@ def start_dev(mode: str, dev: Any, server: ConnectServer | None, out: dict[str, 
         f"warming up: first delta" + (" + full index" if full_warmup else ""))
 
 
-def warm_up(dev: Any, instance: Any, store: Any, timeout_s: float, full_warmup: bool) -> tuple[Any, Any]:
-    """Wait until the first delta (and the first full index, if asked) is published and no run is in
-    flight; returns the (delta, full) pointers."""
-    import dagster as dg
-
-    from freshidx.publish.commit import read_pointer
-
-    warm = Deadline(max(900.0, timeout_s * 3))
-    while True:
-        delta, _ = read_pointer(store, "delta")
-        full, _ = read_pointer(store, "full")
-        busy = _in_flight_runs(instance)
-        full_tried = not full_warmup or full is not None or any(
-            dg.AssetKey("full_index") in (r.asset_selection or ()) for r in instance.get_runs(limit=20))
-        if delta is not None and full_tried and not busy:
-            return delta, full
-        if not dev.is_running:
-            raise RuntimeError(f"dagster dev exited during warm-up; see {dev.log_path}")
-        if warm.passed():
-            raise TimeoutError(f"warm-up not done: delta={delta is not None} full={full is not None} "
-                               f"in flight={[r.run_id[:8] for r in busy]}; see {dev.log_path}")
-        time.sleep(1.0)
-
-
 def _measure_all(
     mode: str, dev: Any, instance: Any, store: Any, vis: Visibility, cfg: GeneratorConfig, *, partitions: int,
     timeout_s: float, max_delay_s: float, rng: random.Random, seed: int, loads: list[float],
@@ -186,7 +152,7 @@ def _measure_all(
             # next sample does not start behind someone else's run.
             time.sleep(6.0)
             settle = Deadline(timeout_s)
-            while _in_flight_runs(instance) and not settle.passed() and dev.is_running:
+            while in_flight_runs(instance) and not settle.passed() and dev.is_running:
                 time.sleep(1.0)
         log_sample(mode, i, partitions, partition, s)
     return samples
@@ -370,7 +336,7 @@ def _seed(seed_dir: Path, cfg: GeneratorConfig, window_minutes: int, config: dic
     """The history every mode starts from (copied per mode), its size and cost recorded in ``config``."""
     log(f"seeding a {window_minutes} min window: {window_minutes // 5} partitions × "
         f"{cfg.changes_per_partition} changes over {cfg.ads} ads")
-    records, seed_s = seed_history(seed_dir, cfg, dt.datetime.now(dt.UTC), window_minutes)
+    records, seed_s = seed_history(seed_dir, cfg, dt.datetime.now(dt.UTC), window_minutes, progress=log)
     config["seed_records"] = records
     config["seed_seconds"] = seed_s
     log(f"seeded {records} records in {seed_s} s")

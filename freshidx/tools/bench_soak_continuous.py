@@ -43,10 +43,10 @@ from freshidx.tools.bench_common import (
     Deadline,
     generator_config_for,
     log,
-    seed_history,
     session_usage,
 )
 from freshidx.tools.bench_report import clock, fmt, mib
+from freshidx.tools.bench_seed import seed_history
 from freshidx.tools.bench_soak_decisions import (
     explain,
     first_publication,
@@ -218,7 +218,7 @@ def bench_soak_continuous(
     instance: Any = None
     try:
         server.start_async()  # the JVM starts while the history is seeded
-        records, seed_s = seed_history(store_dir, cfg, dt.datetime.now(dt.UTC), window_minutes)
+        records, seed_s = seed_history(store_dir, cfg, dt.datetime.now(dt.UTC), window_minutes, progress=log)
         progress(f"soak: seeded {records} records in {seed_s} s; starting dagster dev (continuous mode)")
         start_dev("continuous soak", dev, server, result, full_warmup)
         instance = dg.DagsterInstance.from_config(str(home))
