@@ -37,6 +37,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +48,7 @@ import pyarrow.parquet as pq
 import tantivy
 
 from freshidx.publish.commit import Pointer, read_manifest, read_pointer
+from freshidx.serve.refresh_timings import RefreshTimings
 from freshidx.serve.topk import search_set
 from freshidx.serve.versions import Hit, LoadedVersion, Part, ServingError, Shard, VersionSet
 from freshidx.spark.index_format import COVERED_FILE, INDEX_DIR, SEARCH_FIELDS, is_lock_file, open_index, schema
@@ -77,6 +79,7 @@ class Searcher:
         self._retired: list[VersionSet] = []
         self._loading: set[tuple[str, str]] = set()  # versions being loaded: cleanup must not touch them
         self._current = VersionSet(None, None)
+        self.last_refresh: RefreshTimings | None = None  # the last refresh that swapped in new versions
         self._parser = tantivy.Index(schema())  # in RAM; only parses queries (same schema as every shard)
         self._schema = schema()
         self._remove_stale_temp_dirs()
@@ -99,8 +102,11 @@ class Searcher:
         current set stays in place and the error propagates.
         """
         with self._refresh_lock:
+            timings = RefreshTimings()
+            t0 = time.perf_counter()
             current = self._current
-            pointers = {name: read_pointer(self.store, name)[0] for name in INDEXES}
+            with timings.timed("pointers_s"):
+                pointers = {name: read_pointer(self.store, name)[0] for name in INDEXES}
             try:
                 loaded: dict[str, LoadedVersion | None] = {}
                 for name in INDEXES:
@@ -111,7 +117,7 @@ class Searcher:
                     elif have is not None and have.version == ptr.version:
                         loaded[name] = have
                     else:
-                        loaded[name] = self._load(name, ptr, have)
+                        loaded[name] = self._load(name, ptr, have, timings)
                 if all(loaded[n] is getattr(current, n) for n in INDEXES):
                     return False
                 new = VersionSet(full=loaded["full"], delta=loaded["delta"])
@@ -119,6 +125,8 @@ class Searcher:
                     old, self._current = self._current, new
                     old.retired = True
                     self._retired.append(old)
+                timings.total_s = time.perf_counter() - t0
+                self.last_refresh = timings
             finally:
                 with self._lock:
                     self._loading.clear()
@@ -129,31 +137,36 @@ class Searcher:
     def _version_dir(self, index: str, version: str) -> Path:
         return self.cache_dir / index / version
 
-    def _load(self, index: str, pointer: Pointer, have: LoadedVersion | None = None) -> LoadedVersion:
-        manifest = read_manifest(self.store, index, pointer.version)
+    def _load(self, index: str, pointer: Pointer, have: LoadedVersion | None, timings: RefreshTimings) -> LoadedVersion:
+        with timings.timed("manifests_s"):
+            manifest = read_manifest(self.store, index, pointer.version)
         listed = manifest.segment_list() if index == "delta" else None
         pieces = [(seg.version, seg.position, {"shards": seg.shards}) for seg in listed] \
             if listed else [(pointer.version, pointer.position, {"shards": manifest.shards})]
         # Segments the serving version already has open are shared, not downloaded or opened again.
         open_parts = {part.version: part for part in have.parts} if have is not None else {}
-        parts = [open_parts.get(version) or self._load_part(index, version, position, files)
+        parts = [open_parts.get(version) or self._load_part(index, version, position, files, timings)
                  for version, position, files in pieces]
         return LoadedVersion(index=index, version=pointer.version, position=pointer.position, parts=parts,
                              pointer=pointer)
 
-    def _load_part(self, index: str, version: str, position: str, manifest: dict[str, Any]) -> Part:
+    def _load_part(self, index: str, version: str, position: str, manifest: dict[str, Any],
+                   timings: RefreshTimings) -> Part:
         with self._lock:
             self._loading.add((index, version))
         final = self._version_dir(index, version)
+        timings.parts_loaded += 1
         if not final.is_dir():
-            self._download(index, version, manifest, final)
+            with timings.timed("download_s"):
+                timings.downloaded_bytes += self._download(index, version, manifest, final)
         try:
-            return self._open_part(index, version, position, manifest, final)
+            return self._open_part(index, version, position, manifest, final, timings)
         except Exception:
             shutil.rmtree(final, ignore_errors=True)  # unusable: do not keep it in the cache
             raise
 
-    def _open_part(self, index: str, version: str, position: str, manifest: dict[str, Any], final: Path) -> Part:
+    def _open_part(self, index: str, version: str, position: str, manifest: dict[str, Any], final: Path,
+                   timings: RefreshTimings) -> Part:
         shards: list[Shard] = []
         covered: set[str] = set()
         for s in sorted(manifest["shards"], key=lambda s: int(s["shard"])):
@@ -164,14 +177,16 @@ class Searcher:
                     f"{index} version {version} shard {s['shard']} has no tantivy index "
                     f"(built by a writer without index files?)"
                 )
-            idx = open_index(str(idx_dir))
-            searcher = idx.searcher()
-            shards.append(Shard(int(s["shard"]), idx, searcher, int(searcher.num_docs)))
+            with timings.timed("open_s"):
+                idx = open_index(str(idx_dir))
+                searcher = idx.searcher()
+                shards.append(Shard(int(s["shard"]), idx, searcher, int(searcher.num_docs)))
             if index == "delta" and (shard_dir / COVERED_FILE).is_file():
-                covered.update(
-                    x for x in pq.read_table(shard_dir / COVERED_FILE, columns=["ad_id"]).column(0).to_pylist()
-                    if x is not None
-                )
+                with timings.timed("kill_list_s"):
+                    covered.update(
+                        x for x in pq.read_table(shard_dir / COVERED_FILE, columns=["ad_id"]).column(0).to_pylist()
+                        if x is not None
+                    )
         return Part(version=version, position=position, path=final, shards=shards, covered=frozenset(covered))
 
     def _wanted_files(self, index: str, version: str, manifest: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
@@ -194,12 +209,13 @@ class Searcher:
                 out.append((f, shard_dir + rel))
         return out
 
-    def _download(self, index: str, version: str, manifest: dict[str, Any], final: Path) -> None:
+    def _download(self, index: str, version: str, manifest: dict[str, Any], final: Path) -> int:
+        """Download and verify ``version``'s files into ``final``; returns the bytes downloaded."""
         files = self._wanted_files(index, version, manifest)
         tmp = self.cache_dir / index / f"{_TMP_PREFIX}{version}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True)
         try:
-            def fetch(item: tuple[dict[str, Any], str]) -> None:
+            def fetch(item: tuple[dict[str, Any], str]) -> int:
                 entry, rel = item
                 data = self.store.get(str(entry["key"])).data
                 if len(data) != int(entry["bytes"]):
@@ -209,9 +225,10 @@ class Searcher:
                 dest = tmp / rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(data)
+                return len(data)
 
             with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS) as pool:
-                list(pool.map(fetch, files))
+                downloaded = sum(pool.map(fetch, files))
             for s in manifest["shards"]:  # an empty shard still needs its directory
                 (tmp / f"shard-{int(s['shard']):05d}").mkdir(exist_ok=True)
             (tmp / ".complete.json").write_text(json.dumps({"index": index, "version": version,
@@ -226,6 +243,7 @@ class Searcher:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        return downloaded
 
     def _remove_stale_temp_dirs(self) -> None:
         for name in INDEXES:

@@ -143,12 +143,23 @@ class Visibility:
         self.method = "searcher"
         self.error: str | None = None
         self.searcher: Any = None
+        self.swap: tuple[float, Any] | None = None  # (wall time its refresh started, its RefreshTimings)
         try:
             from freshidx.serve.searcher import Searcher
 
             self.searcher = Searcher(store, cache_dir)
         except Exception as exc:
             self._fall_back(exc)
+
+    def parts(self, published: float | None, searchable: float) -> dict[str, float | int] | None:
+        """Where ``published → searchable`` went: the wait until the refresh that swapped the version in
+        started (the reader's pointer poll), that refresh's steps, and the rest (the search that found it)."""
+        if self.swap is None or published is None:
+            return None
+        started, timings = self.swap
+        steps = timings.as_dict()
+        rest = searchable - started - steps.pop("total_s")
+        return {"wait_s": round(started - published, 4), **steps, "rest_s": round(rest, 4)}
 
     def _fall_back(self, exc: BaseException) -> None:
         self.method = "pointer+manifest"
@@ -159,7 +170,10 @@ class Visibility:
     def visible(self, version: str, probe: Probe | None) -> bool:
         if self.searcher is not None and probe is not None:
             try:
+                started, before = time.time(), self.searcher.last_refresh
                 self.searcher.refresh()
+                if self.searcher.last_refresh is not before:
+                    self.swap = (started, self.searcher.last_refresh)
                 hits = self.searcher.search(probe.query, 5)
             except Exception as exc:
                 if type(exc).__name__ == "ServingError":  # the version cannot be served at all

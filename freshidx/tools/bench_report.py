@@ -118,7 +118,32 @@ def mode_summary(samples: list[dict[str, Any]], stage_defs: Stages = STAGES) -> 
         "dominant_stage_p50": dominant_p50,
         "dominant_stage_worst_sample": dominant_worst,
         "worst_sample": worst["partition"] if worst else None,
+        "searchable_parts": _parts_summary(ok),
     }
+
+
+#: The parts of ``published → searchable`` (bench_common.Visibility.parts), in order, with their labels.
+SEARCHABLE_PARTS = (("wait_s", "wait for the refresh"), ("pointers_s", "pointers"), ("manifests_s", "manifests"),
+                    ("download_s", "download + sha256"), ("open_s", "tantivy open"), ("kill_list_s", "kill-list"),
+                    ("rest_s", "search"))
+
+
+def _parts_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    parts = [s["searchable_parts"] for s in samples if s.get("searchable_parts")]
+    out: dict[str, Any] = {name: summarize([p.get(name) for p in parts]) for name, _ in SEARCHABLE_PARTS}
+    out["downloaded_bytes"] = summarize([p.get("downloaded_bytes") for p in parts])
+    return out
+
+
+def parts_line(summary: dict[str, Any]) -> str | None:
+    """One line: the p50 of each part of ``published → searchable``."""
+    parts = summary.get("searchable_parts") or {}
+    if (parts.get("wait_s") or {}).get("p50") is None:
+        return None
+    cells = [f"{label} {fmt((parts.get(name) or {}).get('p50'), 0)}" for name, label in SEARCHABLE_PARTS]
+    size = (parts.get("downloaded_bytes") or {}).get("p50")
+    return ("published → searchable p50 by part (s): " + ", ".join(cells)
+            + (f"; {size / 2**20:.1f} MiB downloaded" if isinstance(size, int | float) else ""))
 
 
 def goal_verdict(summary: dict[str, Any], p50_goal: float = GOAL_P50_S, max_goal: float = GOAL_MAX_S) -> dict[str, Any]:
@@ -215,6 +240,8 @@ def _goal_lines(result: dict[str, Any], modes: list[str], goals: tuple[float, fl
                      f"max {a2s['max']:.2f} s  {goal}")
         lines.append(f"        dominant stage: {r.get('dominant_stage_p50')} (by p50); in the worst sample "
                      f"({r.get('worst_sample')}): {r.get('dominant_stage_worst_sample')}")
+        if (parts := parts_line(r)) is not None:
+            lines.append(f"        {parts}")
     return lines
 
 

@@ -40,6 +40,7 @@ def wait_searchable(
                 sample.update(version=ptr.version, doc_count=ptr.doc_count, covered_partition=ptr.source_partition)
         if version is not None and vis.visible(version, probe):
             events["searchable"] = time.time()
+            sample["searchable_parts"] = vis.parts(events.get("published"), events["searchable"])
             return
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + 1.0

@@ -133,7 +133,14 @@ def test_refresh_swaps_and_cleans_cache(local_store_config: StoreConfig, tmp_pat
     assert s.search("anything") == [] and s.versions() == {"full": None, "delta": None}
     publish_commits(store, "full", "f1", FULL_AT,
                     build_direct(local_store_config, "full", "f1", [ad(1, 1, title="one")]))
-    assert s.refresh() is True and s.refresh() is False
+    assert s.refresh() is True
+    first = s.last_refresh  # where the refresh that swapped f1 in spent its time
+    assert first is not None and first.parts_loaded == 1
+    on_disk = sum(f.stat().st_size for f in (cache / "full" / "f1").rglob("*") if f.name != ".complete.json")
+    assert 0 < first.downloaded_bytes <= on_disk  # opening adds tantivy's own files
+    steps = first.pointers_s + first.manifests_s + first.download_s + first.open_s + first.kill_list_s
+    assert 0 < steps <= first.total_s and first.open_s > 0 and first.download_s > 0
+    assert s.refresh() is False and s.last_refresh is first  # a refresh that changed nothing is not recorded
     assert [h.version for h in s.search("one")] == ["f1"]
     publish_commits(store, "full", "f2", FULL_AT + dt.timedelta(minutes=1),
                     build_direct(local_store_config, "full", "f2", [ad(1, 1, title="two")]))

@@ -26,6 +26,7 @@ import pytest
 
 from freshidx.store.partitions import PartitionId
 from freshidx.tools import bench_freshness as bf
+from freshidx.tools.bench_report import SEARCHABLE_PARTS, parts_line
 from freshidx.tools.generate import history_partitions, partition_records
 from freshidx_tests.conftest import CONNECT_ENV
 
@@ -107,6 +108,19 @@ def test_render_freshness_shows_every_stage_and_failures() -> None:
     assert "local: FAILED during warm-up" in text
     assert "not searchable after 5s" in text  # the failed sample is listed
     assert "10.50" in text and "12.00" in text
+
+
+def test_published_to_searchable_parts_are_summarized_and_printed() -> None:
+    parts = {"wait_s": 0.1, "pointers_s": 0.001, "manifests_s": 0.002, "download_s": 0.05, "open_s": 0.01,
+             "kill_list_s": 0.03, "rest_s": 0.004, "downloaded_bytes": 3 * 2**20, "parts_loaded": 1}
+    samples = [{"partition": p, "events": {"searchable": 1.0}, "stages": {"arrival_to_searchable": 1.0},
+                "searchable_parts": sp} for p, sp in (("p", parts), ("q", None))]
+    summary = bf.mode_summary(samples, bf.CONTINUOUS_STAGES)
+    assert summary["searchable_parts"]["kill_list_s"] == {"p50": 0.03, "p95": 0.03, "max": 0.03, "n": 1}
+    assert parts_line(summary) == (
+        "published → searchable p50 by part (s): wait for the refresh 0.10, pointers 0.00, manifests 0.00, "
+        "download + sha256 0.05, tantivy open 0.01, kill-list 0.03, search 0.00; 3.0 MiB downloaded")
+    assert parts_line(bf.mode_summary(samples[1:], bf.CONTINUOUS_STAGES)) is None
 
 
 def _continuous_result() -> dict[str, Any]:
@@ -362,8 +376,14 @@ def test_freshness_continuous_mode_end_to_end(tmp_path: Path) -> None:
         assert ev["arrival"] <= ev["micro_batch"] <= ev["body_start"] <= ev["listed"] <= ev["built"]
         assert ev["built"] <= ev["published"] <= ev["searchable"]
         run_ids.add(s["run_id"])
+        # published → searchable split into the reader's parts, which add up to it
+        parts = s["searchable_parts"]
+        assert parts["downloaded_bytes"] > 0 and parts["parts_loaded"] >= 1 and parts["open_s"] > 0
+        timed = sum(parts[name] for name, _ in SEARCHABLE_PARTS)
+        assert timed == pytest.approx(ev["searchable"] - ev["published"], abs=0.01)
     assert len(run_ids) == 1  # both micro-batches in the one long-lived run
     assert "delta mode continuous" in err and "connect p50" in err
+    assert "published → searchable p50 by part (s): wait for the refresh" in err
 
 
 @pytest.mark.daemon
