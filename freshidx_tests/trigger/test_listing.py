@@ -155,3 +155,5 @@ def test_files_in_window_is_left_open_right_closed(store: ObjectStore) -> None:
     end = parts[20]
     files, _ = files_in_window(store, SRC, parts[8].at, end)
     assert list(files) == parts[9:21]
+    # the hours listed at once or one by one: the same files
+    assert files_in_window(store, SRC, parts[0].at, end, threads=1) == files_in_window(store, SRC, parts[0].at, end)

@@ -54,7 +54,7 @@ def micro_batch(store: ObjectStore, settings: Settings, p: PartitionId, run_id: 
     mb = segments.plan(p, settings.window, full, previous, has_previous_delta=delta_pointer is not None,
                        max_segments=settings.delta_max_segments, force_rebuild=False)
     listed_at = utcnow()
-    files, _ = window_files.files_in_window(store, settings.source, mb.window_start, p)
+    files, _ = window_files.files_in_window(store, settings.source, mb.window_start, p, threads=1)
     to_read = segments.files_to_read(files, full, mb.kept) if mb.kind is segments.BuildKind.INCREMENTAL and \
         full is not None else files
     version = new_version(p.at)
