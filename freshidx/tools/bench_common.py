@@ -136,59 +136,73 @@ def pick_probe(cfg: GeneratorConfig, partition: PartitionId, seed: int = 0) -> P
 
 
 class Visibility:
-    """Decides when a delta version is searchable: the real Searcher if it works, else the fallback."""
+    """Decides when a delta version is searchable: the real Searcher, kept current by a
+    :class:`~freshidx.serve.follow.PointerFollower` (as a serving application would run it), if it works;
+    else the fallback. A version is searchable from the moment the follower swapped it in."""
 
     def __init__(self, store: Any, cache_dir: Path) -> None:
         self.store = store
         self.method = "searcher"
         self.error: str | None = None
         self.searcher: Any = None
-        self.swap: tuple[float, Any] | None = None  # (wall time its refresh started, its RefreshTimings)
+        self.follower: Any = None
+        # delta version -> (wall time the refresh that swapped it in started, its RefreshTimings)
+        self.swaps: dict[str, tuple[float, Any]] = {}
         try:
+            from freshidx.serve.follow import PointerFollower
             from freshidx.serve.searcher import Searcher
 
             self.searcher = Searcher(store, cache_dir)
+            self.follower = PointerFollower(self.searcher, on_swap=self._swapped).start()
         except Exception as exc:
             self._fall_back(exc)
 
-    def parts(self, published: float | None, searchable: float) -> dict[str, float | int] | None:
-        """Where ``published → searchable`` went: the wait until the refresh that swapped the version in
-        started (the reader's pointer poll), that refresh's steps, and the rest (the search that found it)."""
-        if self.swap is None or published is None:
+    def close(self) -> None:
+        if self.follower is not None:
+            self.follower.stop()
+
+    def _swapped(self, version_set: Any, timings: Any, started: float) -> None:
+        if version_set.delta is not None:
+            self.swaps.setdefault(version_set.delta.version, (started, timings))
+
+    def parts(self, published: float | None, version: str | None) -> dict[str, float | int] | None:
+        """Where ``published → searchable`` went: the wait until the refresh that swapped ``version`` in
+        started (the follower's pointer poll), and that refresh's steps."""
+        if published is None or version not in self.swaps:
             return None
-        started, timings = self.swap
+        started, timings = self.swaps[version]
         steps = timings.as_dict()
-        rest = searchable - started - steps.pop("total_s")
-        return {"wait_s": round(started - published, 4), **steps, "rest_s": round(rest, 4)}
+        steps.pop("total_s")
+        return {"wait_s": round(started - published, 4), **steps}
 
     def _fall_back(self, exc: BaseException) -> None:
+        self.close()
         self.method = "pointer+manifest"
         self.error = f"{type(exc).__name__}: {exc}"[:500]
         self.searcher = None
         log(f"Searcher unavailable ({self.error}); searchable = pointer covers P and its manifest lists shards")
 
-    def visible(self, version: str, probe: Probe | None) -> bool:
+    def searchable_at(self, version: str, probe: Probe | None) -> float | None:
+        """When ``version`` became searchable (serves ``probe``), or None if it is not yet."""
         if self.searcher is not None and probe is not None:
-            try:
-                started, before = time.time(), self.searcher.last_refresh
-                self.searcher.refresh()
-                if self.searcher.last_refresh is not before:
-                    self.swap = (started, self.searcher.last_refresh)
-                hits = self.searcher.search(probe.query, 5)
-            except Exception as exc:
-                if type(exc).__name__ == "ServingError":  # the version cannot be served at all
-                    self._fall_back(exc)
-                    return self.visible(version, probe)
-                self.error = f"{type(exc).__name__}: {exc}"[:500]  # transient: keep polling
-                return False
-            return any(h.ad_id == probe.ad_id and h.index == "delta" and h.version == version for h in hits)
+            failed = self.follower.last_error
+            if type(failed).__name__ == "ServingError" and version not in self.swaps:
+                self._fall_back(failed)  # the version cannot be served at all
+                return self.searchable_at(version, probe)
+            self.error = None if failed is None else f"{type(failed).__name__}: {failed}"[:500]
+            if version not in self.swaps:
+                return None
+            started, timings = self.swaps[version]
+            hits = self.searcher.search(probe.query, 5)
+            if any(h.ad_id == probe.ad_id and h.index == "delta" and h.version in self.swaps for h in hits):
+                return started + timings.total_s
+            return None
         from freshidx.publish.commit import read_manifest
 
         try:
-            return bool(read_manifest(self.store, "delta", version).get("shards"))
+            return time.time() if read_manifest(self.store, "delta", version).get("shards") else None
         except Exception:
-            return False
-
+            return None
 
 
 # ============================================================================== Connect server

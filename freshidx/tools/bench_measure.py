@@ -229,8 +229,12 @@ def _warm_up_and_measure(
         log(f"{label}: warm-up done after {out['warmup_s']} s: delta {delta.doc_count} docs, full "
             f"{out['full_docs']} docs; measuring {partitions} partitions")
         out["phase"] = "measure"
-        samples = _measure_all(label, dev, instance, store, vis, cfg, partitions=partitions, timeout_s=timeout_s,
-                               max_delay_s=max_delay_s, rng=rng, seed=seed, loads=loads, **extra)
+        try:
+            samples = _measure_all(label, dev, instance, store, vis, cfg, partitions=partitions,
+                                   timeout_s=timeout_s, max_delay_s=max_delay_s, rng=rng, seed=seed, loads=loads,
+                                   **extra)
+        finally:
+            vis.close()
         out["samples"] = samples
         out["searchable_method"] = vis.method
         if vis.error and vis.method != "searcher":

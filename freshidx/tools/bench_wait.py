@@ -38,9 +38,9 @@ def wait_searchable(
                 version = ptr.version
                 events["published"] = iso_epoch(ptr.published_at)
                 sample.update(version=ptr.version, doc_count=ptr.doc_count, covered_partition=ptr.source_partition)
-        if version is not None and vis.visible(version, probe):
-            events["searchable"] = time.time()
-            sample["searchable_parts"] = vis.parts(events.get("published"), events["searchable"])
+        if version is not None and (at := vis.searchable_at(version, probe)) is not None:
+            events["searchable"] = at
+            sample["searchable_parts"] = vis.parts(events.get("published"), version)
             return
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + 1.0

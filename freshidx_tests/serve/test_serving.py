@@ -264,3 +264,36 @@ def test_search_cli(local_store_config: StoreConfig, tmp_path: Path, capsys: pyt
     assert "ad-0001" in capsys.readouterr().out
     pointer, _ = read_pointer(store, "full")
     assert pointer is not None and pointer.version == "f1" and layout.pointer_key("full").endswith("CURRENT")
+
+
+def test_pointer_follower_swaps_in_what_is_published_and_outlives_an_unservable_version(
+        local_store_config: StoreConfig, tmp_path: Path) -> None:
+    import queue
+
+    import pyarrow as pa
+
+    from freshidx.serve.follow import PointerFollower
+    from freshidx.spark.shards import DOCS_ARROW_SCHEMA
+
+    store = open_store(local_store_config)
+    s = Searcher(store, tmp_path / "cache")
+    swaps: queue.Queue[tuple[dict[str, str | None], int, float]] = queue.Queue()
+    with PointerFollower(s, interval_s=0.01,
+                         on_swap=lambda vs, t, started: swaps.put((vs.versions(), t.parts_loaded, started))) as f:
+        before = time.time()
+        publish_commits(store, "full", "f1", FULL_AT, build_direct(local_store_config, "full", "f1", [ad(1, 1)]))
+        versions, parts, started = swaps.get(timeout=300)
+        assert versions == {"full": "f1", "delta": None} and parts == 1 and started >= before - 1
+        # a version that cannot be served: the follower keeps serving f1 and says why
+        batch = pa.RecordBatch.from_pylist([dict(ad(2, 2))], schema=DOCS_ARROW_SCHEMA)
+        publish_commits(store, "full", "f2", FULL_AT + dt.timedelta(minutes=1),
+                        [write_one_shard(local_store_config, "full", "f2", 0, 0, [batch])])
+        while not isinstance(f.last_error, ServingError):
+            assert f.tick() is False  # the test's own ticks, beside the thread's: refresh is serialized
+        assert s.versions()["full"] == "f1"
+        publish_commits(store, "full", "f3", FULL_AT + dt.timedelta(minutes=2),
+                        build_direct(local_store_config, "full", "f3", [ad(3, 3, title="three")]))
+        assert swaps.get(timeout=300)[0] == {"full": "f3", "delta": None}
+    assert [h.ad_id for h in s.search("three")] == ["ad-0003"]
+    with pytest.raises(ValueError, match="interval_s"):
+        PointerFollower(s, interval_s=0)

@@ -112,14 +112,14 @@ def test_render_freshness_shows_every_stage_and_failures() -> None:
 
 def test_published_to_searchable_parts_are_summarized_and_printed() -> None:
     parts = {"wait_s": 0.1, "pointers_s": 0.001, "manifests_s": 0.002, "download_s": 0.05, "open_s": 0.01,
-             "kill_list_s": 0.03, "rest_s": 0.004, "downloaded_bytes": 3 * 2**20, "parts_loaded": 1}
+             "kill_list_s": 0.03, "downloaded_bytes": 3 * 2**20, "parts_loaded": 1}
     samples = [{"partition": p, "events": {"searchable": 1.0}, "stages": {"arrival_to_searchable": 1.0},
                 "searchable_parts": sp} for p, sp in (("p", parts), ("q", None))]
     summary = bf.mode_summary(samples, bf.CONTINUOUS_STAGES)
     assert summary["searchable_parts"]["kill_list_s"] == {"p50": 0.03, "p95": 0.03, "max": 0.03, "n": 1}
     assert parts_line(summary) == (
         "published → searchable p50 by part (s): wait for the refresh 0.10, pointers 0.00, manifests 0.00, "
-        "download + sha256 0.05, tantivy open 0.01, kill-list 0.03, search 0.00; 3.0 MiB downloaded")
+        "download + sha256 0.05, tantivy open 0.01, kill-list 0.03; 3.0 MiB downloaded")
     assert parts_line(bf.mode_summary(samples[1:], bf.CONTINUOUS_STAGES)) is None
 
 
