@@ -3,6 +3,7 @@ measurement searches for, and a supervised Spark Connect server in a background 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import random
@@ -92,9 +93,20 @@ def looks_valid(r: Any) -> bool:
     bid = r["bid"]
     return (
         r["status"] in STATUSES and isinstance(bid, int | float) and not isinstance(bid, bool) and bid >= 0
-        and isinstance(r["updated_at"], str) and bool(_TIMESTAMP.match(r["updated_at"]))
+        and isinstance(r["updated_at"], str) and _is_timestamp(r["updated_at"])
         and isinstance(r["version"], int) and isinstance(r["title"], str)
     )
+
+
+def _is_timestamp(text: str) -> bool:
+    """The shape *and* a real instant: ``2026-11-21T25:61:00.000Z`` has the shape and is quarantined."""
+    if not _TIMESTAMP.match(text):
+        return False
+    try:
+        dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ")
+    except ValueError:
+        return False
+    return True
 
 
 def pick_probe(cfg: GeneratorConfig, partition: PartitionId, seed: int = 0) -> Probe | None:

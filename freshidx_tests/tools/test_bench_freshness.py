@@ -238,6 +238,18 @@ def test_generator_config_for_hits_the_window_size() -> None:
     assert 1_700 <= len(latest) <= 2_300
 
 
+def test_a_record_whose_timestamp_is_no_instant_is_never_a_probe() -> None:
+    # the shape of a timestamp, not an instant: quarantined by the pipeline, so never searchable
+    bad = {"ad_id": "ad-1", "campaign_id": "c", "product_id": "p", "title": "t", "bid": 1.0, "status": "active",
+           "updated_at": "2026-11-21T25:61:00.000Z", "version": 1}
+    assert not bf.looks_valid(bad)
+    assert bf.looks_valid({**bad, "updated_at": "2026-11-21T23:59:00.000Z"})
+    # the partition where that record was picked before, in a bench run that then waited for it in vain
+    cfg = bf.generator_config_for(100_000)
+    probe = bf.pick_probe(cfg, PartitionId.parse("year=2026/month=12/day=06/hour=22/minute=07"))
+    assert probe is not None and probe.ad_id != "ad-022089"
+
+
 def test_pick_probe_is_the_newest_active_record_of_its_ad() -> None:
     cfg = bf.generator_config_for(2_000, seed=3)
     probe = bf.pick_probe(cfg, P, seed=3)
