@@ -292,6 +292,22 @@ class ConnectServer:
             self._thread.join(60)
 
 
+def session_pss_bytes(sid: int) -> int | None:
+    """Summed proportional set size of session ``sid``: a page the pyspark daemon's forked workers share
+    counts once, split between them, where summed RSS counts it in each of them."""
+    import psutil
+
+    from freshidx.procs import session_members
+
+    total = 0
+    for pid in session_members(sid):
+        try:
+            total += int(psutil.Process(pid).memory_full_info().pss)
+        except (psutil.Error, AttributeError):
+            continue
+    return total or None
+
+
 def session_usage(sid: int) -> tuple[int | None, int]:
     """(summed RSS, process count) of the live processes in session ``sid``: the JVM and its Python
     worker daemons (which Spark Connect starts per client session and does not reap, SPARK-54055)."""
