@@ -200,6 +200,26 @@ def test_warmed_files_serve_the_next_lookup_without_reading(tmp_path: Path) -> N
 
 
 
+def test_a_warm_up_stops_when_the_cache_is_full_instead_of_churning_it(tmp_path: Path) -> None:
+    """A state larger than the cache: the warm-up fills it and stops (done), and the next one decodes
+    nothing, where it used to decode every row group again, each pushing out another."""
+    rows = [(f"a{p}{i:03d}", f"p{p}") for p in range(10) for i in range(100)]
+    docs = _docs(tmp_path / DOCS_FILE, rows, row_group=100)
+    files = [_file(docs, "d", DOCS_FILE)]
+    whole = DecodedCache(1 << 30)
+    assert warm_files(files, whole) == (1 + 10, True)  # the key index and every row group
+    budget = whole.nbytes // 2
+    cache = DecodedCache(budget)
+    decoded, complete = warm_files(files, cache)
+    assert complete and 1 < decoded < 1 + 10 and cache.nbytes <= budget
+    assert warm_files(files, cache) == (0, True)  # nothing pushed out, nothing decoded again
+    opened: list[str] = []
+    batch = pa.table({"ad_id": ["a9099"], "product_id": ["p9"]})  # the lookup still finds the rest itself
+    got = _rows(pa.Table.from_batches(list(select_rows(batch, [_file(docs, "d", DOCS_FILE, opened)], cache))))
+    assert got == _rows(pa.Table.from_batches(list(select_rows(batch, [_file(docs, "d", DOCS_FILE)],
+                                                              DecodedCache(0)))))
+
+
 def test_a_spent_budget_starts_no_more_key_index_reads_and_the_next_warm_up_goes_on(tmp_path: Path) -> None:
     """More files than reads at once: past the deadline only the first round of key indexes is read."""
     count = LOAD_THREADS + 3

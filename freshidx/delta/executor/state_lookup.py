@@ -151,6 +151,10 @@ def load_key_index(f: StateFile, cache: DecodedCache, on_read: Callable[[], None
     return cache.get(_key_index_key(f), read, _weight, lasting=True)
 
 
+def has_row_group(f: StateFile, group: int, cache: DecodedCache) -> bool:
+    return (f.name, group) in cache
+
+
 def load_row_group(f: StateFile, group: int, cache: DecodedCache, on_read: Callable[[], None] | None = None) -> Any:
     """Row group ``group`` of ``f`` (what the second pass reads), from ``cache`` or read (``on_read()``) and kept."""
     def read() -> pa.Table:

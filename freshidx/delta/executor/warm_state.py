@@ -28,6 +28,7 @@ from freshidx.delta.executor.state_lookup import (
     StateFile,
     StateLayer,
     has_key_index,
+    has_row_group,
     load_key_index,
     load_row_group,
     open_state_files,
@@ -87,7 +88,8 @@ def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | No
     """Decode what a micro-batch over ``files`` reads into ``cache``: every file's key index (several read at
     once: each is a few store round trips, mostly waiting), then the row groups, the newest layer first (what
     the budget cannot hold goes first). No read starts once ``time.monotonic()`` passes ``deadline``; a later
-    call goes on where this one stopped."""
+    call goes on where this one stopped. No row group is decoded that would push another out of ``cache``: a
+    state larger than the cache is warm as far as it holds, and the micro-batch decodes the rest."""
     reads: list[None] = []  # appended from the pool's threads
 
     def due() -> bool:
@@ -114,9 +116,16 @@ def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | No
     if started < len(missing):
         return WarmCount(len(reads), False)
     for f in newest_first:
-        for g in range(f.parquet().metadata.num_row_groups):
+        meta = f.parquet().metadata
+        decoded = 0  # what this file's last row group weighed decoded (Parquet's own sizes are encoded ones)
+        for g in range(meta.num_row_groups):
             if due() and reads:  # each call reads something, so a short budget still gets there
                 return WarmCount(len(reads), False)
-            load_row_group(f, g, cache, lambda: reads.append(None))
+            if not has_row_group(f, g, cache) and \
+                    cache.nbytes + max(decoded, meta.row_group(g).total_byte_size) > cache.max_bytes:
+                # Full: decoding more would only push out what is warm (a window larger than the cache, churned
+                # on every idle tick, delays the micro-batch that arrives meanwhile). Done as far as it holds.
+                return WarmCount(len(reads), True)
+            decoded = load_row_group(f, g, cache, lambda: reads.append(None)).nbytes
     return WarmCount(len(reads), True)
 
