@@ -138,10 +138,6 @@ def _key_index_key(f: StateFile) -> tuple[str, str, int]:
     return f.name, "key-index", LAYOUT
 
 
-def has_key_index(f: StateFile, cache: DecodedCache) -> bool:
-    return _key_index_key(f) in cache
-
-
 def load_key_index(f: StateFile, cache: DecodedCache, on_read: Callable[[], None] | None = None) -> Any:
     """``f``'s key index (:func:`select_rows`' first pass), from ``cache`` or read (``on_read()``) and kept."""
     def read() -> KeyIndex | KeyColumns:
@@ -151,8 +147,9 @@ def load_key_index(f: StateFile, cache: DecodedCache, on_read: Callable[[], None
     return cache.get(_key_index_key(f), read, _weight, lasting=True)
 
 
-def has_row_group(f: StateFile, group: int, cache: DecodedCache) -> bool:
-    return (f.name, group) in cache
+def is_cached(f: StateFile, cache: DecodedCache, group: int | None = None) -> bool:
+    """Whether ``cache`` holds ``f``'s key index (``group`` None) or its row group ``group``."""
+    return (_key_index_key(f) if group is None else (f.name, group)) in cache
 
 
 def load_row_group(f: StateFile, group: int, cache: DecodedCache, on_read: Callable[[], None] | None = None) -> Any:

@@ -27,8 +27,7 @@ from freshidx.delta.executor.state_lookup import (
     FileRef,
     StateFile,
     StateLayer,
-    has_key_index,
-    has_row_group,
+    is_cached,
     load_key_index,
     load_row_group,
     open_state_files,
@@ -96,7 +95,7 @@ def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | No
         return deadline is not None and time.monotonic() >= deadline
 
     newest_first = sorted(files, key=lambda f: -f.layer)
-    missing = [f for f in newest_first if not has_key_index(f, cache)]
+    missing = [f for f in newest_first if not is_cached(f, cache)]
     todo = iter(missing)
     started = 0
     with ThreadPoolExecutor(LOAD_THREADS) as pool:
@@ -121,7 +120,7 @@ def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | No
         for g in range(meta.num_row_groups):
             if due() and reads:  # each call reads something, so a short budget still gets there
                 return WarmCount(len(reads), False)
-            if not has_row_group(f, g, cache) and \
+            if not is_cached(f, cache, g) and \
                     cache.nbytes + max(decoded, meta.row_group(g).total_byte_size) > cache.max_bytes:
                 # Full: decoding more would only push out what is warm (a window larger than the cache, churned
                 # on every idle tick, delays the micro-batch that arrives meanwhile). Done as far as it holds.
