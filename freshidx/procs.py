@@ -120,6 +120,15 @@ def rss_bytes(pid: int) -> int | None:
         return None
 
 
+def pss_bytes(pid: int) -> int | None:
+    """Proportional set size in bytes (pages shared with other processes split between them); None if the
+    process is gone or its memory map cannot be read."""
+    try:
+        return int(psutil.Process(pid).memory_full_info().pss) or None
+    except (psutil.Error, ValueError, AttributeError):
+        return None
+
+
 def tree_rss_bytes(pid: int) -> int | None:
     """Summed RSS of ``pid`` and its live descendants (a local-mode JVM is a child of a run worker);
     None if ``pid`` is gone."""

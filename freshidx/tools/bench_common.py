@@ -295,17 +295,10 @@ class ConnectServer:
 def session_pss_bytes(sid: int) -> int | None:
     """Summed proportional set size of session ``sid``: a page the pyspark daemon's forked workers share
     counts once, split between them, where summed RSS counts it in each of them."""
-    import psutil
+    from freshidx.procs import pss_bytes, session_members
 
-    from freshidx.procs import session_members
-
-    total = 0
-    for pid in session_members(sid):
-        try:
-            total += int(psutil.Process(pid).memory_full_info().pss)
-        except (psutil.Error, AttributeError):
-            continue
-    return total or None
+    pss = [v for v in (pss_bytes(p) for p in session_members(sid)) if v is not None]
+    return sum(pss) if pss else None
 
 
 def session_usage(sid: int) -> tuple[int | None, int]:
