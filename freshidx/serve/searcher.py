@@ -63,14 +63,30 @@ _TMP_PREFIX = ".tmp-"
 _WORD_RE = re.compile(r"[^\W_]+")
 
 
+def default_search_threads() -> int:
+    """One search thread per core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 class Searcher:
     """Query the published full + delta indexes of ``store``; cache shards under ``cache_dir``.
 
     The constructor loads the current versions (``load=False`` to defer to :meth:`refresh`).
     Thread-safe: any number of threads may call :meth:`search` while one calls :meth:`refresh`.
+    A query searches its shards on ``search_threads`` threads shared by every caller (default: one per
+    core; 1 searches them one after another in the caller's thread); :meth:`close` ends them.
     """
 
-    def __init__(self, store: ObjectStore, cache_dir: str | os.PathLike[str], *, load: bool = True) -> None:
+    def __init__(self, store: ObjectStore, cache_dir: str | os.PathLike[str], *, load: bool = True,
+                 search_threads: int | None = None) -> None:
+        threads = search_threads if search_threads is not None else default_search_threads()
+        if threads < 1:
+            raise ValueError(f"search_threads must be >= 1, got {threads}")
+        self._search_pool = ThreadPoolExecutor(threads, thread_name_prefix="freshidx-search") \
+            if threads > 1 else None
         self.store = store
         self.cache_dir = Path(cache_dir).resolve()
         self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -86,6 +102,18 @@ class Searcher:
         self._remove_stale_temp_dirs()
         if load:
             self.refresh()
+
+    def close(self) -> None:
+        """End the search threads (a search after this runs its shards in the caller's thread)."""
+        pool, self._search_pool = self._search_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def __enter__(self) -> Searcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ versions
 
@@ -324,7 +352,7 @@ class Searcher:
         if q is None:
             return []
         with self.snapshot() as snap:
-            return search_set(snap, q, k)
+            return search_set(snap, q, k, self._search_pool)
 
 
 # ---------------------------------------------------------------------- CLI (freshidx.cli.search)

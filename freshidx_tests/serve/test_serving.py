@@ -104,6 +104,9 @@ def test_end_to_end_local_and_s3(
         # k caps the merged list; the best hits come first
         assert searcher.search("common", k=5) == everything[:5]
         answers.append(results(searcher, QUERIES, k=20))
+        # the shards searched one after another in the caller's thread answer the same
+        with Searcher(open_store(cfg), tmp_path / f"cache-{name}-1", search_threads=1) as sequential:
+            assert results(sequential, QUERIES, k=20) == answers[-1]
         # cache layout: cache/<index>/<version>/shard-NNNNN/index/...; no lock files were shipped
         assert sorted(p.name for p in (tmp_path / f"cache-{name}" / "full").iterdir()) == ["full-v1"]
     assert answers[0] == answers[1]
@@ -124,6 +127,11 @@ def test_bad_queries_do_not_raise(local_store_config: StoreConfig, tmp_path: Pat
     assert s.search("red", k=0) == []
     assert {h.ad_id for h in s.search("red OR hat")} == {"ad-0001", "ad-0002"}
     assert s.parse_query("") == (None, False)
+
+
+def test_search_threads_must_be_at_least_one(local_store_config: StoreConfig, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="search_threads must be >= 1, got 0"):
+        Searcher(open_store(local_store_config), tmp_path / "cache", search_threads=0)
 
 
 def test_refresh_swaps_and_cleans_cache(local_store_config: StoreConfig, tmp_path: Path) -> None:

@@ -59,6 +59,8 @@ def test_bench_query_json(spark: SparkSession, tmp_path: Path, capsys: pytest.Ca
     assert {"p50_ms", "p95_ms"} <= set(out)
     assert 0 < out["p50_ms"] <= out["p95_ms"]
     assert out["shards"] == {"full": 2, "delta": 1} and out["kill_list"] > 0 and out["avg_hits"] > 0
+    # at least the hits it returned were fetched; the shards' searches were timed
+    assert out["docs_fetched_avg"] >= out["avg_hits"] and out["shard_searches_ms_p50"] > 0
     assert not out["build_reused"]
     assert bench.main(args) == 0  # the second run reuses the published build
     assert json.loads(capsys.readouterr().out)["build_reused"]
