@@ -30,36 +30,37 @@ One ``cache_dir`` per Searcher: it deletes what it does not serve.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import os
 import re
 import shutil
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import tantivy
 
 from freshidx.publish.commit import Pointer, read_manifest, read_pointer
+from freshidx.serve.kill_list import KillList, of_shards, read_kill_list
 from freshidx.serve.refresh_timings import RefreshTimings
+from freshidx.serve.shard_files import (
+    TMP_PREFIX,
+    Fetched,
+    download_version,
+    remove_stale_temp_dirs,
+    shard_dir_name,
+)
 from freshidx.serve.topk import search_set
 from freshidx.serve.versions import Hit, LoadedVersion, Part, ServingError, Shard, VersionSet
-from freshidx.spark.index_format import COVERED_FILE, INDEX_DIR, SEARCH_FIELDS, is_lock_file, open_index, schema
-from freshidx.store import ObjectStore, layout
+from freshidx.spark.index_format import COVERED_FILE, INDEX_DIR, SEARCH_FIELDS, open_index, schema
+from freshidx.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
 INDEXES = ("full", "delta")
-DOWNLOAD_THREADS = 8
-_TMP_PREFIX = ".tmp-"
 _WORD_RE = re.compile(r"[^\W_]+")
 
 
@@ -99,7 +100,8 @@ class Searcher:
         self.last_refresh: RefreshTimings | None = None  # the last refresh that swapped in new versions
         self._parser = tantivy.Index(schema())  # in RAM; only parses queries (same schema as every shard)
         self._schema = schema()
-        self._remove_stale_temp_dirs()
+        for name in INDEXES:
+            remove_stale_temp_dirs(self.cache_dir / name)
         if load:
             self.refresh()
 
@@ -185,21 +187,25 @@ class Searcher:
             self._loading.add((index, version))
         final = self._version_dir(index, version)
         timings.parts_loaded += 1
+        fetched = Fetched()
         if not final.is_dir():
             with timings.timed("download_s"):
-                timings.downloaded_bytes += self._download(index, version, manifest, final)
+                fetched = download_version(self.store, index, version, manifest, final)
+            timings.downloaded_bytes += fetched.bytes
+            timings.kill_list_s += fetched.kill_list_s
         try:
-            return self._open_part(index, version, position, manifest, final, timings)
+            return self._open_part(index, version, position, manifest, final, fetched.kill_lists, timings)
         except Exception:
             shutil.rmtree(final, ignore_errors=True)  # unusable: do not keep it in the cache
             raise
 
     def _open_part(self, index: str, version: str, position: str, manifest: dict[str, Any], final: Path,
-                   timings: RefreshTimings) -> Part:
+                   decoded: dict[str, KillList], timings: RefreshTimings) -> Part:
+        """Open ``final``'s shards; the kill-lists the download decoded are used, the others read."""
         shards: list[Shard] = []
-        covered: set[str] = set()
+        covered: list[KillList] = []
         for s in sorted(manifest["shards"], key=lambda s: int(s["shard"])):
-            shard_dir = final / f"shard-{int(s['shard']):05d}"
+            shard_dir = final / shard_dir_name(s["shard"])
             idx_dir = shard_dir / INDEX_DIR.rstrip("/")
             if not (idx_dir / "meta.json").is_file():
                 raise ServingError(
@@ -210,75 +216,12 @@ class Searcher:
                 idx = open_index(str(idx_dir))
                 searcher = idx.searcher()
                 shards.append(Shard(int(s["shard"]), idx, searcher, int(searcher.num_docs)))
-            if index == "delta" and (shard_dir / COVERED_FILE).is_file():
-                with timings.timed("kill_list_s"):  # ParquetFile: read_table's first call imports pyarrow.dataset
-                    ids = pq.ParquetFile(shard_dir / COVERED_FILE).read(columns=["ad_id"]).column(0)
-                    covered.update(pc.drop_null(ids).to_pylist())
-        return Part(version=version, position=position, path=final, shards=shards, covered=frozenset(covered))
-
-    def _wanted_files(self, index: str, version: str, manifest: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
-        """(file entry, path relative to the version dir) of every file serving needs."""
-        out: list[tuple[dict[str, Any], str]] = []
-        for s in manifest["shards"]:
-            prefix = layout.shard_prefix(index, version, int(s["shard"]), int(s["attempt"]))
-            shard_dir = f"shard-{int(s['shard']):05d}/"
-            for f in s["files"]:
-                key = str(f["key"])
-                if not key.startswith(prefix):
-                    raise ServingError(f"manifest of {index}/{version}: {key} is outside its shard prefix {prefix}")
-                rel = key[len(prefix):]
-                wanted = rel.startswith(INDEX_DIR) or (index == "delta" and rel == COVERED_FILE)
-                if not wanted or is_lock_file(rel):
-                    continue
-                name = rel[len(INDEX_DIR):] if rel.startswith(INDEX_DIR) else rel
-                if not name or "/" in name:
-                    raise ServingError(f"manifest of {index}/{version}: unexpected file {key}")
-                out.append((f, shard_dir + rel))
-        return out
-
-    def _download(self, index: str, version: str, manifest: dict[str, Any], final: Path) -> int:
-        """Download and verify ``version``'s files into ``final``; returns the bytes downloaded."""
-        files = self._wanted_files(index, version, manifest)
-        tmp = self.cache_dir / index / f"{_TMP_PREFIX}{version}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
-        try:
-            def fetch(item: tuple[dict[str, Any], str]) -> int:
-                entry, rel = item
-                data = self.store.get(str(entry["key"])).data
-                if len(data) != int(entry["bytes"]):
-                    raise ServingError(f"{entry['key']}: {len(data)} bytes, manifest says {entry['bytes']}")
-                if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-                    raise ServingError(f"{entry['key']}: sha256 mismatch")
-                dest = tmp / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(data)
-                return len(data)
-
-            with ThreadPoolExecutor(max_workers=DOWNLOAD_THREADS) as pool:
-                downloaded = sum(pool.map(fetch, files))
-            for s in manifest["shards"]:  # an empty shard still needs its directory
-                (tmp / f"shard-{int(s['shard']):05d}").mkdir(exist_ok=True)
-            (tmp / ".complete.json").write_text(json.dumps({"index": index, "version": version,
-                                                            "files": len(files)}))
-            try:
-                os.rename(tmp, final)  # atomic: a half-download is never at `final`
-            except OSError:
-                if not final.is_dir():
-                    raise
-                # someone else completed the same version first: theirs is as good as ours
-                shutil.rmtree(tmp, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return downloaded
-
-    def _remove_stale_temp_dirs(self) -> None:
-        for name in INDEXES:
-            d = self.cache_dir / name
-            if d.is_dir():
-                for p in d.iterdir():
-                    if p.name.startswith(_TMP_PREFIX):
-                        shutil.rmtree(p, ignore_errors=True)
+            if shard_dir.name in decoded:
+                covered.append(decoded[shard_dir.name])
+            elif index == "delta" and (shard_dir / COVERED_FILE).is_file():
+                with timings.timed("kill_list_s"):
+                    covered.append(read_kill_list(shard_dir / COVERED_FILE))
+        return Part(version=version, position=position, path=final, shards=shards, covered=of_shards(covered))
 
     # ------------------------------------------------------------------ snapshot bookkeeping
 
@@ -312,7 +255,7 @@ class Searcher:
                 if not d.is_dir():
                     continue
                 for p in d.iterdir():
-                    if p.name.startswith(_TMP_PREFIX) or (name, p.name) in keep:
+                    if p.name.startswith(TMP_PREFIX) or (name, p.name) in keep:
                         continue
                     shutil.rmtree(p, ignore_errors=True)
                     log.info("removed cached %s version %s", name, p.name)

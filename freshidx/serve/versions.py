@@ -12,6 +12,7 @@ from typing import Any
 import tantivy
 
 from freshidx.publish.commit import Pointer
+from freshidx.serve.kill_list import KillList
 
 
 class ServingError(RuntimeError):
@@ -46,12 +47,12 @@ class KillLists:
     would cost a new version set the whole window's ids at every swap (quadratic in the segments, one per
     part); a hit instead asks each list in turn, a few set lookups for the few hits a search takes."""
 
-    lists: tuple[frozenset[str], ...] = ()
+    lists: tuple[KillList, ...] = ()
 
     def __contains__(self, ad_id: object) -> bool:
         return any(ad_id in kill for kill in self.lists)
 
-    def with_list(self, kill: frozenset[str]) -> KillLists:
+    def with_list(self, kill: KillList) -> KillLists:
         return KillLists((*self.lists, kill)) if kill else self
 
 
@@ -63,7 +64,7 @@ class Part:
     position: str
     path: Path
     shards: list[Shard]
-    covered: frozenset[str]  # the kill-list (loaded for the delta only)
+    covered: KillList  # the kill-list (loaded for the delta only)
 
 
 @dataclass

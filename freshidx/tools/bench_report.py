@@ -124,7 +124,8 @@ def mode_summary(samples: list[dict[str, Any]], stage_defs: Stages = STAGES) -> 
 
 #: The parts of ``published → searchable`` (bench_common.Visibility.parts), in order, with their labels.
 SEARCHABLE_PARTS = (("wait_s", "wait for the refresh"), ("pointers_s", "pointers"), ("manifests_s", "manifests"),
-                    ("download_s", "download + sha256"), ("open_s", "tantivy open"), ("kill_list_s", "kill-list"))
+                    ("download_s", "download + sha256"), ("open_s", "tantivy open"),
+                    ("kill_list_s", "kill-list (within the download)"))
 
 
 def _parts_summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
