@@ -9,7 +9,8 @@ incremental over the full index's state, as after every full build), then
 * ``incremental_s``: the median of three measured micro-batches (build_delta's listing + Spark work,
   the usual path; ``incremental_runs_s`` has all three, ``incremental_steps`` the segment task's steps
   of the median one: receiving the batch, reading the state rows, merging, indexing, uploading), and
-* ``rebuild_s``: a window rebuild for the next such partition (``rebuild: true``), for comparison;
+* ``rebuild_s``: a window rebuild for the next such partition (``rebuild: true``), for comparison
+  (``--no-rebuild``: not run, null);
 * ``full_s`` / ``full_state_s``: the full index built from every raw partition (the first one) and, after
   the micro-batches, from state (the serving full version with their segments laid over it, staged only).
 
@@ -58,7 +59,7 @@ def _publish(store: Any, draft: Any) -> None:
 
 
 def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int,
-            segment_shards: int | None = None) -> dict[str, Any]:
+            segment_shards: int | None = None, rebuild: bool = True) -> dict[str, Any]:
     from freshidx.delta.delta_build import DeltaPlan, build_delta
     from freshidx.full.full_build import build_full
     from freshidx.settings import Settings
@@ -110,7 +111,7 @@ def measure(spark: Any, workdir: Path, docs: int, changes: int, seed: int,
     full_state_s = round(time.monotonic() - t, 2)
     if state_full.inputs["build"] != "state":
         raise RuntimeError(f"the full build after the micro-batches was not from state: {state_full.inputs}")
-    reb = micro_batch(6, rebuild=True)
+    reb = micro_batch(6, rebuild=True) if rebuild else {"wall_s": None, "spark_s": None, "docs": None}
     return {"records": records, "full_s": full_s, "full_state_s": full_state_s,
             "incremental_s": inc["wall_s"], "incremental_spark_s": inc["spark_s"],
             "incremental_docs": inc["docs"], "incremental_shards": inc["shards"],
@@ -123,11 +124,13 @@ def table(sizes: dict[str, dict[str, Any]]) -> str:
     rows = ["window docs | incremental s, median of 3 (Spark s, docs indexed, shards) | rebuild s (Spark s, docs) "
             "| ratio"]
     for d, r in sizes.items():
+        inc = (f"{int(d):>11} | {r['incremental_s']:>7.2f} ({r['incremental_spark_s']:.2f}, "
+               f"{r['incremental_docs']}, {r.get('incremental_shards', 1)} shards) | ")
+        if r["rebuild_s"] is None:
+            rows.append(inc + "not run | –")
+            continue
         ratio = r["rebuild_s"] / r["incremental_s"] if r["incremental_s"] else float("nan")
-        rows.append(f"{int(d):>11} | {r['incremental_s']:>7.2f} ({r['incremental_spark_s']:.2f}, "
-                    f"{r['incremental_docs']}, {r.get('incremental_shards', 1)} shards) | "
-                    f"{r['rebuild_s']:>7.2f} ({r['rebuild_spark_s']:.2f}, "
-                    f"{r['rebuild_docs']}) | {ratio:.1f}x")
+        rows.append(inc + f"{r['rebuild_s']:>7.2f} ({r['rebuild_spark_s']:.2f}, {r['rebuild_docs']}) | {ratio:.1f}x")
     rows.append("full index (s): from every raw partition | from state (the full + the segments)")
     for d, r in sizes.items():
         rows.append(f"{int(d):>11} | {r['full_s']:>7.2f} | {r.get('full_state_s', float('nan')):>7.2f}")
@@ -139,7 +142,8 @@ def table(sizes: dict[str, dict[str, Any]]) -> str:
 
 
 def cmd_bench_delta(*, window_docs: int | None, changes: int, remote: str | None, seed: int,
-                    workdir: str | None, keep: bool, as_json: bool, segment_shards: int | None = None) -> int:
+                    workdir: str | None, keep: bool, as_json: bool, segment_shards: int | None = None,
+                    rebuild: bool = True) -> int:
     sizes = (window_docs,) if window_docs else SIZES
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="freshidx-bench-delta-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -147,7 +151,7 @@ def cmd_bench_delta(*, window_docs: int | None, changes: int, remote: str | None
     out: dict[str, dict[str, Any]] = {}
     try:
         for d in sizes:
-            out[str(d)] = measure(spark, root, d, changes, seed, segment_shards)
+            out[str(d)] = measure(spark, root, d, changes, seed, segment_shards, rebuild)
             log(f"D={d}: {json.dumps(out[str(d)])}")
     finally:
         if owned:

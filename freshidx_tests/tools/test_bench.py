@@ -106,3 +106,13 @@ def test_bench_floor_json(tmp_path: Path) -> None:
     assert out["floor_s"] == round(sum(r["floor_s"] for r in out["rounds"]) / 2, 3)  # the median of two
     assert out["ratio"] == round(out["spark_s"] / out["floor_s"], 2)
     assert {"parse_seconds", "state_seconds", "merge_seconds", "index_seconds"} <= set(out["spark_steps"])
+
+
+def test_bench_delta_table_says_when_the_rebuild_was_not_run() -> None:
+    from freshidx.tools.bench_delta import table
+
+    row = {"incremental_s": 2.0, "incremental_spark_s": 1.5, "incremental_docs": 10, "incremental_shards": 2,
+           "rebuild_s": None, "rebuild_spark_s": None, "rebuild_docs": None, "full_s": 9.0, "full_state_s": 3.0}
+    lines = table({"10000000": row, "1000": {**row, "rebuild_s": 8.0, "rebuild_spark_s": 7.0, "rebuild_docs": 99}})
+    assert "   10000000 |    2.00 (1.50, 10, 2 shards) | not run | –" in lines.splitlines()
+    assert "       1000 |    2.00 (1.50, 10, 2 shards) |    8.00 (7.00, 99) | 4.0x" in lines.splitlines()
