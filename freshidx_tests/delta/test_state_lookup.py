@@ -18,7 +18,7 @@ from freshidx.delta.executor import key_index, state_lookup
 from freshidx.delta.executor.decoded_cache import LOAD_THREADS, DecodedCache
 from freshidx.delta.executor.key_index import LAYOUT, MAX_KEY_BYTES, KeyIndex, query_keys, rows_and_hits
 from freshidx.delta.executor.state_lookup import Parts, StateFile, segment_of, select_rows
-from freshidx.delta.executor.warm_state import warm_files
+from freshidx.delta.executor.warm_state import ReadPace, warm_files
 from freshidx.spark.shards import COVERED_ARROW_SCHEMA, COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, conform
 
 
@@ -183,11 +183,11 @@ def test_warmed_files_serve_the_next_lookup_without_reading(tmp_path: Path) -> N
     docs = _docs(tmp_path / DOCS_FILE, rows, row_group=8)
     covered = _covered(tmp_path / COVERED_FILE, [("a30", "deleted"), ("zz", "paused")])
     cache = DecodedCache(1 << 20)
-    # A budget already spent: the key indexes (read together) and no row group; the next call goes on.
+    # A budget already spent: one key index and no row group; the next call goes on.
     assert warm_files([_file(docs, "d", DOCS_FILE), _file(covered, "c", COVERED_FILE)], cache,
-                      deadline=time.monotonic()) == (2, False)
+                      deadline=time.monotonic(), pace=ReadPace()) == (1, False)
     decoded = warm_files([_file(docs, "d", DOCS_FILE), _file(covered, "c", COVERED_FILE)], cache)
-    assert decoded == (5 + 1, True)  # every row group, the key indexes already there
+    assert decoded == (1 + 5 + 1, True)  # the other key index and every row group
     opened: list[str] = []
     batch = pa.table({"ad_id": ["a30"], "product_id": ["p7"]})
     files = [_file(docs, "d", DOCS_FILE, opened), _file(covered, "c", COVERED_FILE, opened)]
@@ -220,17 +220,45 @@ def test_a_warm_up_stops_when_the_cache_is_full_instead_of_churning_it(tmp_path:
                                                               DecodedCache(0)))))
 
 
-def test_a_spent_budget_starts_no_more_key_index_reads_and_the_next_warm_up_goes_on(tmp_path: Path) -> None:
-    """More files than reads at once: past the deadline only the first round of key indexes is read."""
+def test_a_spent_budget_starts_one_read_a_call_and_the_next_warm_up_goes_on(tmp_path: Path) -> None:
+    """Past the deadline a call reads one key index (each call gets somewhere), then one row group a call."""
+    count = 3
+    parquet = [_docs(tmp_path / f"{i}-{DOCS_FILE}", [(f"a{i}", "p")], row_group=8) for i in range(count)]
+    files = [_file(f, f"d{i}", DOCS_FILE) for i, f in enumerate(parquet)]
+    cache, pace = DecodedCache(1 << 20), ReadPace()
+    for _ in range(count):
+        assert warm_files(files, cache, deadline=time.monotonic(), pace=pace) == (1, False)
+    assert pace.seconds_per_row is not None  # learned from the reads
+    assert warm_files(files, cache, deadline=time.monotonic(), pace=pace) == (1, False)  # a row group
+    assert warm_files(files, cache, pace=pace) == (count - 1, True)  # the other row groups (one a file)
+    assert warm_files(files, cache, pace=pace) == (0, True)
+
+
+class _PinnedPace(ReadPace):
+    """A pace that the reads do not change."""
+
+    def __init__(self, seconds_per_row: float) -> None:
+        super().__init__()
+        self.seconds_per_row = seconds_per_row
+
+    def measured(self, rows: int, seconds: float) -> None:
+        pass
+
+
+def test_key_index_reads_start_together_only_while_the_pace_says_they_end_in_time(tmp_path: Path) -> None:
     count = LOAD_THREADS + 3
     parquet = [_docs(tmp_path / f"{i}-{DOCS_FILE}", [(f"a{i}", "p")], row_group=8) for i in range(count)]
     files = [_file(f, f"d{i}", DOCS_FILE) for i, f in enumerate(parquet)]
-    cache = DecodedCache(1 << 20)
-    assert warm_files(files, cache, deadline=time.monotonic()) == (LOAD_THREADS, False)
-    assert warm_files(files, cache, deadline=time.monotonic()) == (3, False)  # the rest of the key indexes
-    assert warm_files(files, cache, deadline=time.monotonic()) == (1, False)  # a call always reads something
-    assert warm_files(files, cache) == (count - 1, True)  # the other row groups (one a file)
-    assert warm_files(files, cache) == (0, True)
+    slow = _PinnedPace(seconds_per_row=3600.0)  # an hour a row: after the first read nothing else fits
+    assert warm_files(files, DecodedCache(1 << 20), deadline=time.monotonic() + 60, pace=slow) == (1, False)
+    fast = ReadPace()
+    fast.measured(rows=1_000_000, seconds=1e-3)
+    # every key index and row group within a minute's budget, in one call
+    assert warm_files(files, DecodedCache(1 << 20), deadline=time.monotonic() + 60, pace=fast) == (2 * count, True)
+    unknown = ReadPace()  # nothing measured yet: the first read alone, the others once it taught the pace
+    decoded, _ = warm_files(files, DecodedCache(1 << 20), deadline=time.monotonic() + 60, pace=unknown)
+    assert decoded >= 1 and unknown.seconds_per_row is not None
+
 
 def _rows(out: pa.Table) -> list[tuple]:
     return sorted(zip(*(out.column(c).to_pylist() for c in ("ad_id", "product_id", "status", "version")),

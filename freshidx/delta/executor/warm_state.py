@@ -7,8 +7,10 @@ stops a Python worker that stayed idle for a minute, taking what it kept. So whi
 waits for a partition it runs this job, one task per worker slot, and each task decodes what the next
 micro-batch will read (:func:`warm_files`):
 the next micro-batch finds its workers alive and its state decoded, and pays only for what it changes.
-A warm-up may be given a budget: its tasks start no read once it is spent (the reads under way finish), so
-a partition that arrives meanwhile waits about that long; the next warm-up goes on where it stopped.
+A warm-up may be given a budget: its tasks start no read that would end after it (the first read of a call
+always starts; after it, a read starts only while what the worker has learned of its reading pace says it
+ends in time), so a partition that arrives meanwhile waits about that long, or one read at most when a
+single state file's key index outlasts the budget; the next warm-up goes on where it stopped.
 """
 
 from __future__ import annotations
@@ -78,17 +80,37 @@ def _task(store_json: str, refs: list[FileRef], cache_bytes: int, budget_s: floa
     return run
 
 
+class ReadPace:
+    """Seconds a key-index read takes per state row, as this worker last measured it (None: not yet)."""
+
+    def __init__(self) -> None:
+        self.seconds_per_row: float | None = None
+
+    def estimate(self, rows: int) -> float | None:
+        return None if self.seconds_per_row is None else rows * self.seconds_per_row
+
+    def measured(self, rows: int, seconds: float) -> None:
+        if rows > 0:
+            self.seconds_per_row = seconds / rows
+
+
+#: The pace of this Python worker (one per process, like its decoded cache).
+WORKER_PACE = ReadPace()
+
+
 class WarmCount(NamedTuple):
     decoded: int  # values decoded (0: everything was warm)
     complete: bool  # False: the deadline came first
 
 
-def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | None = None) -> WarmCount:
+def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | None = None,
+               pace: ReadPace = WORKER_PACE) -> WarmCount:
     """Decode what a micro-batch over ``files`` reads into ``cache``: every file's key index (several read at
     once: each is a few store round trips, mostly waiting), then the row groups, the newest layer first (what
-    the budget cannot hold goes first). No read starts once ``time.monotonic()`` passes ``deadline``; a later
-    call goes on where this one stopped. No row group is decoded that would push another out of ``cache``: a
-    state larger than the cache is warm as far as it holds, and the micro-batch decodes the rest."""
+    the budget cannot hold goes first). No read starts that ``pace`` says would end after ``deadline`` (a
+    ``time.monotonic()``; the call's first read always starts); a later call goes on where this one stopped.
+    No row group is decoded that would push another out of ``cache``: a state larger than the cache is warm as
+    far as it holds, and the micro-batch decodes the rest."""
     reads: list[None] = []  # appended from the pool's threads
 
     def due() -> bool:
@@ -96,22 +118,7 @@ def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | No
 
     newest_first = sorted(files, key=lambda f: -f.layer)
     missing = [f for f in newest_first if not is_cached(f, cache)]
-    todo = iter(missing)
-    started = 0
-    with ThreadPoolExecutor(LOAD_THREADS) as pool:
-        running: set[Future[object]] = set()
-        while True:
-            while len(running) < LOAD_THREADS and (started < LOAD_THREADS or not due()):
-                f = next(todo, None)
-                if f is None:
-                    break
-                running.add(pool.submit(load_key_index, f, cache, lambda: reads.append(None)))
-                started += 1
-            if not running:
-                break
-            done, running = wait(running, return_when=FIRST_COMPLETED)
-            for d in done:
-                d.result()  # a failed read fails the warm-up (the loop logs it; the micro-batch reads itself)
+    started = _warm_key_indexes(missing, cache, deadline, pace, lambda: reads.append(None))
     if started < len(missing):
         return WarmCount(len(reads), False)
     for f in newest_first:
@@ -128,3 +135,37 @@ def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | No
             decoded = load_row_group(f, g, cache, lambda: reads.append(None)).nbytes
     return WarmCount(len(reads), True)
 
+
+def _warm_key_indexes(missing: list[StateFile], cache: DecodedCache, deadline: float | None, pace: ReadPace,
+                      on_read: Callable[[], None]) -> int:
+    """Read the key indexes of ``missing``, several at once, while they fit before ``deadline``; returns how
+    many were started (in order: the rest are for the next call)."""
+    running: dict[Future[object], int] = {}  # a read under way -> its file's rows
+
+    def read(f: StateFile, rows: int) -> None:
+        t0 = time.monotonic()
+        load_key_index(f, cache, on_read)
+        pace.measured(rows, time.monotonic() - t0)
+
+    def fits(rows: int) -> bool:
+        if deadline is None or started == 0:
+            return True
+        # Reads under way share the worker's cores with this one: it ends after their rows and its own.
+        needed = pace.estimate(rows + sum(running.values()))
+        return needed is not None and time.monotonic() + needed <= deadline
+
+    started = 0
+    with ThreadPoolExecutor(LOAD_THREADS) as pool:
+        while True:
+            while len(running) < LOAD_THREADS and started < len(missing):
+                rows = missing[started].parquet().metadata.num_rows
+                if not fits(rows):
+                    break
+                running[pool.submit(read, missing[started], rows)] = rows
+                started += 1
+            if not running:
+                return started
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for d in done:
+                del running[d]
+                d.result()  # a failed read fails the warm-up (the loop logs it; the micro-batch reads itself)
