@@ -121,4 +121,5 @@ def read_kill_list(source: Path | bytes) -> KillList:
     """The kill-list of one ``covered.parquet`` (a path in the cache, or its verified bytes)."""
     # ParquetFile, not read_table: read_table's first call imports pyarrow.dataset
     src = pa.BufferReader(source) if isinstance(source, bytes) else source
-    return kill_list_of(pq.ParquetFile(src).read(columns=["ad_id"]).column(0))
+    # one column of one file, decoded on the calling thread (the fetching threads are already many)
+    return kill_list_of(pq.ParquetFile(src).read(columns=["ad_id"], use_threads=False).column(0))

@@ -68,7 +68,8 @@ def wanted_files(index: str, version: str, manifest: dict[str, Any]) -> list[tup
 def download_version(store: ObjectStore, index: str, version: str, manifest: dict[str, Any], final: Path
                      ) -> Fetched:
     """Download and verify ``version``'s files into ``final`` (created by one rename)."""
-    files = wanted_files(index, version, manifest)
+    # Kill-lists first: their decoding then runs while the index files arrive instead of after the last one.
+    files = sorted(wanted_files(index, version, manifest), key=lambda item: not item[1].endswith("/" + COVERED_FILE))
     tmp = final.parent / f"{TMP_PREFIX}{version}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
