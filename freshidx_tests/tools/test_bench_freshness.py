@@ -119,7 +119,7 @@ def test_published_to_searchable_parts_are_summarized_and_printed() -> None:
     assert summary["searchable_parts"]["kill_list_s"] == {"p50": 0.03, "p95": 0.03, "max": 0.03, "n": 1}
     assert parts_line(summary) == (
         "published → searchable p50 by part (s): wait for the refresh 0.10, pointers 0.00, manifests 0.00, "
-        "download + sha256 0.05, tantivy open 0.01, kill-list 0.03; 3.0 MiB downloaded")
+        "download + sha256 0.05, tantivy open 0.01, kill-list (within the download) 0.03; 3.0 MiB downloaded")
     assert parts_line(bf.mode_summary(samples[1:], bf.CONTINUOUS_STAGES)) is None
 
 
