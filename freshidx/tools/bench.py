@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from freshidx.tools.bench_data import BENCH_SPARK_CONF, bench_session, realistic_queries, synthetic_docs
@@ -170,7 +171,7 @@ def bench_build(
     try:
         df = index_rows(synthetic_docs(spark, docs, seed=seed)).persist(StorageLevel.MEMORY_AND_DISK)
         rows = df.count()  # materialize before any clock starts
-        table = _conform_table(df.toArrow())
+        table = _conform_table(_driver_table(df, workdir))
         per_round: list[dict[str, Any]] = []
         for r in range(warmup + rounds):  # the first `warmup` rounds are not counted
             numbers, indexed = _build_round(df, table, rows, shards, workdir, f"r{r}")
@@ -185,6 +186,16 @@ def bench_build(
         shutil.rmtree(workdir, ignore_errors=True)
         if own:
             spark.stop()
+
+
+def _driver_table(df: Any, workdir: str) -> Any:
+    """The documents as one Arrow table in this process, for the single-process side: written by the executors
+    and read back with pyarrow, not collected through the JVM driver (10M documents do not fit its heap)."""
+    import pyarrow.parquet as pq
+
+    path = os.path.join(workdir, "single-process-input")
+    df.write.parquet(Path(path).as_uri())
+    return pq.read_table(path)
 
 
 def _build_round(df: Any, table: Any, rows: int, shards: int, workdir: str, name: str) -> tuple[dict[str, Any], int]:
