@@ -69,18 +69,24 @@ def test_lease_granted_while_up_and_refused_while_draining(plane: _Plane) -> Non
     assert status is not None and status["status"] == "draining" and status["supervisor_alive"] is True
 
 
+#: Long enough that a renewal every third of it survives a loaded box (at 0.6 s, with the version lanes running
+#: beside the suite, the renewing thread once stalled past the whole TTL), short enough to wait out a few.
+LEASE_TTL_S = 3.0
+
+
 def test_a_lease_not_renewed_expires_and_a_held_one_is_renewed(tmp_path: Path) -> None:
-    p = _Plane(tmp_path, ttl_s=0.6)
+    p = _Plane(tmp_path, ttl_s=LEASE_TTL_S)
     try:
         control = EndpointControl(p.url)
         grant, _ = control.try_lease("abandoned")  # taken, never renewed: its client "died"
-        assert grant is not None and grant.ttl_s == 0.6
+        assert grant is not None and grant.ttl_s == LEASE_TTL_S
         poll_until(lambda: not p.plane.leases(), timeout=60, interval=0.1, what="the abandoned lease to expire")
         assert control.renew(grant) is False  # 410: the client learns it is gone
         with acquire_lease(p.url, "held", timeout_s=30):
             t0 = time.monotonic()
             # several TTLs pass while the block runs: the background renewals keep it
-            poll_until(lambda: time.monotonic() - t0 > 5 * 0.6, timeout=60, interval=0.1, what="five TTLs")
+            poll_until(lambda: time.monotonic() - t0 > 3 * LEASE_TTL_S, timeout=60, interval=0.1,
+                       what="three TTLs")
             assert [d["run_id"] for d in p.plane.leases()] == ["held"]
         assert p.plane.leases() == []
     finally:
