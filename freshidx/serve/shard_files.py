@@ -44,6 +44,11 @@ def shard_dir_name(shard: int | str) -> str:
     return f"shard-{int(shard):05d}"
 
 
+def _is_kill_list(rel: str) -> bool:
+    """Whether a path relative to the version dir (``shard-NNNNN/...``) is a shard's ``covered.parquet``."""
+    return rel.endswith("/" + COVERED_FILE)
+
+
 def wanted_files(index: str, version: str, manifest: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
     """(file entry, path relative to the version dir) of every file serving needs."""
     out: list[tuple[dict[str, Any], str]] = []
@@ -69,7 +74,7 @@ def download_version(store: ObjectStore, index: str, version: str, manifest: dic
                      ) -> Fetched:
     """Download and verify ``version``'s files into ``final`` (created by one rename)."""
     # Kill-lists first: their decoding then runs while the index files arrive instead of after the last one.
-    files = sorted(wanted_files(index, version, manifest), key=lambda item: not item[1].endswith("/" + COVERED_FILE))
+    files = sorted(wanted_files(index, version, manifest), key=lambda item: not _is_kill_list(item[1]))
     tmp = final.parent / f"{TMP_PREFIX}{version}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
@@ -83,7 +88,7 @@ def download_version(store: ObjectStore, index: str, version: str, manifest: dic
             dest = tmp / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
-            if not rel.endswith("/" + COVERED_FILE):
+            if not _is_kill_list(rel):
                 return len(data), rel, None, 0.0
             t0 = time.perf_counter()
             kill = read_kill_list(data)

@@ -140,12 +140,12 @@ def _warm_key_indexes(missing: list[StateFile], cache: DecodedCache, deadline: f
                       on_read: Callable[[], None]) -> int:
     """Read the key indexes of ``missing``, several at once, while they fit before ``deadline``; returns how
     many were started (in order: the rest are for the next call)."""
-    running: dict[Future[object], int] = {}  # a read under way -> its file's rows
+    running: dict[Future[object], int] = {}  # a read under way -> its file's rows (0 when no deadline asks)
 
-    def read(f: StateFile, rows: int) -> None:
+    def read(f: StateFile) -> None:
         t0 = time.monotonic()
         load_key_index(f, cache, on_read)
-        pace.measured(rows, time.monotonic() - t0)
+        pace.measured(f.parquet().metadata.num_rows, time.monotonic() - t0)  # the footer is open by now
 
     def fits(rows: int) -> bool:
         if deadline is None or started == 0:
@@ -158,10 +158,11 @@ def _warm_key_indexes(missing: list[StateFile], cache: DecodedCache, deadline: f
     with ThreadPoolExecutor(LOAD_THREADS) as pool:
         while True:
             while len(running) < LOAD_THREADS and started < len(missing):
-                rows = missing[started].parquet().metadata.num_rows
+                # Without a deadline nothing is estimated: the footers are then opened on the pool's threads.
+                rows = missing[started].parquet().metadata.num_rows if deadline is not None else 0
                 if not fits(rows):
                     break
-                running[pool.submit(read, missing[started], rows)] = rows
+                running[pool.submit(read, missing[started])] = rows
                 started += 1
             if not running:
                 return started
