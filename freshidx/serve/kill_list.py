@@ -10,6 +10,7 @@ holds the lock throughout. Ids of mixed lengths fall back to a ``frozenset``.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,30 +48,31 @@ class SortedIds:
         return f"SortedIds({len(self)} ids of {self._width} bytes)"
 
 
-class ShardKillLists:
-    """The kill-lists of a part's shards, asked in turn (a shard's list is never merged into another's:
-    that would sort the segment's ids once more on the reader's critical path)."""
+@dataclass(frozen=True)
+class KillLists:
+    """Kill-lists kept apart and asked in turn: what hides a part's hits (every newer applied segment's list,
+    :attr:`freshidx.serve.versions.VersionSet.searched`) and one part's shards' lists. A union would cost the
+    reader every id again: at each swap for what hides a part (quadratic in the segments), on its critical
+    path for a part's shards (one more sort of the segment's ids). A hit asks each list in turn, a few
+    lookups for the few hits a search takes."""
 
-    __slots__ = ("lists",)
-
-    def __init__(self, lists: tuple[frozenset[str] | SortedIds, ...]) -> None:
-        self.lists = lists
+    lists: tuple[KillList, ...] = ()
 
     def __contains__(self, ad_id: object) -> bool:
         return any(ad_id in kill for kill in self.lists)
 
     def __bool__(self) -> bool:
-        return any(len(kill) for kill in self.lists)
+        return any(self.lists)
 
     def __iter__(self) -> Iterator[str]:
         for kill in self.lists:
             yield from kill
 
-    def __repr__(self) -> str:
-        return f"ShardKillLists({self.lists!r})"
+    def with_list(self, kill: KillList) -> KillLists:
+        return KillLists((*self.lists, kill)) if kill else self
 
 
-KillList = frozenset[str] | SortedIds | ShardKillLists
+KillList = frozenset[str] | SortedIds | KillLists
 EMPTY: KillList = frozenset()
 
 
@@ -81,8 +83,8 @@ def of_shards(lists: list[KillList]) -> KillList:
         return EMPTY
     if len(kept) == 1:
         return kept[0]
-    flat = tuple(x for k in kept for x in (k.lists if isinstance(k, ShardKillLists) else (k,)))
-    return ShardKillLists(flat)
+    flat = tuple(x for k in kept for x in (k.lists if isinstance(k, KillLists) else (k,)))
+    return KillLists(flat)
 
 
 def kill_list_of(ids: pa.Array | pa.ChunkedArray) -> KillList:

@@ -13,7 +13,8 @@ from typing import Any
 
 import tantivy
 
-from freshidx.serve.versions import Hit, KillLists, Shard, VersionSet
+from freshidx.serve.kill_list import KillLists
+from freshidx.serve.versions import Hit, Shard, VersionSet
 
 #: A shard's first list holds this many times k: the kill-lists and the ties at the k-th score take more than
 #: k hits from a shard often enough that a second, longer search after the first costs more.

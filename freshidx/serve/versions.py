@@ -12,7 +12,7 @@ from typing import Any
 import tantivy
 
 from freshidx.publish.commit import Pointer
-from freshidx.serve.kill_list import KillList
+from freshidx.serve.kill_list import KillList, KillLists
 
 
 class ServingError(RuntimeError):
@@ -39,21 +39,6 @@ class Shard:
     index: tantivy.Index
     searcher: tantivy.Searcher
     doc_count: int
-
-
-@dataclass(frozen=True)
-class KillLists:
-    """What hides a part's hits: the kill-lists of every newer applied segment, kept apart. Their union
-    would cost a new version set the whole window's ids at every swap (quadratic in the segments, one per
-    part); a hit instead asks each list in turn, a few set lookups for the few hits a search takes."""
-
-    lists: tuple[KillList, ...] = ()
-
-    def __contains__(self, ad_id: object) -> bool:
-        return any(ad_id in kill for kill in self.lists)
-
-    def with_list(self, kill: KillList) -> KillLists:
-        return KillLists((*self.lists, kill)) if kill else self
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""What hides a part's hits (freshidx.serve.versions.KillLists): every newer applied segment's kill-list, asked in
+"""What hides a part's hits (freshidx.serve.kill_list.KillLists): every newer applied segment's kill-list, asked in
 turn, never copied into one set at a swap; and one shard's kill-list as a reader holds it
 (freshidx.serve.kill_list)."""
 
@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from freshidx.serve.kill_list import ShardKillLists, SortedIds, kill_list_of, of_shards, read_kill_list
+from freshidx.serve.kill_list import SortedIds, kill_list_of, of_shards, read_kill_list
 from freshidx.serve.versions import KillLists, LoadedVersion, Part, VersionSet
 
 
@@ -88,7 +88,7 @@ def test_a_covered_file_reads_into_its_kill_list(tmp_path: Path) -> None:
 def test_a_parts_shard_lists_are_asked_in_turn_never_merged() -> None:
     a, b = kill_list_of(pa.array(["ad-1", "ad-2"])), kill_list_of(pa.array(["ad-33"]))
     part = of_shards([a, frozenset(), b])
-    assert isinstance(part, ShardKillLists) and part.lists[0] is a and part.lists[1] is b
+    assert isinstance(part, KillLists) and part.lists[0] is a and part.lists[1] is b
     assert "ad-2" in part and "ad-33" in part and "ad-3" not in part and sorted(part) == ["ad-1", "ad-2", "ad-33"]
     assert of_shards([a]) is a and of_shards([frozenset()]) == frozenset() and not of_shards([])
     assert of_shards([part, frozenset({"x"})]).lists == (a, b, frozenset({"x"}))  # type: ignore[union-attr]
