@@ -71,11 +71,14 @@ class PipelineSettings(BaseModel):
     delta_state_cache_mb: int = Field(
         1024, ge=0, le=65536,
         description="per Python worker: MiB of decoded state files (immutable) kept for the next micro-batches "
-        "(reused workers: a continuous run decodes only new segments); 0 = off")
+        "(reused workers: a continuous run decodes only new segments); state read from the local copies "
+        "(delta_state_disk_cache_mb) is mapped, not decoded, and takes almost none of it; 0 = off")
     delta_state_disk_cache_mb: int = Field(
         4096, ge=0, le=1048576,
-        description="per executor machine (an S3 store): MiB of state files (immutable) copied to its local disk "
-        "(TMPDIR) for its Python workers, so a new worker (after a killed task, a takeover) decodes from disk; 0 = off")
+        description="per executor machine: MiB of state files (immutable) and their key indexes kept on its local "
+        "disk (TMPDIR) as uncompressed Arrow that its Python workers memory-map: a micro-batch takes its state rows "
+        "from the page cache without decoding, and a new worker (after a killed task, a takeover) starts warm; "
+        "0 = off (each worker decodes the stored Parquet and keeps it within delta_state_cache_mb)")
     delta_max_segments: int = Field(
         24, ge=1, le=1000,
         description="segments one delta version may hold before a micro-batch rebuilds the window instead")

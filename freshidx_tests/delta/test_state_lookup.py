@@ -14,19 +14,20 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from freshidx.delta.executor import key_index, state_lookup
+from freshidx.delta.executor import file_cache, key_index, state_lookup
 from freshidx.delta.executor.decoded_cache import LOAD_THREADS, DecodedCache
 from freshidx.delta.executor.key_index import LAYOUT, MAX_KEY_BYTES, KeyIndex, query_keys, rows_and_hits
-from freshidx.delta.executor.state_lookup import Parts, StateFile, segment_of, select_rows
+from freshidx.delta.executor.state_files import MappedState, ParquetState, StateFile, StateReader
+from freshidx.delta.executor.state_lookup import Parts, segment_of, select_rows
 from freshidx.delta.executor.warm_state import ReadPace, warm_files
 from freshidx.spark.shards import COVERED_ARROW_SCHEMA, COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, conform
 
 
 def _file(f: pq.ParquetFile, name: str, kind: str, opened: list[str] | None = None) -> StateFile:
-    def opener() -> pq.ParquetFile:
+    def opener() -> StateReader:
         if opened is not None:
             opened.append(name)
-        return f
+        return ParquetState(f)
 
     return StateFile(name, kind, opener)
 
@@ -324,20 +325,26 @@ def test_key_index_lookups() -> None:
     assert rows.tolist() == [1, 2, 3] and hits.tolist() == [k in (b"a", "é".encode(), b"d") for k in asked.tolist()]
 
 
-def _layer(tmp: Path, name: str, rows: pa.Table, layer: int, over_full: bool) -> list[StateFile]:
+def _layer(tmp: Path, name: str, rows: pa.Table, layer: int, over_full: bool, mapped: bool) -> list[StateFile]:
     """A published piece of state as the shard writer leaves it: the active rows whole (docs), every row's
-    key columns (covered, the kill-list)."""
+    key columns (covered, the kill-list); read from Parquet or from mapped copies (``file_cache``)."""
     docs = rows.filter(pc.equal(rows.column("status"), "active"))
     pq.write_table(docs.cast(DOCS_ARROW_SCHEMA), tmp / f"{name}-docs.parquet", row_group_size=7)
     pq.write_table(rows.select(COVERED_ARROW_SCHEMA.names).cast(COVERED_ARROW_SCHEMA),
                    tmp / f"{name}-covered.parquet", row_group_size=7)
-    return [StateFile(f"{name}/{kind}", kind, lambda p=tmp / f"{name}-{stem}.parquet": pq.ParquetFile(p),
-                      layer, over_full)
-            for kind, stem in ((DOCS_FILE, "docs"), (COVERED_FILE, "covered"))]
+    files = []
+    for kind, stem in ((DOCS_FILE, "docs"), (COVERED_FILE, "covered")):
+        path, copy = tmp / f"{name}-{stem}.parquet", tmp / f"{name}-{stem}.arrow"
+        if mapped:
+            file_cache.write_mapped(path, copy)
+        opener = (lambda p=copy: MappedState(p)) if mapped else (lambda p=path: ParquetState(pq.ParquetFile(p)))
+        files.append(StateFile(f"{name}/{kind}", kind, opener, layer, over_full))
+    return files
 
 
+@pytest.mark.parametrize("mapped", [False, True], ids=["parquet", "mapped"])
 @pytest.mark.parametrize("seed", range(5))
-def test_newest_layer_answers_as_every_row(tmp_path: Path, seed: int) -> None:
+def test_newest_layer_answers_as_every_row(tmp_path: Path, seed: int, mapped: bool) -> None:
     """Each needed ad's row from the newest segment holding it (and from the full version unless that
     segment was built over it) gives the micro-batch's merge the same rows as every row of every piece of
     state: over micro-batches of updates, deletes, pauses, products moving and versions out of order,
@@ -370,7 +377,7 @@ def test_newest_layer_answers_as_every_row(tmp_path: Path, seed: int) -> None:
             full, full_id = latest_per_ad(seen), 1
         batch = latest_per_ad(records(rng.randint(1, 8), step + 3))
         seen = pa.concat_tables([seen, batch])
-        newest, every = (_state(tmp_path / f"{step}-{layered}", batch, full, full_id, segments, layered)
+        newest, every = (_state(tmp_path / f"{step}-{layered}", batch, full, full_id, segments, layered, mapped)
                          for layered in (True, False))
         merged = segment_merge.segment_rows(batch, newest)
         assert _all_rows(merged) == _all_rows(segment_merge.segment_rows(batch, every))
@@ -380,7 +387,7 @@ def test_newest_layer_answers_as_every_row(tmp_path: Path, seed: int) -> None:
         by_part = []
         for p in range(2):
             owned = Parts(2, frozenset({p}))
-            state = _state(tmp_path / f"{step}-part{p}", batch, full, full_id, segments, True, owned)
+            state = _state(tmp_path / f"{step}-part{p}", batch, full, full_id, segments, True, mapped, owned)
             by_part.append(_all_rows(segment_of(batch, state, owned)))
         assert sorted(by_part[0] + by_part[1], key=repr) == _all_rows(segment_of(batch, newest))
         assert not {r[0] for r in by_part[0]} & {r[0] for r in by_part[1]}  # an ad in one part only ...
@@ -391,13 +398,13 @@ def test_newest_layer_answers_as_every_row(tmp_path: Path, seed: int) -> None:
 
 
 def _state(tmp: Path, batch: pa.Table, full: pa.Table, full_id: int, segments: list[tuple[pa.Table, int]],
-           layered: bool, parts: Parts | None = None) -> pa.Table:
+           layered: bool, mapped: bool, parts: Parts | None = None) -> pa.Table:
     """The rows select_rows reads for ``batch``: with the layers (each segment's own, over the full version
     when built on ``full_id``), or every piece of state as one layer (every row of every file)."""
     tmp.mkdir()
-    files = _layer(tmp, "full", full, 0, False)
+    files = _layer(tmp, "full", full, 0, False, mapped)
     for n, (rows, base) in enumerate(segments, start=1):
-        files += _layer(tmp, f"seg{n}", rows, n if layered else 0, layered and base == full_id)
+        files += _layer(tmp, f"seg{n}", rows, n if layered else 0, layered and base == full_id, mapped)
     return pa.Table.from_batches(list(select_rows(batch, files, DecodedCache(0), parts)), DOCS_ARROW_SCHEMA)
 
 

@@ -76,13 +76,28 @@ class DecodedCache:
         the others."""
         items = self._lasting if lasting else self._items
         with self._lock:
-            missing = [i for i, (key, _) in enumerate(loads) if key not in items]
+            # Held for this call: a value loaded below may push out one found here (values that outweigh the
+            # budget, used in the same order each time, would otherwise each push out the next one needed).
+            found: dict[int, T] = {}
+            for i, (key, _) in enumerate(loads):
+                if key in items:
+                    items.move_to_end(key)
+                    found[i] = items[key][0]  # type: ignore[assignment]
+        missing = [i for i in range(len(loads)) if i not in found]
         loaded: dict[int, T] = {}
         if len(missing) > 1:
             with ThreadPoolExecutor(min(LOAD_THREADS, len(missing))) as pool:
                 loaded = dict(zip(missing, pool.map(lambda i: loads[i][1](), missing), strict=True))
-        return [self.get(key, (lambda i=i: loaded[i]) if i in loaded else load, size, lasting=lasting)
+        return [found[i] if i in found else
+                self.get(key, (lambda i=i: loaded[i]) if i in loaded else load, size, lasting=lasting)
                 for i, (key, load) in enumerate(loads)]
+
+    def retain(self, keep: Callable[[Hashable], bool]) -> None:
+        """Drop every value whose key ``keep`` refuses."""
+        with self._lock:
+            for items in (self._items, self._lasting):
+                for key in [k for k in items if not keep(k)]:
+                    self._bytes -= items.pop(key)[1]
 
     def _evict(self) -> None:
         for items in (self._items, self._lasting):

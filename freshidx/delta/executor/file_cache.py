@@ -1,14 +1,15 @@
-"""Immutable state files copied to the executor's local disk, shared by its Python workers
-(docs/architecture.md#state-as-built).
+"""Immutable state files kept on the executor's local disk as uncompressed Arrow IPC, shared by its Python
+workers through memory maps (docs/architecture.md#state-as-built).
 
-A Python worker keeps what it decoded (:mod:`freshidx.delta.executor.decoded_cache`), but a new worker
-starts empty: after a killed task (a killed run's micro-batch takes its workers with it), after Spark
-stopped an idle one, on a standby's takeover. Reading the state again through the object store costs
-one round trip per column chunk and row group, each one a chance of a slow or failed answer. A state
-file never changes once written (every key carries its index version and task attempt), so the first
-worker on a machine that needs it downloads it whole, once, and every later worker opens the local
-copy: a new worker decodes from disk. Bounded by bytes (the least recently opened copies go first);
-a copy appears only complete (written aside, checked, then renamed into place).
+A micro-batch takes its state rows from every row group of the full version's state files (the rows it needs
+are spread over all of them). Decoding those row groups from Parquet on every micro-batch cost the window;
+keeping them decoded in each worker cost a worker's memory the size of the window. A state file never changes
+once written (every key carries its index version and task attempt), so the first worker on a machine that
+needs it downloads it once and writes it out decoded, uncompressed, one record batch per Parquet row group:
+every worker then maps it, and a lookup is a ``take`` from the page cache
+(:class:`freshidx.delta.executor.state_files.MappedState`). A new worker (after a killed task, a takeover)
+starts warm. Bounded by bytes (the least recently opened copies go first); a copy appears only complete
+(written aside, checked, then renamed into place).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -30,6 +31,8 @@ import pyarrow.parquet as pq
 ABANDONED_SECONDS = 3600
 #: The directory under the executor's temporary directory (``TMPDIR``) that holds the copies.
 DIR_NAME = "freshidx-state-files"
+#: The copies' file name suffix (copies of another form, left by an older freshidx, age out by the budget).
+SUFFIX = ".arrow"
 
 
 def cache_dir() -> Path:
@@ -37,38 +40,59 @@ def cache_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"{DIR_NAME}-{os.getuid()}"
 
 
-def open_parquet(fs: Any, path: str, name: str, disk_bytes: int) -> pq.ParquetFile:
-    """The immutable file ``path`` of ``fs`` (named ``name``), through its local copy when ``disk_bytes`` allows
-    one; from the store when not, or should the copy fail (a full disk costs the store reads, nothing else)."""
-    if disk_bytes > 0:
-        try:
-            return pq.ParquetFile(str(local_copy(name, lambda: fs.open_input_stream(path), disk_bytes)))
-        except (OSError, pa.ArrowException):
-            pass
-    return pq.ParquetFile(fs.open_input_file(path))
+def copy_path(name: str, root: Path | None = None) -> Path:
+    """Where the copy of the immutable file ``name`` (its store path) lives."""
+    return (root or cache_dir()) / f"{hashlib.sha256(name.encode()).hexdigest()}{SUFFIX}"
+
+
+def existing_copy(name: str, root: Path | None = None) -> Path | None:
+    path = copy_path(name, root)
+    return path if path.exists() else None
 
 
 def local_copy(name: str, open_remote: Callable[[], BinaryIO], max_bytes: int, root: Path | None = None) -> Path:
-    """The local copy of the immutable file ``name`` (its store path), downloaded with ``open_remote()``
-    when missing; the copies beyond ``max_bytes`` are then deleted, least recently opened first."""
+    """The local mapped copy of the immutable Parquet file ``name``, downloaded with ``open_remote()`` and
+    written out as Arrow when missing; the copies beyond ``max_bytes`` are then deleted, least recently opened
+    first."""
     root = root or cache_dir()
-    path = root / hashlib.sha256(name.encode()).hexdigest()
+    path = copy_path(name, root)
     try:
         os.utime(path)  # opened now: the last to go
         return path
     except FileNotFoundError:
         pass
     root.mkdir(parents=True, exist_ok=True)
-    part = root / f".{path.name}.{uuid.uuid4().hex}.part"  # two workers may fetch the same file: both complete
+    part = f".{path.name}.{uuid.uuid4().hex}"  # two workers may fetch the same file: both complete
+    download, written = root / f"{part}.parquet.part", root / f"{part}.part"
     try:
-        with open_remote() as src, open(part, "wb") as dst:
+        with open_remote() as src, open(download, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-        pq.ParquetFile(part).close()  # a cut-off download has no footer: never renamed into place
-        os.replace(part, path)
+        write_mapped(download, written)  # a cut-off download has no footer: it fails here, never renamed
+        os.replace(written, path)
     finally:
-        part.unlink(missing_ok=True)
+        download.unlink(missing_ok=True)
+        written.unlink(missing_ok=True)
     evict(root, max_bytes, keep=path)
     return path
+
+
+def write_mapped(parquet: Path, out: Path) -> None:
+    """``parquet`` as uncompressed Arrow IPC at ``out``, one record batch per row group (so rows and row groups
+    are numbered alike), checked by reading its footer back."""
+    source = pq.ParquetFile(parquet)
+    try:
+        groups = source.metadata.num_row_groups
+        with pa.OSFile(str(out), "wb") as sink, pa.ipc.new_file(sink, source.schema_arrow) as writer:
+            for g in range(groups):
+                # One batch: a Parquet row group may come back in several chunks.
+                writer.write_batch(source.read_row_group(g, use_threads=False).combine_chunks().to_batches()[0]
+                                   if source.metadata.row_group(g).num_rows else
+                                   pa.RecordBatch.from_pylist([], source.schema_arrow))
+    finally:
+        source.close()
+    with pa.memory_map(str(out)) as mapped:
+        if pa.ipc.open_file(mapped).num_record_batches != groups:
+            raise pa.ArrowInvalid(f"{out}: written short")
 
 
 def evict(root: Path, max_bytes: int, keep: Path) -> None:

@@ -41,7 +41,7 @@ MAX_KEY_BYTES = 64
 #: client process brings its own copy of the class, while a reused worker keeps the instances earlier
 #: clients built: an instance is used through its own methods (never checked with ``isinstance``), and
 #: only under the same layout.
-LAYOUT = 4
+LAYOUT = 5
 
 
 def as_keys(values: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
@@ -265,6 +265,7 @@ class KeyIndex:
     ad_buckets: np.ndarray | None = None  # directory(ad_hashes)
     product_buckets: np.ndarray | None = None  # directory(product_hashes)
     products_unique: bool = False  # no product hash repeats
+    mapped: bool = False  # the arrays are mapped from a file (key_index_file): the page cache holds them
 
     @classmethod
     def build(cls, keys: pa.Table, row_group_sizes: Sequence[int]) -> KeyIndex | None:

@@ -34,7 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
-from freshidx.delta.executor.state_lookup import FileRef, Parts, StateLayer, merged_rows, state_file_refs
+from freshidx.delta.executor.state_files import FileRef
+from freshidx.delta.executor.state_lookup import Parts, StateLayer, merged_rows, state_file_refs
 from freshidx.record_rules import list_fingerprint
 from freshidx.spark import transform
 from freshidx.spark.index_build import BuildResult

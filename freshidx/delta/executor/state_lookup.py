@@ -31,16 +31,14 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from freshidx.delta import segment_merge
-from freshidx.delta.executor import file_cache, segment_parts
+from freshidx.delta.executor import key_index_file, segment_parts
 from freshidx.delta.executor.decoded_cache import DecodedCache, resolve_worker_cache
 from freshidx.delta.executor.key_index import (
     LAYOUT,
@@ -50,6 +48,7 @@ from freshidx.delta.executor.key_index import (
     query_keys,
     rows_and_hits,
 )
+from freshidx.delta.executor.state_files import FileRef, StateFile, StateReader, open_state_files
 from freshidx.raw_record import ACTIVE
 from freshidx.record_rules import latest_per_ad
 from freshidx.spark.index_shards import REPLACE_COLUMN, version_files, widen
@@ -74,10 +73,6 @@ class StateLayer:
     over_full: bool = False
 
 
-#: A state file as a task receives it: (store key, kind, layer, over_full).
-FileRef = tuple[str, str, int, bool]
-
-
 def state_file_refs(layers: Sequence[StateLayer]) -> list[FileRef]:
     """Every ``docs`` and ``covered`` file of ``layers`` (the full version's, then the kept segments')."""
     return [(k, kind, n, layer.over_full) for n, layer in enumerate(layers)
@@ -98,6 +93,7 @@ def merged_rows(config: StoreConfig, files: list[FileRef], cache_bytes: int, rec
         return records.slice(0, 0).append_column(REPLACE_COLUMN, pa.array([], pa.bool_()))
     cache = resolve_worker_cache(cache_bytes)
     state_files = open_state_files(config, files, disk_bytes)
+    forget_other_state(cache, state_files)
     distrusted: list[pa.Array] = []
     try:
         state = pa.Table.from_batches(list(select_rows(batch, state_files, cache, owned, distrusted)),
@@ -123,14 +119,12 @@ def segment_of(batch: pa.Table, state: pa.Table, owned: Parts | None = None,
     return rows if owned is None else rows.filter(pa.array(owned.owns_rows(rows, batch)))
 
 
-def open_state_files(config: StoreConfig, files: list[FileRef], disk_bytes: int = 0) -> list[StateFile]:
-    """``files`` as :class:`StateFile`, named by endpoint and path (two S3 servers may hold a bucket of the same
-    name), opened on first use (with ``disk_bytes``, from a local copy: ``file_cache``; the caller closes them)."""
-    fs, copies = config.arrow_fs(), disk_bytes if config.is_s3 else 0
-    paths = [(config.arrow_path(k), kind, layer, over) for k, kind, layer, over in files]
-    return [StateFile(name := f"{config.endpoint_url or ''}|{path}", kind,
-                      partial(file_cache.open_parquet, fs, path, name, copies), layer, over)
-            for path, kind, layer, over in paths]
+def forget_other_state(cache: DecodedCache, files: Sequence[StateFile]) -> None:
+    """Drop from ``cache`` what it keeps of files other than ``files`` (the whole state a micro-batch or a
+    warm-up reads): superseded full versions and compacted segments are never read again, and a mapped one
+    would hold its deleted file's disk space."""
+    names = {f.name for f in files}
+    cache.retain(lambda key: isinstance(key, tuple) and key[0] in names)
 
 
 def _key_index_key(f: StateFile) -> tuple[str, str, int]:
@@ -143,7 +137,7 @@ def load_key_index(f: StateFile, cache: DecodedCache, on_read: Callable[[], None
     def read() -> KeyIndex | KeyColumns:
         if on_read is not None:
             on_read()
-        return _read_keys(f.parquet())
+        return _read_keys(f.reader())
     return cache.get(_key_index_key(f), read, _weight, lasting=True)
 
 
@@ -157,7 +151,9 @@ def load_row_group(f: StateFile, group: int, cache: DecodedCache, on_read: Calla
     def read() -> pa.Table:
         if on_read is not None:
             on_read()
-        return f.parquet().read_row_group(group)
+        return f.reader().read_row_group(group)
+    if (f.name, group) not in cache and f.reader().mapped:  # nothing to decode: from the page cache, never kept
+        return f.reader().read_row_group(group)
     return cache.get((f.name, group), read, lambda v: v.nbytes)
 
 
@@ -204,65 +200,43 @@ class Parts:
         return np.isin(part, list(self.mine))
 
 
-@dataclass
-class StateFile:
-    """One state file: ``name`` (its store path: state files are immutable, so the name is a cache key),
-    ``kind`` (``docs.parquet`` or ``covered.parquet``) and how to open it (on first use only).
-
-    ``layer``: 0 for the full version's files, 1, 2, ... for the kept segments' (oldest first).
-    ``over_full``: the segment was built over the serving full version.
-
-    Why layers: every segment's row for an ad is the latest that its micro-batch knew, over the full
-    version and every segment before it (:func:`freshidx.delta.segment_merge.segment_rows` never lets a row
-    beat a higher known one, and segments are published in build order: a micro-batch that lost its
-    base is rebuilt, or rebased only onto a compaction of the very segments it read). So a newer
-    segment's row for an ad is at least any older segment's, and at least the full version's when it
-    was built over it. A full version published after a segment may know more (late partitions), so
-    for such a segment the full's row is read too. Kept segments re-emit every ad of the products they
-    touched, so without layers the rows read grew with the segments kept (~2.5 rows per needed ad at
-    1M documents and five segments).
-    """
-
-    name: str
-    kind: str
-    opener: Callable[[], pq.ParquetFile]
-    layer: int = 0
-    over_full: bool = False
-    _file: pq.ParquetFile | None = None
-
-    @property
-    def trusted(self) -> bool:
-        """What the readers serve from this file's layer agrees with what it says: the full version, or
-        a segment built over it (``segment_merge.segment_update`` keeps older documents only there)."""
-        return self.layer == 0 or self.over_full
-
-    def parquet(self) -> pq.ParquetFile:
-        if self._file is None:
-            self._file = self.opener()
-        return self._file
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
 #: A file's keys as :func:`_read_keys` returns them when its ids cannot be indexed: (key columns, row group sizes).
 KeyColumns = tuple[pa.Table, list[int]]
 
 
-def _read_keys(f: pq.ParquetFile) -> KeyIndex | KeyColumns:
+def _read_keys(f: StateReader) -> KeyIndex | KeyColumns:
     """The file's key index, or (for ids the index cannot hold) its key columns (a covered file, the
-    kill-list, has no product) and, either way, the row group sizes."""
-    keys = f.read(columns=[c for c in KEY_COLUMNS if c in f.schema_arrow.names])
-    sizes = [f.metadata.row_group(g).num_rows for g in range(f.metadata.num_row_groups)]
-    return KeyIndex.build(keys, sizes) or (keys, sizes)
+    kill-list, has no product) and, either way, the row group sizes. A mapped file's index is built once per
+    machine and mapped from local disk (``key_index_file``)."""
+    if f.key_file is not None:
+        try:
+            return key_index_file.load(f.key_file)
+        except (OSError, ValueError):
+            pass  # not built yet (or cut short): built below
+    keys = f.read_columns([c for c in KEY_COLUMNS if c in f.column_names])
+    sizes = f.row_group_sizes
+    index = KeyIndex.build(keys, sizes)
+    if index is None:
+        return keys, sizes
+    if f.key_file is not None:
+        try:
+            key_index_file.save(index, f.key_file)
+            return key_index_file.load(f.key_file)  # what this worker keeps is then only mapped
+        except (OSError, ValueError):
+            pass  # a full disk: kept decoded
+    return index
+
+
+#: What a mapped key index weighs in a worker's cache: its pages belong to the page cache, not the worker.
+MAPPED_WEIGHT = 1 << 16
 
 
 # Below, "isinstance(info, tuple)" tells the key columns from an index, never isinstance(info, KeyIndex):
 # a cached index may have been built by another client's copy of the class (LAYOUT).
 def _weight(keys: KeyIndex | KeyColumns) -> int:
-    return keys[0].nbytes if isinstance(keys, tuple) else keys.nbytes
+    if isinstance(keys, tuple):
+        return keys[0].nbytes
+    return MAPPED_WEIGHT if keys.mapped else keys.nbytes
 
 
 @dataclass
@@ -307,7 +281,7 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
     segments not built over the serving full version (:meth:`StateFile.trusted`)."""
     batch_ads = _Ids([pc.unique(keys.column("ad_id").combine_chunks())])
     # Pass 1: key columns only.
-    key_info = cache.get_many([(_key_index_key(f), lambda f=f: _read_keys(f.parquet())) for f in files],
+    key_info = cache.get_many([(_key_index_key(f), lambda f=f: _read_keys(f.reader())) for f in files],
                               _weight, lasting=True)
     # The batch's products and the products its ads were in ...
     strings: list[pa.Array] = [keys.column("product_id").combine_chunks().drop_null()]
@@ -390,7 +364,7 @@ def _read_rows(f: StateFile, rows: np.ndarray, sizes: Sequence[int], cache: Deco
         lo, hi = np.searchsorted(rows, [bounds[g], bounds[g] + n], "left")
         if lo == hi:
             continue
-        group = cache.get((f.name, g), lambda f=f, g=g: f.parquet().read_row_group(g), lambda v: v.nbytes)
+        group = load_row_group(f, g, cache)
         picked = group.take(pa.array(rows[lo:hi] - bounds[g]))
         if f.kind != DOCS_FILE:  # the kill-list's active ads are whole records in docs.parquet
             picked = picked.filter(pc.not_equal(picked.column("status"), ACTIVE))

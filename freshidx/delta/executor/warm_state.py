@@ -25,14 +25,13 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from freshidx.delta.executor.decoded_cache import LOAD_THREADS, DecodedCache, resolve_worker_cache
+from freshidx.delta.executor.state_files import FileRef, StateFile, open_state_files
 from freshidx.delta.executor.state_lookup import (
-    FileRef,
-    StateFile,
     StateLayer,
+    forget_other_state,
     is_cached,
     load_key_index,
     load_row_group,
-    open_state_files,
     state_file_refs,
 )
 from freshidx.spark.raw_source import store_from_json, store_to_json
@@ -68,8 +67,11 @@ def _task(store_json: str, refs: list[FileRef], cache_bytes: int, budget_s: floa
         deadline = None if budget_s is None else time.monotonic() + budget_s  # the worker's own clock
         task = [int(v) for b in batches for v in b.column(0).to_pylist()]
         files = open_state_files(store_from_json(store_json), refs, disk_bytes) if refs else []
+        cache = resolve_worker_cache(cache_bytes)
+        if files:
+            forget_other_state(cache, files)
         try:
-            count = warm_files(files, resolve_worker_cache(cache_bytes), deadline)
+            count = warm_files(files, cache, deadline)
         finally:
             for f in files:
                 f.close()
@@ -122,13 +124,15 @@ def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | No
     if started < len(missing):
         return WarmCount(len(reads), False)
     for f in newest_first:
-        meta = f.parquet().metadata
+        reader = f.reader()
+        if reader.mapped:  # its rows are taken from the page cache: nothing to decode
+            continue
         decoded = 0  # what this file's last row group weighed decoded (Parquet's own sizes are encoded ones)
-        for g in range(meta.num_row_groups):
+        for g in range(len(reader.row_group_sizes)):
             if due() and reads:  # each call reads something, so a short budget still gets there
                 return WarmCount(len(reads), False)
             if not is_cached(f, cache, g) and \
-                    cache.nbytes + max(decoded, meta.row_group(g).total_byte_size) > cache.max_bytes:
+                    cache.nbytes + max(decoded, reader.row_group_bytes(g)) > cache.max_bytes:
                 # Full: decoding more would only push out what is warm (a window larger than the cache, churned
                 # on every idle tick, delays the micro-batch that arrives meanwhile). Done as far as it holds.
                 return WarmCount(len(reads), True)
@@ -145,7 +149,7 @@ def _warm_key_indexes(missing: list[StateFile], cache: DecodedCache, deadline: f
     def read(f: StateFile) -> None:
         t0 = time.monotonic()
         load_key_index(f, cache, on_read)
-        pace.measured(f.parquet().metadata.num_rows, time.monotonic() - t0)  # the footer is open by now
+        pace.measured(f.reader().num_rows, time.monotonic() - t0)  # open by now
 
     def fits(rows: int) -> bool:
         if deadline is None or started == 0:
@@ -158,8 +162,9 @@ def _warm_key_indexes(missing: list[StateFile], cache: DecodedCache, deadline: f
     with ThreadPoolExecutor(LOAD_THREADS) as pool:
         while True:
             while len(running) < LOAD_THREADS and started < len(missing):
-                # Without a deadline nothing is estimated: the footers are then opened on the pool's threads.
-                rows = missing[started].parquet().metadata.num_rows if deadline is not None else 0
+                # Without a deadline nothing is estimated: the files are then opened on the pool's threads (opening
+                # may copy one: StateFile.num_rows counts without it).
+                rows = missing[started].num_rows() if deadline is not None else 0
                 if not fits(rows):
                     break
                 running[pool.submit(read, missing[started])] = rows

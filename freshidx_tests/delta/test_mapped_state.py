@@ -1,0 +1,123 @@
+"""State read from mapped local copies (freshidx.delta.executor.state_files, key_index_file): a key index built
+once per machine and mapped by every worker, answering as the decoded one; a worker keeps nothing of the
+window; superseded files are forgotten; a lookup over values that outweigh the cache rebuilds none of those
+it found."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from freshidx.delta.executor import file_cache, key_index_file, state_lookup
+from freshidx.delta.executor.decoded_cache import DecodedCache
+from freshidx.delta.executor.key_index import KeyIndex, query_keys
+from freshidx.delta.executor.state_files import MappedState, ParquetState, StateFile
+from freshidx.delta.executor.state_lookup import select_rows
+from freshidx.spark.shards import DOCS_ARROW_SCHEMA, DOCS_FILE, conform
+
+
+def _docs(path: Path, ads: int, products: int) -> Path:
+    n = ads
+    table = pa.table({
+        "ad_id": [f"ad-{i}" for i in range(n)], "campaign_id": ["c"] * n,
+        "product_id": [f"p{i % products}" if i % 11 else None for i in range(n)],
+        "title": [f"title {i}" for i in range(n)], "keywords": [["k", str(i)] for i in range(n)], "bid": [1.0] * n,
+        "status": ["active"] * n, "updated_at": pa.array([0] * n, pa.timestamp("us", "UTC")), "version": [1] * n,
+    })
+    pq.write_table(pa.Table.from_batches([conform(b, DOCS_ARROW_SCHEMA) for b in table.to_batches()]), path,
+                   row_group_size=64)
+    return path
+
+
+def _mapped(parquet: Path) -> Path:
+    copy = parquet.with_suffix(".arrow")
+    file_cache.write_mapped(parquet, copy)
+    return copy
+
+
+def test_a_saved_key_index_loads_mapped_and_answers_as_built(tmp_path: Path) -> None:
+    parquet = _docs(tmp_path / DOCS_FILE, 500, 37)
+    built = KeyIndex.build(pq.read_table(parquet, columns=["ad_id", "product_id"]), [64] * 7 + [52])
+    assert built is not None
+    path = tmp_path / "index.keys"
+    key_index_file.save(built, path)
+    loaded = key_index_file.load(path)
+    assert loaded.mapped and not built.mapped
+    assert list(loaded.row_group_sizes) == list(built.row_group_sizes)
+    assert (loaded.ads_unique, loaded.products_unique) == (built.ads_unique, built.products_unique)
+    ads = query_keys(pa.array(["ad-3", "ad-499", "ad-77", "nope"]))
+    products = query_keys(pa.array(["p0", "p36", "p99"]))
+    assert loaded.rows_of_ads(ads).tolist() == built.rows_of_ads(ads).tolist() == [3, 77, 499]
+    assert loaded.rows_of_products(products).tolist() == built.rows_of_products(products).tolist()
+    rows = np.array([0, 5, 11, 499])
+    assert loaded.products_of_rows(rows).tolist() == built.products_of_rows(rows).tolist()
+    assert loaded.ads_of_rows(rows).tolist() == built.ads_of_rows(rows).tolist()
+
+
+def test_a_cut_short_key_file_is_refused(tmp_path: Path) -> None:
+    built = KeyIndex.build(pa.table({"ad_id": [f"a{i}" for i in range(100)]}), [100])
+    assert built is not None
+    path = tmp_path / "index.keys"
+    key_index_file.save(built, path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ValueError):
+        key_index_file.load(path)
+    path.write_bytes(b"something else entirely")
+    with pytest.raises(ValueError):
+        key_index_file.load(path)
+
+
+def test_the_first_lookup_writes_the_key_file_and_the_next_worker_maps_it(tmp_path: Path) -> None:
+    parquet = _docs(tmp_path / DOCS_FILE, 400, 23)
+    copy = _mapped(parquet)
+    batch = pa.table({"ad_id": ["ad-5", "ad-390"], "product_id": ["p3", "p1"]})
+
+    def lookup(cache: DecodedCache, mapped: bool) -> list[tuple]:
+        opener = (lambda: MappedState(copy)) if mapped else (lambda: ParquetState(pq.ParquetFile(parquet)))
+        got = pa.Table.from_batches(list(select_rows(batch, [StateFile("d", DOCS_FILE, opener)], cache)),
+                                    DOCS_ARROW_SCHEMA)
+        return sorted(tuple(r.values()) for r in got.to_pylist())
+
+    first = DecodedCache(1 << 30)
+    assert lookup(first, True) == lookup(DecodedCache(0), False)
+    key_file = key_index_file.key_file(copy)
+    assert key_file.exists()
+    built_at = key_file.stat().st_mtime_ns
+    second = DecodedCache(1 << 30)  # another worker: maps the file, builds nothing
+    assert lookup(second, True) == lookup(DecodedCache(0), False)
+    assert key_file.stat().st_mtime_ns >= built_at
+    # What the workers keep of the window: the mapped index's nominal weight, no row group.
+    assert first.nbytes == second.nbytes == state_lookup.MAPPED_WEIGHT
+
+
+def test_state_no_longer_read_is_forgotten(tmp_path: Path) -> None:
+    cache = DecodedCache(1 << 20)
+    for name in ("old", "new"):
+        cache.get((name, "key-index", 5), lambda: "index", lambda _: 10, lasting=True)
+        cache.get((name, 0), lambda: "group", lambda _: 10)
+    files = [StateFile("new", DOCS_FILE, lambda: pytest.fail("not opened"))]
+    state_lookup.forget_other_state(cache, files)
+    assert ("new", "key-index", 5) in cache and ("new", 0) in cache
+    assert ("old", "key-index", 5) not in cache and ("old", 0) not in cache and cache.nbytes == 20
+
+
+def test_values_found_by_a_call_are_not_loaded_again_when_a_new_one_outweighs_the_budget() -> None:
+    """Key indexes over the budget, asked in the same order each micro-batch: a new one pushes out the oldest,
+    which used to be loaded again, pushing out the next, and so on through every one."""
+    cache = DecodedCache(30)
+    loads: list[str] = []
+
+    def ask(keys: list[str]) -> list[str]:
+        def load(k: str) -> str:
+            loads.append(k)
+            return k
+        return cache.get_many([(k, lambda k=k: load(k)) for k in keys], lambda _: 10, lasting=True)
+
+    assert ask(["a", "b", "c"]) == ["a", "b", "c"]
+    loads.clear()
+    assert ask(["a", "b", "c", "d"]) == ["a", "b", "c", "d"]
+    assert loads == ["d"]
