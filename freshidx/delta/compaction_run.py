@@ -32,6 +32,7 @@ from pyspark.sql import SparkSession
 
 from freshidx.delta import compaction_plan
 from freshidx.delta.executor.compact_shards import merge_inputs, write_merged_segment
+from freshidx.delta.executor.state_files import state_writer
 from freshidx.delta.segments import Segment
 from freshidx.publish.commit import (
     DraftManifest,
@@ -48,6 +49,7 @@ from freshidx.publish.commit import (
 )
 from freshidx.settings import Settings
 from freshidx.spark.index_build import FORMAT
+from freshidx.spark.index_shards import StateWritten
 from freshidx.store import NotFound, ObjectStore, StoreConfig, layout
 from freshidx.store.records import Manifest
 from freshidx.trigger import ledger
@@ -177,7 +179,8 @@ def compact_delta(
         return _record(store, result, run_id)
     log.info("compaction of delta %s: %s", pointer.version, plan.describe())
     result.merged, result.run_docs = plan.versions, plan.doc_count
-    merged = _build_merged(spark, store_config, plan, pointer, result)
+    merged = _build_merged(spark, store_config, plan, pointer, result,
+                           state_writer(settings.delta_state_disk_cache_mb * 2**20))
     t1 = time.monotonic()
     _publish_merged(store, (pointer, manifest, segs), plan, merged, result, run_id=run_id,
                     run_info=run_info or {}, before_publish=before_publish)
@@ -186,13 +189,14 @@ def compact_delta(
 
 
 def _build_merged(spark: SparkSession, store_config: StoreConfig, plan: compaction_plan.CompactionPlan,
-                  pointer: Pointer, result: CompactionResult) -> Segment:
+                  pointer: Pointer, result: CompactionResult, written: StateWritten | None) -> Segment:
     """Build M on the executors under a fresh delta version's prefix."""
     t0 = time.monotonic()
     version = new_version(parse_iso(pointer.position))
     # As many shards as the run's largest segment: never more searchers than its segments had.
     commits = write_merged_segment(spark, store_config, merge_inputs(plan.run), index=INDEX, version=version,
-                                   num_shards=max(len(s.shards) for s in plan.run))
+                                   num_shards=max(len(s.shards) for s in plan.run),
+                                   written=written)
     result.build_seconds = round(time.monotonic() - t0, 3)
     merged = compaction_plan.merged_segment(
         plan.run, version=version, shards=[c.to_dict() for c in commits], doc_count=sum(c.doc_count for c in commits),

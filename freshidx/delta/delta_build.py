@@ -24,6 +24,7 @@ from pyspark.sql import SparkSession
 
 from freshidx.delta import product_expansion, segments, serving_state, window_files
 from freshidx.delta.executor import one_pass
+from freshidx.delta.executor.state_files import state_writer
 from freshidx.delta.executor.state_lookup import StateLayer
 from freshidx.delta.segments import BuildKind, FullBase, Segment
 from freshidx.publish.commit import (
@@ -238,7 +239,8 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
     # Every file read not quarantined yet, late ones included (files an earlier build quarantined have a
     # done marker: freshidx.spark.quarantine_once).
     write = {"index": INDEX, "version": version, "num_shards": num_shards, "source": settings.source,
-             "run_id": run_id, "quarantine_after": None}
+             "run_id": run_id, "quarantine_after": None,
+             "written": state_writer(settings.delta_state_disk_cache_mb * 2**20)}
     # A few files per task: one Python task per 5-minute file costs more in task start-up than in reading
     # (60 files in a 5 h window).
     read = {"max_read_tasks": READ_TASKS, "max_future_skew_seconds": settings.max_future_skew_seconds}

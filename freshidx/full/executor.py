@@ -32,7 +32,13 @@ from pyspark.sql import functions as F
 from freshidx.delta.executor.segment_parts import label_of_part
 from freshidx.delta.segments import Segment
 from freshidx.spark import transform
-from freshidx.spark.index_shards import read_state_files, state_file_rows, version_files, write_one_index_shard
+from freshidx.spark.index_shards import (
+    StateWritten,
+    read_state_files,
+    state_file_rows,
+    version_files,
+    write_one_index_shard,
+)
 from freshidx.spark.shards import (
     COVERED_FILE,
     DOCS_ARROW_SCHEMA,
@@ -59,7 +65,8 @@ def bucket_of(product_id: Any, num_shards: int) -> Any:
 
 
 def bucket_shards(spark: SparkSession, store_config: StoreConfig, full_shards: Sequence[dict[str, Any]],
-                  segments: Sequence[Segment], *, index: str, version: str) -> list[ShardCommit]:
+                  segments: Sequence[Segment], *, index: str, version: str,
+                  written: StateWritten | None = None) -> list[ShardCommit]:
     """Stage ``len(full_shards)`` shards: the full version whose shards (ShardCommit dicts, one per bucket)
     are ``full_shards``, with the latest rows of ``segments`` (oldest first) laid over it."""
     num_shards = len(full_shards)
@@ -68,7 +75,7 @@ def bucket_shards(spark: SparkSession, store_config: StoreConfig, full_shards: S
                 for k in version_files({"shards": s.shards}, kind)]
     changed = transform.latest_per_ad(read_state_files(spark, store_config, seg_keys)).select(*transform.TYPED_FIELDS)
     rows = _to_buckets(spark, changed, num_shards)
-    return write_sharded(rows, store_config, num_shards, _bucket_writer(files, index, version),
+    return write_sharded(rows, store_config, num_shards, _bucket_writer(files, index, version, written),
                          what="full_from_state")
 
 
@@ -98,7 +105,8 @@ def _to_buckets(spark: SparkSession, changed: DataFrame, num_shards: int) -> Dat
     return sent.withColumn(_LABEL, F.element_at(labels, F.col(TO_COLUMN) + 1)).repartition(num_shards, _LABEL)
 
 
-def _bucket_writer(files: dict[int, tuple[str, str]], index: str, version: str) -> ShardWriter:
+def _bucket_writer(files: dict[int, tuple[str, str]], index: str, version: str,
+                   written: StateWritten | None) -> ShardWriter:
     def write(config: StoreConfig, shard: int, attempt: int, batches: Iterable[pa.RecordBatch]) -> ShardCommit:
         received = pa.Table.from_batches(list(batches))
         targets = set(pc.unique(received.column(TO_COLUMN)).to_pylist()) if received.num_rows else set()
@@ -110,7 +118,7 @@ def _bucket_writer(files: dict[int, tuple[str, str]], index: str, version: str) 
         new_rows = received.filter(pc.invert(key_only))
         docs_key, covered_key = files[shard]
         rows = _bucket_rows(config, docs_key, covered_key, gone, new_rows)
-        return write_one_index_shard(config, index, version, shard, attempt, rows)
+        return write_one_index_shard(config, index, version, shard, attempt, rows, written=written)
 
     return write
 

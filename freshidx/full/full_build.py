@@ -23,6 +23,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from freshidx.delta import serving_state
+from freshidx.delta.executor.state_files import state_writer
 from freshidx.full.executor import bucket_shards
 from freshidx.full.full_plan import FullBuildKind, FullPlan, ServingFull, plan_full
 from freshidx.publish.commit import DraftManifest, iso, new_version, parse_iso, utcnow
@@ -140,11 +141,14 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, p
            ) -> BuildResult:
     """The Spark part: the serving full version with the segments laid over it per product bucket, or
     every raw file up to the cutoff read again."""
+    # Its state files stay on this machine, mapped and indexed: the first micro-batch over the new version
+    # finds them warm (docs/architecture.md#state-as-built).
+    written = state_writer(settings.delta_state_disk_cache_mb * 2**20)
     if plan.kind is FullBuildKind.STATE:
         assert full_manifest is not None
         t1 = time.monotonic()
         commits = bucket_shards(spark, store_config, full_manifest.shards, plan.segments, index=INDEX,
-                                version=version)
+                                version=version, written=written)
         return BuildResult(commits, {}, seconds=round(time.monotonic() - t1, 3))
     return build_version(
         spark, store_config, index=INDEX, version=version, files=file_list,
@@ -154,6 +158,7 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, p
         quarantine_after=None,
         max_read_tasks=max(4, settings.full_shards * 4),
         max_future_skew_seconds=settings.max_future_skew_seconds,
+        written=written,
     )
 
 

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from freshidx.raw_record import DEFAULT_MAX_FUTURE_SKEW_SECONDS
 from freshidx.spark import transform
 from freshidx.spark.index_format import FORMAT
-from freshidx.spark.index_shards import write_index_shards
+from freshidx.spark.index_shards import StateWritten, write_index_shards
 from freshidx.spark.quarantine_once import ConflictReport, quarantined_files, report_conflicts
 from freshidx.spark.quarantine_writer import QuarantineCommit, write_quarantine
 from freshidx.spark.raw_source import group_files, read_raw_lines
@@ -77,6 +77,7 @@ def build_version(
     quarantine_after: str | bool | None,
     max_read_tasks: int = 0,
     max_future_skew_seconds: int = DEFAULT_MAX_FUTURE_SKEW_SECONDS,
+    written: StateWritten | None = None,
 ) -> BuildResult:
     """Build and stage one version of tantivy shards (``index_format.FORMAT``) of the latest row per ad of
     what ``files`` hold (:func:`read_records`, then :func:`index_records`): a full build. A delta window
@@ -92,7 +93,7 @@ def build_version(
                       max_future_skew_seconds=max_future_skew_seconds) as records:
         return index_records(records, transform.index_rows(records.latest()), store_config, index=index,
                              version=version, num_shards=num_shards, source=source, run_id=run_id,
-                             quarantine_after=quarantine_after)
+                             quarantine_after=quarantine_after, written=written)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,8 @@ def read_records(spark: SparkSession, store_config: StoreConfig, files: list[tup
 
 
 def index_records(records: Records, rows: DataFrame, store_config: StoreConfig, *, index: str, version: str,
-                  num_shards: int, source: str, run_id: str, quarantine_after: str | bool | None) -> BuildResult:
+                  num_shards: int, source: str, run_id: str, quarantine_after: str | bool | None,
+                  written: StateWritten | None = None) -> BuildResult:
     """Stage ``rows`` (typed record columns, every ad of each product they mention: what the caller made of
     ``records``) as one version of ``num_shards`` shards, and do the records' bookkeeping beside it: invalid
     counts, quarantine (``quarantine_after`` as :func:`build_version` has it), the conflict report."""
@@ -147,7 +149,7 @@ def index_records(records: Records, rows: DataFrame, store_config: StoreConfig, 
         conflicts = pool.submit(_report_conflicts, stages, bookkeeping, store_config, source,
                                 quarantine_after is not False)
         t1 = time.monotonic()
-        commits = write_index_shards(rows, store_config, index, version, num_shards)
+        commits = write_index_shards(rows, store_config, index, version, num_shards, written=written)
         stages["index"] = round(time.monotonic() - t1, 3)
         reasons, quarantined = quarantine.result()
         report = conflicts.result()

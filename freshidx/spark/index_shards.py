@@ -64,6 +64,9 @@ from freshidx.spark.shards import (
 )
 from freshidx.store import StoreConfig, layout
 
+#: Told of a state file a shard task wrote: (the store, its key, its local path), after its upload.
+StateWritten = Callable[[StoreConfig, str, str], None]
+
 log = logging.getLogger(__name__)
 
 #: Columns a shard build reads from each row: the typed record (features are computed in the task).
@@ -82,7 +85,7 @@ assert tuple(c.split()[0] for c in DOCS_DDL.split(", ")) == tuple(DOCS_ARROW_SCH
 
 def write_one_index_shard(
     config: StoreConfig, index: str, version: str, shard: int, attempt: int,
-    batches: Iterable[pa.RecordBatch], *, with_docs: bool = True,
+    batches: Iterable[pa.RecordBatch], *, with_docs: bool = True, written: StateWritten | None = None,
 ) -> ShardCommit:
     """Build and upload one shard attempt (runs on an executor; callable directly, e.g. in tests).
 
@@ -90,7 +93,8 @@ def write_one_index_shard(
     feature columns, are ignored) of *every* ad of each product they mention: the product features
     are computed here. With a :data:`REPLACE_COLUMN`, only the flagged rows are killed and indexed.
     Returns a commit whose files are the index files (sorted by name), then
-    ``docs.parquet`` (unless ``with_docs=False``), then ``covered.parquet``.
+    ``docs.parquet`` (unless ``with_docs=False``), then ``covered.parquet``. ``written`` is told of each of
+    those two once uploaded (the store, its key and its local path), while the local file still exists.
     """
     fs = config.arrow_fs()
     prefix = layout.shard_prefix(index, version, shard, attempt)
@@ -121,7 +125,13 @@ def write_one_index_shard(
         if docs is not None:
             files.append(upload_file(fs, config, docs.path, prefix + DOCS_FILE, docs.rows))
         files.append(upload_file(fs, config, covered.path, prefix + COVERED_FILE, covered.rows))
-    seconds = {"rows": t1 - t0, "index": t2 - t1, "upload": time.monotonic() - t2}
+        t3 = time.monotonic()
+        if written is not None:
+            for state in ([docs] if docs is not None else []) + [covered]:
+                written(config, prefix + os.path.basename(state.path), state.path)
+    seconds = {"rows": t1 - t0, "index": t2 - t1, "upload": t3 - t2}
+    if written is not None:
+        seconds["keep"] = time.monotonic() - t3
     return ShardCommit(shard=shard, attempt=attempt, doc_count=doc_count, covered_count=covered.rows,
                        files=tuple(files), seconds={k: round(v, 3) for k, v in seconds.items()})
 
@@ -164,7 +174,7 @@ def shard_rows(latest: DataFrame, num_shards: int) -> DataFrame:
 
 def write_index_shards(
     latest: DataFrame, store_config: StoreConfig, index: str, version: str, num_shards: int,
-    *, with_docs: bool = True, sort: bool = False,
+    *, with_docs: bool = True, sort: bool = False, written: StateWritten | None = None,
 ) -> list[ShardCommit]:
     """Build ``num_shards`` tantivy shards of ``latest`` (one row per ad) in Spark tasks; return commits.
 
@@ -180,6 +190,7 @@ def write_index_shards(
     scores do not depend on document order, and :class:`freshidx.serve.searcher.Searcher` breaks ties by
     ``ad_id``).
     A shard with no rows still gets an (empty) index and a commit. Returns commits sorted by shard.
+    ``written``: :func:`write_one_index_shard`'s (run in the tasks: it must pickle).
     """
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
@@ -188,13 +199,14 @@ def write_index_shards(
     rows = shard_rows(latest, num_shards)
     if sort:
         rows = rows.sortWithinPartitions("product_id", "ad_id")
-    return write_sharded(rows, store_config, num_shards, _index_writer(index, version, with_docs),
+    return write_sharded(rows, store_config, num_shards, _index_writer(index, version, with_docs, written),
                          what="write_index_shards")
 
 
-def _index_writer(index: str, version: str, with_docs: bool) -> ShardWriter:
+def _index_writer(index: str, version: str, with_docs: bool, written: StateWritten | None) -> ShardWriter:
     def write(config: StoreConfig, shard: int, attempt: int, batches: Iterable[pa.RecordBatch]) -> ShardCommit:
-        return write_one_index_shard(config, index, version, shard, attempt, batches, with_docs=with_docs)
+        return write_one_index_shard(config, index, version, shard, attempt, batches, with_docs=with_docs,
+                                     written=written)
 
     return write
 

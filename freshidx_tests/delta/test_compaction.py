@@ -150,7 +150,8 @@ def test_rebase_a_micro_batch_onto_a_compaction_of_its_base() -> None:
 
 def _fake_merge(store: ObjectStore) -> Any:
     """Stands in for the Spark step: stages one shard with the files the gate requires."""
-    def write(_spark: Any, _cfg: Any, inputs: list[Any], *, index: str, version: str, num_shards: int) -> list[Any]:
+    def write(_spark: Any, _cfg: Any, inputs: list[Any], *, index: str, version: str, num_shards: int,
+              written: Any = None) -> list[Any]:
         files = []
         for name in ("index/meta.json", "docs.parquet", "covered.parquet"):
             key = layout.shard_prefix(index, version, 0, 0) + name

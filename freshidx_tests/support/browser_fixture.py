@@ -185,15 +185,15 @@ class DagsterUi:
 
         page = self.page
         self.goto(f"/runs/{run_id}")
-        # "Runs / <id>": this run's page. Any visible text that starts with the short id: on a backfill run's
-        # page the first exact match was once an element that never became visible (a suite failure).
-        header = page.get_by_text(re.compile("^" + re.escape(run_id[:8]))).filter(visible=True).first
+        # The header: "Runs / <id>", or on a backfill's run "Runs / <backfill> / <id>" with the id a bare text
+        # node of the heading, so no element's text *starts* with it: the short id at the start or after a
+        # "/" (anchored at the start only, a backfill run's page was never found: the suite's intermittent
+        # "no header for 90 s" whose screenshots showed the header).
+        header = page.get_by_text(re.compile(r"(^|/\s*)" + re.escape(run_id[:8]))).filter(visible=True).first
         try:
             header.wait_for(timeout=ACTION_TIMEOUT_MS / 2)
         except PlaywrightTimeout:
-            # Once, on the loaded suite box, a backfill run's page showed no header for 90 s, yet the
-            # screenshot right after had it: reload once, as a user would, and give it the full wait.
-            self.goto(f"/runs/{run_id}")
+            self.goto(f"/runs/{run_id}")  # reload once, as a user would, and give it the full wait
             header.wait_for()
         label = page.get_by_text(_RUN_STATUS_LABEL).filter(visible=True).first  # the tag right after the id
         label.wait_for()

@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from freshidx.delta.segments import Segment
-from freshidx.spark.index_shards import DOCS_DDL, INDEX_COLUMNS, state_file_rows, write_index_shards
+from freshidx.spark.index_shards import DOCS_DDL, INDEX_COLUMNS, StateWritten, state_file_rows, write_index_shards
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.shards import COVERED_FILE, DOCS_ARROW_SCHEMA, DOCS_FILE, ShardCommit
 from freshidx.store import StoreConfig
@@ -76,6 +76,8 @@ def merged_rows(spark: SparkSession, store_config: StoreConfig, inputs: list[tup
 
 
 def write_merged_segment(spark: SparkSession, store_config: StoreConfig, inputs: list[tuple[str, str, int]], *,
-                         index: str, version: str, num_shards: int) -> list[ShardCommit]:
+                         index: str, version: str, num_shards: int,
+                         written: StateWritten | None = None) -> list[ShardCommit]:
     """Build and stage the merged segment under ``version``'s prefix; the commits, one per shard."""
-    return write_index_shards(merged_rows(spark, store_config, inputs), store_config, index, version, num_shards)
+    return write_index_shards(merged_rows(spark, store_config, inputs), store_config, index, version, num_shards,
+                              written=written)

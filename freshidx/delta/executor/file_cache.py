@@ -76,6 +76,25 @@ def local_copy(name: str, open_remote: Callable[[], BinaryIO], max_bytes: int, r
     return path
 
 
+def adopt(name: str, parquet: Path, max_bytes: int, root: Path | None = None) -> Path:
+    """:func:`local_copy` of ``name`` made from ``parquet``, a local file with its contents (the task that
+    wrote it)."""
+    root = root or cache_dir()
+    path = copy_path(name, root)
+    if path.exists():
+        os.utime(path)
+        return path
+    root.mkdir(parents=True, exist_ok=True)
+    written = root / f".{path.name}.{uuid.uuid4().hex}.part"
+    try:
+        write_mapped(parquet, written)
+        os.replace(written, path)
+    finally:
+        written.unlink(missing_ok=True)
+    evict(root, max_bytes, keep=path)
+    return path
+
+
 def write_mapped(parquet: Path, out: Path) -> None:
     """``parquet`` as uncompressed Arrow IPC at ``out``, one record batch per row group (so rows and row groups
     are numbered alike), checked by reading its footer back."""

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from freshidx.delta.executor import file_cache, key_index_file
+from freshidx.delta.executor.key_index import KeyIndex
 from freshidx.store import StoreConfig
 
 
@@ -156,6 +157,35 @@ def count_rows(fs: Any, path: str, name: str, disk_bytes: int) -> int:
         return int(pq.ParquetFile(f).metadata.num_rows)
 
 
+KEY_COLUMNS = ("ad_id", "product_id")
+
+#: A file's keys as :func:`read_keys` returns them when its ids cannot be indexed: (key columns, row group sizes).
+KeyColumns = tuple[pa.Table, list[int]]
+
+
+def read_keys(f: StateReader) -> KeyIndex | KeyColumns:
+    """The file's key index, or (for ids the index cannot hold) its key columns (a covered file, the
+    kill-list, has no product) and, either way, the row group sizes. A mapped file's index is built once per
+    machine and mapped from local disk (``key_index_file``)."""
+    if f.key_file is not None:
+        try:
+            return key_index_file.load(f.key_file)
+        except (OSError, ValueError):
+            pass  # not built yet (or cut short): built below
+    keys = f.read_columns([c for c in KEY_COLUMNS if c in f.column_names])
+    sizes = f.row_group_sizes
+    index = KeyIndex.build(keys, sizes)
+    if index is None:
+        return keys, sizes
+    if f.key_file is not None:
+        try:
+            key_index_file.save(index, f.key_file)
+            return key_index_file.load(f.key_file)  # what this worker keeps is then only mapped
+        except (OSError, ValueError):
+            pass  # a full disk: kept decoded
+    return index
+
+
 @dataclass
 class StateFile:
     """One state file: ``name`` (its store path: state files are immutable, so the name is a cache key),
@@ -211,12 +241,40 @@ class StateFile:
 FileRef = tuple[str, str, int, bool]
 
 
+def state_file_name(config: StoreConfig, key: str) -> str:
+    """A state file's name on executors (its cache key): endpoint and path, as two S3 servers may hold a bucket
+    of the same name."""
+    return f"{config.endpoint_url or ''}|{config.arrow_path(key)}"
+
+
 def open_state_files(config: StoreConfig, files: Sequence[FileRef], disk_bytes: int = 0) -> list[StateFile]:
-    """``files`` as :class:`StateFile`, named by endpoint and path (two S3 servers may hold a bucket of the same
-    name), opened on first use (with ``disk_bytes``, as a local mapped copy; the caller closes them)."""
+    """``files`` as :class:`StateFile`, opened on first use (with ``disk_bytes``, as a local mapped copy; the
+    caller closes them)."""
     fs = config.arrow_fs()
-    paths = [(config.arrow_path(k), kind, layer, over) for k, kind, layer, over in files]
-    return [StateFile(name := f"{config.endpoint_url or ''}|{path}", kind,
-                      partial(open_state, fs, path, name, disk_bytes), layer, over,
+    return [StateFile(name := state_file_name(config, k), kind,
+                      partial(open_state, fs, path := config.arrow_path(k), name, disk_bytes), layer, over,
                       partial(count_rows, fs, path, name, disk_bytes))
-            for path, kind, layer, over in paths]
+            for k, kind, layer, over in files]
+
+
+def state_writer(disk_bytes: int) -> Callable[[StoreConfig, str, str], None] | None:
+    """What a build's shard tasks call with each state file they wrote (``index_shards.StateWritten``):
+    :func:`keep_written`, when this deployment keeps local copies."""
+    return partial(keep_written, disk_bytes) if disk_bytes > 0 else None
+
+
+def keep_written(disk_bytes: int, config: StoreConfig, key: str, local_path: str) -> None:
+    """Keep the state file a task just wrote and uploaded (``local_path``, stored at ``key``) as this machine's
+    mapped copy, with its key index: the version it belongs to is warm here the moment it is published (a
+    new full version's files at ten million documents take ~30 s to copy and index, which the first
+    micro-batch after it would otherwise pay). Best effort: a copy that fails costs only that."""
+    if disk_bytes <= 0:
+        return
+    try:
+        reader = MappedState(file_cache.adopt(state_file_name(config, key), Path(local_path), disk_bytes))
+        try:
+            read_keys(reader)  # built and saved beside the copy
+        finally:
+            reader.close()
+    except (OSError, ValueError, pa.ArrowException):
+        pass

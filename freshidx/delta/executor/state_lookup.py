@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from freshidx.delta import segment_merge
-from freshidx.delta.executor import key_index_file, segment_parts
+from freshidx.delta.executor import segment_parts
 from freshidx.delta.executor.decoded_cache import DecodedCache, resolve_worker_cache
 from freshidx.delta.executor.key_index import (
     LAYOUT,
@@ -48,7 +48,7 @@ from freshidx.delta.executor.key_index import (
     query_keys,
     rows_and_hits,
 )
-from freshidx.delta.executor.state_files import FileRef, StateFile, StateReader, open_state_files
+from freshidx.delta.executor.state_files import FileRef, KeyColumns, StateFile, open_state_files, read_keys
 from freshidx.raw_record import ACTIVE
 from freshidx.record_rules import latest_per_ad
 from freshidx.spark.index_shards import REPLACE_COLUMN, version_files, widen
@@ -59,8 +59,6 @@ from freshidx.spark.shards import (
     conform,
 )
 from freshidx.store import StoreConfig
-
-KEY_COLUMNS = ("ad_id", "product_id")
 
 
 @dataclass(frozen=True)
@@ -137,7 +135,7 @@ def load_key_index(f: StateFile, cache: DecodedCache, on_read: Callable[[], None
     def read() -> KeyIndex | KeyColumns:
         if on_read is not None:
             on_read()
-        return _read_keys(f.reader())
+        return read_keys(f.reader())
     return cache.get(_key_index_key(f), read, _weight, lasting=True)
 
 
@@ -200,33 +198,6 @@ class Parts:
         return np.isin(part, list(self.mine))
 
 
-#: A file's keys as :func:`_read_keys` returns them when its ids cannot be indexed: (key columns, row group sizes).
-KeyColumns = tuple[pa.Table, list[int]]
-
-
-def _read_keys(f: StateReader) -> KeyIndex | KeyColumns:
-    """The file's key index, or (for ids the index cannot hold) its key columns (a covered file, the
-    kill-list, has no product) and, either way, the row group sizes. A mapped file's index is built once per
-    machine and mapped from local disk (``key_index_file``)."""
-    if f.key_file is not None:
-        try:
-            return key_index_file.load(f.key_file)
-        except (OSError, ValueError):
-            pass  # not built yet (or cut short): built below
-    keys = f.read_columns([c for c in KEY_COLUMNS if c in f.column_names])
-    sizes = f.row_group_sizes
-    index = KeyIndex.build(keys, sizes)
-    if index is None:
-        return keys, sizes
-    if f.key_file is not None:
-        try:
-            key_index_file.save(index, f.key_file)
-            return key_index_file.load(f.key_file)  # what this worker keeps is then only mapped
-        except (OSError, ValueError):
-            pass  # a full disk: kept decoded
-    return index
-
-
 #: What a mapped key index weighs in a worker's cache: its pages belong to the page cache, not the worker.
 MAPPED_WEIGHT = 1 << 16
 
@@ -281,7 +252,7 @@ def select_rows(keys: pa.Table, files: list[StateFile], cache: DecodedCache,
     segments not built over the serving full version (:meth:`StateFile.trusted`)."""
     batch_ads = _Ids([pc.unique(keys.column("ad_id").combine_chunks())])
     # Pass 1: key columns only.
-    key_info = cache.get_many([(_key_index_key(f), lambda f=f: _read_keys(f.reader())) for f in files],
+    key_info = cache.get_many([(_key_index_key(f), lambda f=f: read_keys(f.reader())) for f in files],
                               _weight, lasting=True)
     # The batch's products and the products its ads were in ...
     strings: list[pa.Array] = [keys.column("product_id").combine_chunks().drop_null()]

@@ -97,7 +97,8 @@ class _Time:
             hook("sleep", "", False)
 
 
-def _merged_writer(_spark: Any, _cfg: Any, inputs: Any, *, index: str, version: str, num_shards: int) -> list[Any]:
+def _merged_writer(_spark: Any, _cfg: Any, inputs: Any, *, index: str, version: str, num_shards: int,
+                   written: Any = None) -> list[Any]:
     """The compaction's Spark step: one shard with the files the gate requires, written through the store."""
     from freshidx.tools.simulation.synthetic_build import stage_shard
 
