@@ -265,9 +265,9 @@ def state_writer(disk_bytes: int) -> Callable[[StoreConfig, str, str], None] | N
 
 def keep_written(disk_bytes: int, config: StoreConfig, key: str, local_path: str) -> None:
     """Keep the state file a task just wrote and uploaded (``local_path``, stored at ``key``) as this machine's
-    mapped copy, with its key index: the version it belongs to is warm here the moment it is published (a
-    new full version's files at ten million documents take ~30 s to copy and index, which the first
-    micro-batch after it would otherwise pay). Best effort: a copy that fails costs only that."""
+    mapped copy, with its key index: the version it belongs to is warm here the moment it is published (else
+    the first micro-batch after it downloads, decodes and indexes every file of it, seconds per million rows).
+    Best effort: a copy that fails costs only that."""
     if disk_bytes <= 0:
         return
     try:
