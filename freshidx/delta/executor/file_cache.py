@@ -52,8 +52,7 @@ def existing_copy(name: str, root: Path | None = None) -> Path | None:
 
 def local_copy(name: str, open_remote: Callable[[], BinaryIO], max_bytes: int, root: Path | None = None) -> Path:
     """The local mapped copy of the immutable Parquet file ``name``, downloaded with ``open_remote()`` and
-    written out as Arrow when missing; the copies beyond ``max_bytes`` are then deleted, least recently opened
-    first."""
+    written out as Arrow when missing (:func:`adopt`)."""
     root = root or cache_dir()
     path = copy_path(name, root)
     try:
@@ -62,28 +61,26 @@ def local_copy(name: str, open_remote: Callable[[], BinaryIO], max_bytes: int, r
     except FileNotFoundError:
         pass
     root.mkdir(parents=True, exist_ok=True)
-    part = f".{path.name}.{uuid.uuid4().hex}"  # two workers may fetch the same file: both complete
-    download, written = root / f"{part}.parquet.part", root / f"{part}.part"
+    download = root / f".{path.name}.{uuid.uuid4().hex}.parquet.part"  # two workers may fetch it: both complete
     try:
         with open_remote() as src, open(download, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-        write_mapped(download, written)  # a cut-off download has no footer: it fails here, never renamed
-        os.replace(written, path)
+        return adopt(name, download, max_bytes, root)  # a cut-off download has no footer: it fails there
     finally:
         download.unlink(missing_ok=True)
-        written.unlink(missing_ok=True)
-    evict(root, max_bytes, keep=path)
-    return path
 
 
 def adopt(name: str, parquet: Path, max_bytes: int, root: Path | None = None) -> Path:
-    """:func:`local_copy` of ``name`` made from ``parquet``, a local file with its contents (the task that
-    wrote it)."""
+    """The local mapped copy of ``name`` made from ``parquet``, a local file with its contents (a download, or
+    the file a task just wrote), unless there is one; the copies beyond ``max_bytes`` are then deleted, least
+    recently opened first."""
     root = root or cache_dir()
     path = copy_path(name, root)
-    if path.exists():
-        os.utime(path)
+    try:
+        os.utime(path)  # opened now: the last to go
         return path
+    except FileNotFoundError:
+        pass
     root.mkdir(parents=True, exist_ok=True)
     written = root / f".{path.name}.{uuid.uuid4().hex}.part"
     try:
