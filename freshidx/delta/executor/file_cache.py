@@ -50,16 +50,22 @@ def existing_copy(name: str, root: Path | None = None) -> Path | None:
     return path if path.exists() else None
 
 
+def _opened(path: Path) -> bool:
+    """Mark the copy ``path`` as opened now (the last to go), if it exists."""
+    try:
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
 def local_copy(name: str, open_remote: Callable[[], BinaryIO], max_bytes: int, root: Path | None = None) -> Path:
     """The local mapped copy of the immutable Parquet file ``name``, downloaded with ``open_remote()`` and
     written out as Arrow when missing (:func:`adopt`)."""
     root = root or cache_dir()
     path = copy_path(name, root)
-    try:
-        os.utime(path)  # opened now: the last to go
+    if _opened(path):
         return path
-    except FileNotFoundError:
-        pass
     root.mkdir(parents=True, exist_ok=True)
     download = root / f".{path.name}.{uuid.uuid4().hex}.parquet.part"  # two workers may fetch it: both complete
     try:
@@ -76,11 +82,8 @@ def adopt(name: str, parquet: Path, max_bytes: int, root: Path | None = None) ->
     recently opened first."""
     root = root or cache_dir()
     path = copy_path(name, root)
-    try:
-        os.utime(path)  # opened now: the last to go
+    if _opened(path):
         return path
-    except FileNotFoundError:
-        pass
     root.mkdir(parents=True, exist_ok=True)
     written = root / f".{path.name}.{uuid.uuid4().hex}.part"
     try:
