@@ -74,10 +74,11 @@ class PipelineSettings(BaseModel):
         "(reused workers: a continuous run decodes only new segments); state read from the local copies "
         "(delta_state_disk_cache_mb) is mapped, not decoded, and takes almost none of it; 0 = off")
     delta_state_disk_cache_mb: int = Field(
-        4096, ge=0, le=1048576,
+        8192, ge=0, le=1048576,
         description="per executor machine: MiB of state files (immutable) and their key indexes kept on its local "
         "disk (TMPDIR) as uncompressed Arrow that its Python workers memory-map: a micro-batch takes its state rows "
         "from the page cache without decoding, and a new worker (after a killed task, a takeover) starts warm; "
+        "size it for two full versions' state, the serving one and the next one's (docs/operations.md); "
         "0 = off (each worker decodes the stored Parquet and keeps it within delta_state_cache_mb)")
     delta_max_segments: int = Field(
         24, ge=1, le=1000,
