@@ -238,11 +238,9 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
             max_future_skew_seconds=settings.max_future_skew_seconds)
     # Every file read not quarantined yet, late ones included (files an earlier build quarantined have a
     # done marker: freshidx.spark.quarantine_once).
-    # A rebuild over a full version leaves its state warm for the micro-batches after it. One over none (a
-    # start-up) is superseded by the first full version, whose copies it would push out of the disk budget.
-    written = state_writer(settings.delta_state_disk_cache_mb * 2**20) if known is not None else None
     write = {"index": INDEX, "version": version, "num_shards": num_shards, "source": settings.source,
-             "run_id": run_id, "quarantine_after": None, "written": written}
+             "run_id": run_id, "quarantine_after": None,
+             "written": state_writer(settings.delta_state_disk_cache_mb * 2**20)}
     # A few files per task: one Python task per 5-minute file costs more in task start-up than in reading
     # (60 files in a 5 h window).
     read = {"max_read_tasks": READ_TASKS, "max_future_skew_seconds": settings.max_future_skew_seconds}
