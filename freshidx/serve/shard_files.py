@@ -80,7 +80,7 @@ def download_version(store: ObjectStore, index: str, version: str, manifest: dic
     try:
         def fetch(item: tuple[dict[str, Any], str]) -> tuple[int, str, KillList | None, float]:
             entry, rel = item
-            data = store.get(str(entry["key"])).data
+            data = store.get_data(str(entry["key"]))
             if len(data) != int(entry["bytes"]):
                 raise ServingError(f"{entry['key']}: {len(data)} bytes, manifest says {entry['bytes']}")
             if hashlib.sha256(data).hexdigest() != entry["sha256"]:

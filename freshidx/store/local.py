@@ -94,13 +94,16 @@ class LocalStore(ObjectStore):
 
     # ---- contract ----
     def get(self, key: str) -> StoredObject:
+        data = self.get_data(key)
+        return StoredObject(key, data, _etag(data))
+
+    def get_data(self, key: str) -> bytes:
         self.stats.bump("get_calls")
         p = self.path(key)
         try:
-            data = p.read_bytes()
+            return p.read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
             raise NotFound(key) from exc
-        return StoredObject(key, data, _etag(data))
 
     def head(self, key: str) -> ObjectInfo:
         self.stats.bump("get_calls")

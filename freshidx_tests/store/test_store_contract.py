@@ -16,6 +16,7 @@ def test_get_put_roundtrip_and_etag_changes(store: ObjectStore) -> None:
     e2 = store.put("a/b/c.json", b'{"x": 2}')
     assert e2 != e1 and store.get("a/b/c.json").etag == e2
     assert store.head("a/b/c.json").size == len(b'{"x": 2}')
+    assert store.get_data("a/b/c.json") == b'{"x": 2}'
 
 
 def test_missing_key_raises_not_found(store: ObjectStore) -> None:
@@ -23,6 +24,9 @@ def test_missing_key_raises_not_found(store: ObjectStore) -> None:
         store.get("nope/missing.json")
     with pytest.raises(NotFound):
         store.head("nope/missing.json")
+    with pytest.raises(NotFound):
+        store.get_data("nope/missing.json")
+    assert not store.exists("nope/missing.json")
     store.delete("nope/missing.json")  # deleting a missing key is fine
 
 
