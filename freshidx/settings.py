@@ -209,6 +209,14 @@ class PipelineSettings(BaseModel):
         return dt.timedelta(minutes=self.window_minutes)
 
     @property
+    def delta_state_cache_bytes(self) -> int:
+        return self.delta_state_cache_mb * 2**20
+
+    @property
+    def delta_state_disk_bytes(self) -> int:
+        return self.delta_state_disk_cache_mb * 2**20
+
+    @property
     def scan_hours(self) -> int:
         return self.max_scan_hours or (self.window_minutes + 59) // 60 + 1
 

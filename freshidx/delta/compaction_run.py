@@ -180,7 +180,7 @@ def compact_delta(
     log.info("compaction of delta %s: %s", pointer.version, plan.describe())
     result.merged, result.run_docs = plan.versions, plan.doc_count
     merged = _build_merged(spark, store_config, plan, pointer, result,
-                           state_writer(settings.delta_state_disk_cache_mb * 2**20))
+                           state_writer(settings.delta_state_disk_bytes))
     t1 = time.monotonic()
     _publish_merged(store, (pointer, manifest, segs), plan, merged, result, run_id=run_id,
                     run_info=run_info or {}, before_publish=before_publish)

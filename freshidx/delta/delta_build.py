@@ -233,14 +233,14 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
     if mb.kind is BuildKind.INCREMENTAL and known is not None:
         return one_pass.build_segment(
             spark, store_config, known, batch.file_list, index=INDEX, version=version, num_shards=num_shards,
-            source=settings.source, run_id=run_id, cache_bytes=settings.delta_state_cache_mb * 2**20,
-            disk_bytes=settings.delta_state_disk_cache_mb * 2**20,
+            source=settings.source, run_id=run_id, cache_bytes=settings.delta_state_cache_bytes,
+            disk_bytes=settings.delta_state_disk_bytes,
             max_future_skew_seconds=settings.max_future_skew_seconds)
     # Every file read not quarantined yet, late ones included (files an earlier build quarantined have a
     # done marker: freshidx.spark.quarantine_once).
     write = {"index": INDEX, "version": version, "num_shards": num_shards, "source": settings.source,
              "run_id": run_id, "quarantine_after": None,
-             "written": state_writer(settings.delta_state_disk_cache_mb * 2**20)}
+             "written": state_writer(settings.delta_state_disk_bytes)}
     # A few files per task: one Python task per 5-minute file costs more in task start-up than in reading
     # (60 files in a 5 h window).
     read = {"max_read_tasks": READ_TASKS, "max_future_skew_seconds": settings.max_future_skew_seconds}

@@ -143,7 +143,7 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, p
     every raw file up to the cutoff read again."""
     # Its state files stay on this machine, mapped and indexed: the first micro-batch over the new version
     # finds them warm (docs/architecture.md#state-as-built).
-    written = state_writer(settings.delta_state_disk_cache_mb * 2**20)
+    written = state_writer(settings.delta_state_disk_bytes)
     if plan.kind is FullBuildKind.STATE:
         assert full_manifest is not None
         t1 = time.monotonic()

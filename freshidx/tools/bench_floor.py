@@ -183,8 +183,8 @@ def _spark_rounds(spark: Any, store: Any, sc: Any, settings: Any, cfg: Any, newe
             # publication and, before the measured rounds, the keep-alive jobs of ``idle_minutes``.
             for _ in range(1 + (_keep_alive_jobs(idle_minutes) if n == 2 else 0)):
                 warm_state(spark, sc, _serving_layers(store), tasks=settings.delta_segment_shards,
-                           cache_bytes=settings.delta_state_cache_mb * 2**20,
-                           disk_bytes=settings.delta_state_disk_cache_mb * 2**20)
+                           cache_bytes=settings.delta_state_cache_bytes,
+                           disk_bytes=settings.delta_state_disk_bytes)
             if n > 2:
                 measured.append((p, layers, draft))
     finally:

@@ -35,8 +35,8 @@ def keep_warm(context: dg.OpExecutionContext, st: ObjectStore, store: ObjectStor
             return
         with spark.session(keep_as=PIPELINE) as session:
             result = warm_state(session, store.store_config(), found[1], tasks=settings.delta_segment_shards,
-                                cache_bytes=settings.delta_state_cache_mb * 2**20,
-                                disk_bytes=settings.delta_state_disk_cache_mb * 2**20,
+                                cache_bytes=settings.delta_state_cache_bytes,
+                                disk_bytes=settings.delta_state_disk_bytes,
                                 budget_s=WARM_BUDGET.total_seconds())
     except Exception as exc:
         context.log.warning(f"warming the workers for the next micro-batch failed ({exc}); it decodes its state itself")
