@@ -36,6 +36,7 @@ from freshidx.record_rules import TYPED_FIELDS, tie_break_order
 from freshidx.spark import transform
 from freshidx.spark.quarantine_once import ConflictReport, quarantined_files, report_conflicts
 from freshidx.spark.raw_source import read_raw_lines
+from freshidx.spark.session import task_slots
 from freshidx.spark.shards import QuarantineCommit, ShardCommit, write_quarantine
 from freshidx.store import ObjectInfo, StoreConfig, layout, open_store
 from freshidx.store.partitions import PartitionError, PartitionId
@@ -175,11 +176,7 @@ def _read_task_limit(spark: SparkSession) -> int:
     round trip: with one task per file, a 4-hour build spent ~70% of its time starting
     read tasks. Files are grouped contiguously in key order (:func:`~freshidx.spark.raw_source.group_files`).
     """
-    try:
-        cores = int(spark.sparkContext.defaultParallelism)
-    except Exception:  # Spark Connect has no SparkContext
-        conf = spark.conf.get("spark.default.parallelism", None)
-        cores = int(conf) if conf else 0
+    cores = task_slots(spark) or 0
     return 2 * cores if cores > 0 else 0
 
 

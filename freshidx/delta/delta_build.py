@@ -37,6 +37,7 @@ from freshidx.publish.commit import (
 from freshidx.settings import Settings
 from freshidx.spark import index_build
 from freshidx.spark.index_build import FORMAT, BuildResult
+from freshidx.spark.session import task_slots
 from freshidx.spark.shards import ShardCommit
 from freshidx.store import ObjectInfo, ObjectStore, StoreConfig
 from freshidx.store.partitions import PartitionId
@@ -229,7 +230,7 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
     known: list[StateLayer] | None = None
     if full is not None and full_manifest is not None:
         known = serving_state.known_layers(full, full_manifest, mb.kept)
-    num_shards = _shard_count(settings, mb.kind, batch.input_bytes)
+    num_shards = _shard_count(spark, settings, mb.kind, batch.input_bytes)
     if mb.kind is BuildKind.INCREMENTAL and known is not None:
         return one_pass.build_segment(
             spark, store_config, known, batch.file_list, index=INDEX, version=version, num_shards=num_shards,
@@ -259,13 +260,16 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, r
     return result
 
 
-def _shard_count(settings: Settings, kind: BuildKind, input_bytes: int) -> int:
+def _shard_count(spark: SparkSession, settings: Settings, kind: BuildKind, input_bytes: int) -> int:
     """A rebuild writes ``FRESHIDX_DELTA_SHARDS`` shards; a micro-batch's segment as many as the bytes it reads
-    need (:func:`freshidx.delta.segments.segment_shard_count`)."""
+    need (:func:`freshidx.delta.segments.segment_shard_count`), and no more than Spark runs at once where it
+    says how many (:func:`freshidx.spark.session.task_slots`): every task of a micro-batch reads and parses
+    the whole batch, so a second wave of tasks would parse it again."""
     if kind is BuildKind.REBUILD:
         return settings.delta_shards
-    return segments.segment_shard_count(input_bytes, max_shards=settings.delta_segment_shards,
-                                        shard_mb=settings.delta_segment_shard_mb)
+    wanted = segments.segment_shard_count(input_bytes, max_shards=settings.delta_segment_shards,
+                                          shard_mb=settings.delta_segment_shard_mb)
+    return min(wanted, task_slots(spark) or wanted) if wanted > 1 else wanted
 
 
 def _run_record(run_info: dict[str, Any], kind: BuildKind) -> dict[str, Any]:

@@ -14,8 +14,9 @@ every key, and the driver collects only the small commit messages. Each task
    Arrow IPC file on the way and indexed from it (memory-mapped: a task's memory does not grow with
    its shard);
 2. writes ``covered.parquet`` (``ad_id, status, version, updated_at`` of *every* ad of the shard: the shard's part
-   of the kill-list) and ``docs.parquet`` (the active ads' typed records, read back by the next
-   delta build to re-emit all ads of a touched product, see ``freshidx.delta.product_expansion``);
+   of the kill-list; in ``ad_id`` order in a delta index, see :data:`KILL_LIST_INDEXES`) and ``docs.parquet``
+   (the active ads' typed records, read back by the next delta build to re-emit all ads of a touched
+   product, see ``freshidx.delta.product_expansion``);
 3. uploads the index files (never ``.tantivy-*.lock``) under ``shard_prefix(...) + "index/"`` and the
    two Parquet files under ``shard_prefix(...)``, hashing each on the way (sha256), and returns a
    :class:`~freshidx.spark.shards.ShardCommit` listing every uploaded file.
@@ -62,6 +63,7 @@ from freshidx.spark.shards import (
     upload_file,
     write_sharded,
 )
+from freshidx.spark.task_files import sort_file_by
 from freshidx.store import StoreConfig, layout
 
 #: Told of a state file a shard task wrote: (the store, its key, its local path), after its upload.
@@ -72,6 +74,10 @@ log = logging.getLogger(__name__)
 #: Columns a shard build reads from each row: the typed record (features are computed in the task).
 INDEX_COLUMNS: tuple[str, ...] = tuple(DOCS_ARROW_SCHEMA.names)
 SPILL_FILE = "active.arrow"
+#: Indexes whose ``covered.parquet`` readers take in as a kill-list (:mod:`freshidx.serve.kill_list`): written
+#: in ``ad_id`` order, so that each reader checks the order instead of sorting it again on its swap's path.
+#: A delta shard holds what its batch touched; a full shard's covered file is never a kill-list.
+KILL_LIST_INDEXES = frozenset({"delta"})
 #: An optional boolean column of a shard build's rows: when present, only flagged rows go to the kill-list
 #: (``covered.parquet``) and, when active, into the index; every active row still goes to ``docs.parquet``
 #: (the state) and into its product's features (``segment_merge.SegmentUpdate``).
@@ -117,6 +123,8 @@ def write_one_index_shard(
             covered.close()
             if docs is not None:
                 docs.close()
+        if index in KILL_LIST_INDEXES and covered.rows > 1:
+            sort_file_by(covered.path, COVERED_ARROW_SCHEMA, "ad_id")
         t2 = time.monotonic()
         files: list[ShardFile] = [
             upload_file(fs, config, os.path.join(index_dir, name), prefix + INDEX_DIR + name, 0)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import sys
 from collections.abc import Mapping
@@ -252,6 +253,30 @@ def connect_application_info(confs: Mapping[str, str]) -> tuple[str | None, str 
     if confs.get("spark.ui.enabled", "true").lower() != "true" or port == "0" or not host:
         return app_id, None
     return app_id, f"http://{host}:{port}"
+
+
+_LOCAL_MASTER = re.compile(r"^local(?:\[(\d+)(?:,\s*\d+)?\])?$")
+
+
+def task_slots(session: Any) -> int | None:
+    """How many tasks ``session``'s Spark runs at once, where it says: a classic session's default
+    parallelism; over Connect, the server's ``spark.default.parallelism``, else the threads of its
+    ``local[N]`` / ``local[N,F]`` master (one RPC). None where it cannot say: a Connect server on
+    ``local[*]`` (its cores are not the client's) or on a cluster (executors come and go)."""
+    if not is_connect_session(session):
+        return int(session.sparkContext.defaultParallelism)
+    confs = session.conf.getAll
+    if confs.get("spark.default.parallelism"):
+        return int(confs["spark.default.parallelism"])
+    return local_master_threads(confs.get("spark.master", ""))
+
+
+def local_master_threads(master: str) -> int | None:
+    """The task threads of a ``local`` / ``local[N]`` / ``local[N,F]`` master; None for any other."""
+    match = _LOCAL_MASTER.match(master.strip())
+    if match is None:
+        return None
+    return int(match.group(1)) if match.group(1) else 1
 
 
 def register_sources(spark: SparkSession) -> None:

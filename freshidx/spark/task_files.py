@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from freshidx.store import StoreConfig
@@ -129,6 +130,18 @@ class BufferedParquet:
     def close(self) -> None:
         self._flush()
         self.writer.close()
+
+
+def sort_file_by(path: str, schema: pa.Schema, column: str) -> None:
+    """Rewrite the Parquet file at ``path`` (a closed :class:`BufferedParquet` of ``schema``) in the byte order
+    of ``column``, nulls last: the whole file is read into memory, so only for files a task keeps small."""
+    table = pq.ParquetFile(path).read(use_threads=False)
+    ordered = table.take(pc.sort_indices(table, sort_keys=[(column, "ascending")]))  # nulls last by default
+    out = BufferedParquet(path + ".sorting", schema)
+    for batch in ordered.to_batches(max_chunksize=ROW_GROUP_ROWS):
+        out.write(batch)
+    out.close()
+    os.replace(out.path, path)
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:

@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from freshidx.serve.kill_list import SortedIds, kill_list_of, of_shards, read_kill_list
+from freshidx.serve.kill_list import SortedIds, _in_order, kill_list_of, of_shards, read_kill_list
 from freshidx.serve.versions import KillLists, LoadedVersion, Part, VersionSet
 
 
@@ -92,3 +92,13 @@ def test_a_parts_shard_lists_are_asked_in_turn_never_merged() -> None:
     assert "ad-2" in part and "ad-33" in part and "ad-3" not in part and sorted(part) == ["ad-1", "ad-2", "ad-33"]
     assert of_shards([a]) is a and of_shards([frozenset()]) == frozenset() and not of_shards([])
     assert of_shards([part, frozenset({"x"})]).lists == (a, b, frozenset({"x"}))  # type: ignore[union-attr]
+
+
+def test_ids_in_order_are_checked_not_sorted_and_ids_out_of_order_still_sorted() -> None:
+    assert _in_order(pa.array(["ad-1", "ad-1", "ad-2", "ad-B", "ad-a"]))  # byte order: "B" (0x42) before "a"
+    assert not _in_order(pa.array(["ad-1", "ad-3", "ad-2"])) and not _in_order(pa.array(["ad-a", "ad-B"]))
+    assert _in_order(pa.array([], pa.string())) and _in_order(pa.array(["ad-9"]))
+    in_order, shuffled = pa.array(["ad-1", "ad-2", "ad-3"]), pa.array(["ad-3", "ad-1", "ad-2"])
+    for column in (in_order, shuffled):
+        kill = kill_list_of(column)
+        assert isinstance(kill, SortedIds) and list(kill) == ["ad-1", "ad-2", "ad-3"] and "ad-2" in kill

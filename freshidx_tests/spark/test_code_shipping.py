@@ -16,7 +16,7 @@ from pyspark import cloudpickle
 
 from freshidx.delta.executor import one_pass
 from freshidx.spark.code_shipping import code_version, package_zip, ship_to_connect
-from freshidx.spark.session import build_connect_session, close_session
+from freshidx.spark.session import build_connect_session, close_session, task_slots
 
 
 def test_the_zip_holds_the_package_and_is_named_by_its_content(tmp_path: Path) -> None:
@@ -78,8 +78,10 @@ def test_a_connect_session_runs_the_clients_code_from_its_zip(shared_spark_conne
         rows = [r.asDict() for _ in range(2)
                 for r in session.range(0, 1, 1, 1).mapInArrow(where, "file string, pid long, cache long, "
                                                                "budget long").collect()]
+        slots = task_slots(session)
     finally:
         close_session(session, release=True)
+    assert slots == 2  # the server's default master, local[2,4], as the client reads it over Connect
     assert all(f"freshidx-{code_version()}.zip" in r["file"] for r in rows), rows
     assert all(r["budget"] == 1 << 20 for r in rows), rows  # the installed-module cache, not the no-op one
     if rows[0]["pid"] == rows[1]["pid"]:  # a reused worker keeps its decoded state between jobs

@@ -228,6 +228,27 @@ def test_empty_shards_and_docs_roundtrip(spark: SparkSession, local_store_config
         write_index_shards(nothing, local_store_config, "delta", "../x", 2)
 
 
+def test_a_delta_shards_kill_list_is_written_in_id_order(local_store_config: StoreConfig) -> None:
+    store = open_store(local_store_config)
+    # ids arrive out of order, across batches, with the row group boundary inside none of them
+    ads = [ad(i, product=i % 5, status="deleted" if i % 7 == 0 else "active", version=i) for i in range(300)]
+    ads.reverse()
+    rows = pa.Table.from_pylist([{c: a[c] for c in COLUMNS} for a in ads], schema=DOCS_ARROW_SCHEMA)
+
+    def covered(index: str) -> pa.Table:
+        commit = write_one_index_shard(local_store_config, index, f"v-{index}", 0, 0,
+                                       rows.to_batches(max_chunksize=64))
+        key = next(f.key for f in commit.files if f.key.endswith(COVERED_FILE))
+        return pq.read_table(io.BytesIO(store.get(key).data))
+
+    delta = covered("delta")
+    assert delta.column("ad_id").to_pylist() == sorted(a["ad_id"] for a in ads)
+    by_id = {a["ad_id"]: (a["status"], a["version"]) for a in ads}  # each row's columns moved with its id
+    assert all(by_id[r["ad_id"]] == (r["status"], r["version"]) for r in delta.to_pylist())
+    # a full shard's covered file is no reader's kill-list: written as it came
+    assert covered("full").column("ad_id").to_pylist() == [a["ad_id"] for a in ads]
+
+
 def test_product_features_and_expand_to_products(spark: SparkSession) -> None:
     full = [
         ad(1, 1, bid=2.0), ad(2, 1, bid=5.0), ad(3, 1, bid=9.0, status="paused"),

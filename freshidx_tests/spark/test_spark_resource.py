@@ -21,7 +21,14 @@ import requests
 from freshidx.definitions import build_resources
 from freshidx.defs.shared.resources import SparkResource
 from freshidx.settings import Settings, SettingsError
-from freshidx.spark.session import LOCAL_DEFAULTS, LOCAL_TUNING, REQUIRED_CONF, conf_strings, driver_conf
+from freshidx.spark.session import (
+    LOCAL_DEFAULTS,
+    LOCAL_TUNING,
+    REQUIRED_CONF,
+    conf_strings,
+    driver_conf,
+    local_master_threads,
+)
 from freshidx_tests.support.cluster_fixture import StandaloneCluster
 from freshidx_tests.support.polling import poll_until
 
@@ -68,6 +75,13 @@ def test_a_cluster_driver_gets_no_local_mode_tuning(master: str) -> None:
     loopback = "127.0.0.1" in master
     assert conf["spark.driver.host"] == ("127.0.0.1" if loopback else "driver.example")
     assert conf["spark.driver.bindAddress"] == ("127.0.0.1" if loopback else "10.0.0.9")
+
+
+@pytest.mark.parametrize(("master", "threads"), [
+    ("local", 1), ("local[2]", 2), ("local[2,4]", 2), ("local[16, 3]", 16), ("local[*]", None),
+    ("local[*,4]", None), ("spark://127.0.0.1:7077", None), ("k8s://https://api:6443", None), ("yarn", None)])
+def test_the_task_threads_of_a_local_master(master: str, threads: int | None) -> None:
+    assert local_master_threads(master) == threads
 
 
 def test_local_mode_lays_spark_config_over_the_local_defaults() -> None:
