@@ -63,7 +63,7 @@ class PipelineSettings(BaseModel):
         4, ge=1, le=4096,
         description="at most this many output shards of one incremental segment, each built by its own task "
         "(the touched products of its part); how many a micro-batch uses follows what it reads "
-        "(delta_segment_shard_mb)")
+        "(delta_segment_shard_mb), and never more than Spark's task slots where it says")
     delta_segment_shard_mb: float = Field(
         8.0, ge=0, le=1048576,
         description="MiB of raw input per segment shard: a micro-batch reading N MiB builds ceil(N / this) shards, "

@@ -63,7 +63,6 @@ from freshidx.spark.shards import (
     upload_file,
     write_sharded,
 )
-from freshidx.spark.task_files import sort_file_by
 from freshidx.store import StoreConfig, layout
 
 #: Told of a state file a shard task wrote: (the store, its key, its local path), after its upload.
@@ -113,7 +112,8 @@ def write_one_index_shard(
         builder = IndexBuilder(index_dir)
         features = ProductFeatures()
         spill_path = os.path.join(tmp, SPILL_FILE)
-        covered = BufferedParquet(os.path.join(tmp, COVERED_FILE), COVERED_ARROW_SCHEMA)
+        covered = BufferedParquet(os.path.join(tmp, COVERED_FILE), COVERED_ARROW_SCHEMA,
+                                  sort_by="ad_id" if index in KILL_LIST_INDEXES else None)
         docs = BufferedParquet(os.path.join(tmp, DOCS_FILE), DOCS_ARROW_SCHEMA) if with_docs else None
         try:
             _take_rows(batches, spill_path, features, covered, docs)
@@ -123,8 +123,6 @@ def write_one_index_shard(
             covered.close()
             if docs is not None:
                 docs.close()
-        if index in KILL_LIST_INDEXES and covered.rows > 1:
-            sort_file_by(covered.path, COVERED_ARROW_SCHEMA, "ad_id")
         t2 = time.monotonic()
         files: list[ShardFile] = [
             upload_file(fs, config, os.path.join(index_dir, name), prefix + INDEX_DIR + name, 0)

@@ -99,11 +99,14 @@ DICTIONARY_COLUMNS = ("campaign_id", "product_id", "status", "keywords")
 
 
 class BufferedParquet:
-    """A zstd Parquet file written in row groups of about :data:`ROW_GROUP_ROWS` rows."""
+    """A zstd Parquet file written in row groups of about :data:`ROW_GROUP_ROWS` rows; with ``sort_by``, its
+    rows in that column's byte order (nulls last), held in memory until :meth:`close`: only for files a task
+    keeps small."""
 
-    def __init__(self, path: str, schema: pa.Schema) -> None:
+    def __init__(self, path: str, schema: pa.Schema, *, sort_by: str | None = None) -> None:
         self.path = path
         self.schema = schema
+        self.sort_by = sort_by
         dictionary = [f"{c}.list.element" if pa.types.is_list(schema.field(c).type) else c
                       for c in DICTIONARY_COLUMNS if c in schema.names]
         self.writer = pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary,
@@ -118,30 +121,20 @@ class BufferedParquet:
         self.pending.append(batch)
         self.pending_rows += batch.num_rows
         self.rows += batch.num_rows
-        if self.pending_rows >= ROW_GROUP_ROWS:
+        if self.pending_rows >= ROW_GROUP_ROWS and self.sort_by is None:
             self._flush()
 
     def _flush(self) -> None:
         if self.pending:
             table = pa.Table.from_batches(self.pending, schema=self.schema)
+            if self.sort_by is not None:
+                table = table.take(pc.sort_indices(table.column(self.sort_by)))  # one column: Arrow's fast path
             self.writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
             self.pending, self.pending_rows = [], 0
 
     def close(self) -> None:
         self._flush()
         self.writer.close()
-
-
-def sort_file_by(path: str, schema: pa.Schema, column: str) -> None:
-    """Rewrite the Parquet file at ``path`` (a closed :class:`BufferedParquet` of ``schema``) in the byte order
-    of ``column``, nulls last: the whole file is read into memory, so only for files a task keeps small."""
-    table = pq.ParquetFile(path).read(use_threads=False)
-    ordered = table.take(pc.sort_indices(table, sort_keys=[(column, "ascending")]))  # nulls last by default
-    out = BufferedParquet(path + ".sorting", schema)
-    for batch in ordered.to_batches(max_chunksize=ROW_GROUP_ROWS):
-        out.write(batch)
-    out.close()
-    os.replace(out.path, path)
 
 
 def conform(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
