@@ -75,7 +75,8 @@ INDEX_COLUMNS: tuple[str, ...] = tuple(DOCS_ARROW_SCHEMA.names)
 SPILL_FILE = "active.arrow"
 #: Indexes whose ``covered.parquet`` readers take in as a kill-list (:mod:`freshidx.serve.kill_list`): written
 #: in ``ad_id`` order, so that each reader checks the order instead of sorting it again on its swap's path.
-#: A delta shard holds what its batch touched; a full shard's covered file is never a kill-list.
+#: A delta shard holds what its batch touched; a full shard's covered file is never a kill-list. A shard of more
+#: than ``task_files.SORTED_ROWS_MAX`` ids (a large window rebuild's) is written as its rows came: its readers sort.
 KILL_LIST_INDEXES = frozenset({"delta"})
 #: An optional boolean column of a shard build's rows: when present, only flagged rows go to the kill-list
 #: (``covered.parquet``) and, when active, into the index; every active row still goes to ``docs.parquet``

@@ -21,6 +21,8 @@ from freshidx.store.object_store import check_key
 
 ROW_GROUP_ROWS = 128 * 1024
 COPY_CHUNK_BYTES = 8 * 1024 * 1024
+#: At most this many rows of a file written in order are held in memory (a few columns: ~100 MB).
+SORTED_ROWS_MAX = 2 * 1024 * 1024
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,199}$")
 
 
@@ -99,14 +101,18 @@ DICTIONARY_COLUMNS = ("campaign_id", "product_id", "status", "keywords")
 
 
 class BufferedParquet:
-    """A zstd Parquet file written in row groups of about :data:`ROW_GROUP_ROWS` rows; with ``sort_by``, its
-    rows in that column's byte order (nulls last), held in memory until :meth:`close`: only for files a task
-    keeps small."""
+    """A zstd Parquet file written in row groups of about :data:`ROW_GROUP_ROWS` rows.
 
-    def __init__(self, path: str, schema: pa.Schema, *, sort_by: str | None = None) -> None:
+    With ``sort_by``, the rows are held until :meth:`close` and written in that column's byte order (nulls
+    last), as long as there are at most ``sorted_rows_max`` of them: past that the file is written as the rows
+    came (:attr:`ordered` False), so a task's memory never grows with a large file (a window rebuild's shard)."""
+
+    def __init__(self, path: str, schema: pa.Schema, *, sort_by: str | None = None,
+                 sorted_rows_max: int = SORTED_ROWS_MAX) -> None:
         self.path = path
         self.schema = schema
         self.sort_by = sort_by
+        self.sorted_rows_max = sorted_rows_max
         dictionary = [f"{c}.list.element" if pa.types.is_list(schema.field(c).type) else c
                       for c in DICTIONARY_COLUMNS if c in schema.names]
         self.writer = pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary,
@@ -115,19 +121,24 @@ class BufferedParquet:
         self.pending_rows = 0
         self.rows = 0
 
+    @property
+    def ordered(self) -> bool:
+        """Whether the file is (so far) in ``sort_by`` order."""
+        return self.sort_by is not None and self.rows <= self.sorted_rows_max
+
     def write(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
         self.pending.append(batch)
         self.pending_rows += batch.num_rows
         self.rows += batch.num_rows
-        if self.pending_rows >= ROW_GROUP_ROWS and self.sort_by is None:
+        if self.pending_rows >= ROW_GROUP_ROWS and not self.ordered:
             self._flush()
 
     def _flush(self) -> None:
         if self.pending:
             table = pa.Table.from_batches(self.pending, schema=self.schema)
-            if self.sort_by is not None:
+            if self.ordered:
                 table = table.take(pc.sort_indices(table.column(self.sort_by)))  # one column: Arrow's fast path
             self.writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
             self.pending, self.pending_rows = [], 0

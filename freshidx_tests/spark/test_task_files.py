@@ -42,6 +42,26 @@ def test_parquet_dictionaries_only_where_values_repeat_and_no_statistics(tmp_pat
     assert pq.read_table(covered.path).schema.equals(COVERED_ARROW_SCHEMA)
 
 
+def test_a_file_written_in_order_holds_its_rows_only_up_to_a_bound(tmp_path: Path) -> None:
+    docs = _docs(1000).select(COVERED_ARROW_SCHEMA.names).cast(COVERED_ARROW_SCHEMA)
+    shuffled = docs.take(pa.array([(i * 7919) % 1000 for i in range(1000)]))  # every row once, out of order
+    ids = shuffled.column("ad_id").to_pylist()
+
+    def written(name: str, max_rows: int) -> tuple[BufferedParquet, pa.Table]:
+        out = BufferedParquet(str(tmp_path / name), COVERED_ARROW_SCHEMA, sort_by="ad_id", sorted_rows_max=max_rows)
+        for batch in shuffled.to_batches(max_chunksize=64):
+            out.write(batch)
+        out.close()
+        return out, pq.read_table(out.path)
+
+    small, back = written("in-order.parquet", 1000)
+    assert small.ordered and back.column("ad_id").to_pylist() == sorted(ids)  # byte order ("ad-10" < "ad-2")
+    by_id = {r["ad_id"]: r for r in docs.to_pylist()}
+    assert all(by_id[r["ad_id"]] == r for r in back.to_pylist())  # each row moved whole
+    large, back = written("as-came.parquet", 999)
+    assert not large.ordered and back.column("ad_id").to_pylist() == ids
+
+
 def test_a_task_sizes_arrows_pool_to_its_cores(spark: SparkSession) -> None:
     def task(batches):  # type: ignore[no-untyped-def]
         from freshidx.spark.task_files import use_task_cores
