@@ -103,16 +103,78 @@ def latest_per_ad(table: pa.Table) -> pa.Table:
     are not returned in any particular order."""
     if table.num_rows == 0:
         return table
-    # Most ads of a micro-batch's state have one row (of the newest layer holding them): only the ads
-    # with several rows go through the sort below.
-    counts = pc.value_counts(table.column("ad_id"))
-    several = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
-    if len(several) == 0:
+    codes, distinct = id_codes(table.column("ad_id"))
+    # Most ads of a micro-batch's state have one row (of the newest layer holding them).
+    if distinct == len(codes):
         return table
-    if len(several) < len(counts):
-        repeated = is_in(table.column("ad_id"), several)
-        return pa.concat_tables([table.filter(pc.invert(repeated)), _latest_of_repeated(table.filter(repeated))])
-    return _latest_of_repeated(table)
+    return table.take(pa.array(latest_rows(table, codes)))
+
+
+def latest_rows(table: pa.Table, codes: np.ndarray) -> np.ndarray:
+    """The position in ``table`` of each ad's row that :func:`latest_per_ad` keeps, in no particular order
+    (``codes``: :func:`id_codes` of its ``ad_id``)."""
+    if table.num_rows == 0:
+        return np.zeros(0, np.int64)
+    # The two most significant columns are integers: a sort of integers ranks every ad's rows, and only
+    # the rows tied with an ad's first on both (mostly exact duplicates: a segment re-emits its touched
+    # products' untouched ads, so one row sits in several state files) need the other columns.
+    version = _sortable(table.column("version"))
+    updated = _sortable(table.column("updated_at"))
+    order = np.lexsort((~updated, ~version, codes))  # by ad, then descending (``~``: nulls last)
+    codes, version, updated = codes[order], version[order], updated[order]
+    same_ad = codes[1:] == codes[:-1]
+    tied = same_ad & (version[1:] == version[:-1]) & (updated[1:] == updated[:-1])
+    run_start = np.concatenate([[True], ~tied])  # runs of rows tied on the ad and both columns
+    runs = np.flatnonzero(run_start)
+    lengths = np.diff(np.append(runs, len(order)))
+    leading = np.concatenate([[True], ~same_ad])[runs]  # the run holding its ad's greatest of both
+    alone = order[runs[leading & (lengths == 1)]]
+    contested = order[np.flatnonzero((leading & (lengths > 1))[np.cumsum(run_start) - 1])]
+    if len(contested) == 0:
+        return alone
+    tied_rows = table.take(pa.array(contested)).append_column(_ROW, pa.array(contested))
+    settled = _latest_of_tied(tied_rows).column(_ROW).to_numpy()
+    return np.concatenate([alone, settled])
+
+
+#: The column that carries a row's position through :func:`_latest_of_tied`.
+_ROW = "_row"
+
+
+def _latest_of_tied(table: pa.Table) -> pa.Table:
+    """The winner of each ad of ``table``, whose rows come in runs of one ad tied on version and
+    ``updated_at``: the run's first row when every row of it equals the one before; else the full
+    comparison (:func:`_latest_of_repeated`: two contents of one version, rare)."""
+    ids = table.column("ad_id").combine_chunks()
+    starts = _bools(pa.concat_arrays([pa.array([True]), pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1))]))
+    fingerprinted = table.append_column("_kw", list_fingerprint(table.column("keywords")))
+    compared = [c for c in fingerprinted.column_names if c not in ("keywords", _ROW)]
+    differs = np.concatenate([[False], ~_bools(_same_as_previous(fingerprinted, compared))]) & ~starts
+    run_of = np.cumsum(starts) - 1
+    unsettled = np.zeros(int(run_of[-1]) + 1, bool)
+    unsettled[run_of[differs]] = True
+    unsettled_rows = unsettled[run_of]
+    first = table.filter(pa.array(starts & ~unsettled_rows))
+    if not unsettled_rows.any():
+        return first
+    return pa.concat_tables([first, _latest_of_repeated(table.filter(pa.array(unsettled_rows)))])
+
+
+def id_codes(ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, int]:
+    """One integer per row, equal exactly when the rows' ids are (null: one code of its own), and how
+    many distinct ids there are."""
+    if isinstance(ids, pa.ChunkedArray):  # one dictionary: per-chunk dictionaries would need unifying
+        ids = ids.combine_chunks()
+    encoded = pc.dictionary_encode(ids, null_encoding="encode")
+    return np.asarray(encoded.indices.to_numpy(zero_copy_only=False), np.int64), len(encoded.dictionary)
+
+
+def _sortable(column: pa.ChunkedArray) -> np.ndarray:
+    """Integers (or timestamps) as int64 in Spark's ascending order: null the smallest."""
+    if pa.types.is_timestamp(column.type):
+        column = column.cast(pa.int64())
+    values = pc.fill_null(column, np.iinfo(np.int64).min)
+    return np.asarray(values.to_numpy(), np.int64)
 
 
 def _latest_of_repeated(table: pa.Table) -> pa.Table:

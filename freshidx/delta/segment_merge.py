@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -22,10 +23,11 @@ from freshidx.record_rules import (
     TYPED_FIELDS,
     ProductFeatures,
     equal_or_null,
+    id_codes,
     is_active,
     is_in,
     latest_of_two,
-    latest_per_ad,
+    latest_rows,
     touched_products,
 )
 
@@ -74,38 +76,52 @@ def segment_update(batch: pa.Table, state: pa.Table, distrusted: pa.Array | None
     as every touched product was before.
     """
     batch = batch.select(list(TYPED_FIELDS))
-    state = state.select(list(TYPED_FIELDS))
-    batch_ids = pc.unique(batch.column("ad_id").combine_chunks())
-    prior_batch = latest_per_ad(state.filter(is_in(state.column("ad_id"), batch_ids)))
+    state = state.select(list(TYPED_FIELDS)).combine_chunks()  # one chunk: many takes and filters follow
+    # Each ad as one integer over the state and the batch: one hash of the ids, not one per set below.
+    codes, distinct = id_codes(pa.chunked_array([*state.column("ad_id").chunks, *batch.column("ad_id").chunks],
+                                                pa.string()))
+    state_ads, batch_ads = codes[:state.num_rows], codes[state.num_rows:]
+    latest = latest_rows(state, state_ads)
+    in_batch = np.zeros(distinct, bool)
+    in_batch[batch_ads] = True
+    of_batch = in_batch[state_ads[latest]]
+    prior_batch = state.take(pa.array(latest[of_batch]))
     touched = touched_products(batch, prior_batch)
-    in_touched = pc.unique(state.column("ad_id").filter(is_in(state.column("product_id"), touched)).combine_chunks())
-    others = in_touched.filter(pc.invert(is_in(in_touched, batch_ids)))
-    prior_others = latest_per_ad(state.filter(is_in(state.column("ad_id"), others)))
-    # The latest row is a maximum per ad: the batch competes only with its own ads' prior rows.
+    # The other ads of the touched products, at their latest row: an ad whose latest row is elsewhere
+    # neither is a document of these products nor counts in their features.
+    rest = state.take(pa.array(latest[~of_batch]))
+    prior_others = rest.filter(is_in(rest.column("product_id"), touched))
+    # The latest row is a maximum per ad: the batch competes only with its own ads' prior rows. Every
+    # row of prior_others is in a touched product and every row of latest_batch is a batch ad's.
     latest_batch = latest_of_two(prior_batch, batch)
-    resolved = pa.concat_tables([prior_others, latest_batch])
-    rows = resolved.filter(pc.or_(is_in(resolved.column("product_id"), touched),
-                                  is_in(resolved.column("ad_id"), batch_ids)))
-    changed = _features_changed(prior_others, prior_batch, latest_batch, touched)
-    replaced_ads = batch_ids
+    rows = pa.concat_tables([prior_others, latest_batch])
+    changed = _features_changed(prior_others, prior_batch, latest_batch)
+    replace_others = is_in(prior_others.column("product_id"), changed)
     if distrusted is not None and len(distrusted):
-        replaced_ads = pc.unique(pa.concat_arrays([batch_ids, distrusted.cast(pa.string())]))
-        mixed = pa.concat_tables([prior_others, prior_batch, rows])
+        distrusted = distrusted.cast(pa.string())
+        mixed = pa.concat_tables([prior_others, prior_batch, latest_batch])
         changed = pc.unique(pa.concat_arrays([
             changed, mixed.filter(is_in(mixed.column("ad_id"), distrusted)).column("product_id").combine_chunks()
         ]).drop_null())
-    replace = pc.or_(is_in(rows.column("ad_id"), replaced_ads), is_in(rows.column("product_id"), changed))
+        replace_others = pc.or_(is_in(prior_others.column("ad_id"), distrusted),
+                                is_in(prior_others.column("product_id"), changed))
+    replace = pa.concat_arrays([_array(replace_others), pa.array(np.ones(latest_batch.num_rows, bool))])
     return SegmentUpdate(rows=rows, replace=replace)
 
 
-def _features_changed(others: pa.Table, old_batch: pa.Table, new_batch: pa.Table, touched: pa.Array) -> pa.Array:
-    """The products of ``touched`` whose features over the active ads of ``others`` and ``old_batch`` differ from
-    those over ``others`` and ``new_batch`` (the batch ads' rows before and after; ``others``: the other ads).
+def _array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def _features_changed(others: pa.Table, old_batch: pa.Table, new_batch: pa.Table) -> pa.Array:
+    """The products whose features over the active ads of ``others`` and ``old_batch`` differ from those over
+    ``others`` and ``new_batch`` (the batch ads' rows before and after; ``others``: the other ads of the
+    products the batch touches, the only products an active row of either batch side can be in).
 
     Settled from the batch's side: a product's count changes exactly when its batch ads' count does, and
     its best bid can change only where its batch ads' best bid does; only for those products are the other
     ads' bids aggregated (a product's other ads are most of the rows)."""
-    old, new = _features(old_batch, touched), _features(new_batch, touched)
+    old, new = _features(old_batch), _features(new_batch)
     joined = old.join(new, "product_id", join_type="full outer", left_suffix="_old", right_suffix="_new",
                       use_threads=False)
     counts_same = pc.equal(joined.column("n_old").fill_null(0), joined.column("n_new").fill_null(0))
@@ -125,9 +141,12 @@ def _features_changed(others: pa.Table, old_batch: pa.Table, new_batch: pa.Table
     return pa.concat_arrays([changed, moved])
 
 
-def _features(rows: pa.Table, products: pa.Array) -> pa.Table:
-    """``ProductFeatures`` (``product_id, n, best``) of the active ``rows`` of ``products``."""
+def _features(rows: pa.Table, products: pa.Array | None = None) -> pa.Table:
+    """``ProductFeatures`` (``product_id, n, best``) of the active ``rows`` (of ``products``, when given)."""
     features = ProductFeatures()
     columns = rows.select(["product_id", "bid", "status"])  # filtering texts and keywords too costs more
-    features.add(columns.filter(pc.and_(is_active(columns), is_in(columns.column("product_id"), products))))
+    wanted = is_active(columns)
+    if products is not None:
+        wanted = pc.and_(wanted, is_in(columns.column("product_id"), products))
+    features.add(columns.filter(wanted))
     return features.table()

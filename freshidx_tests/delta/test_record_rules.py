@@ -109,10 +109,12 @@ def _random_rows(rng: random.Random, n: int) -> list[dict[str, Any]]:
 def test_latest_per_ad_and_latest_of_two_follow_the_written_out_rule(seed: int) -> None:
     rng = random.Random(seed)
     rows = _random_rows(rng, 400)
+    rows = [*rows, *rng.sample(rows, 120)]  # exact duplicates, as one row sits in several state files
+    rng.shuffle(rows)
     want = _reference(rows)
     got = {r["ad_id"]: tuple(r[c] for c in rules.TYPED_FIELDS) for r in rules.latest_per_ad(table(rows)).to_pylist()}
     assert got == want
-    prior, batch = rows[:200], rows[200:]
+    prior, batch = rows[:260], rows[260:]
     two = rules.latest_of_two(rules.latest_per_ad(table(prior)), rules.latest_per_ad(table(batch)))
     assert {r["ad_id"]: tuple(r[c] for c in rules.TYPED_FIELDS) for r in two.to_pylist()} == want
     assert two.num_rows == len(want)
