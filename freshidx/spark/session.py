@@ -49,6 +49,16 @@ REQUIRED_CONF: dict[str, str] = {
     "spark.sql.json.enablePartialResults": "true",
 }
 
+#: The memory allocator of Arrow in the Python workers (``ARROW_DEFAULT_MEMORY_POOL``): the C library's.
+#: A task's Arrow work (parse, state lookup, merge) allocates and frees large buffers; pyarrow's default
+#: allocator hands freed pages back to the kernel and faults them in again, which on a kernel with
+#: transparent huge pages costs seconds of system time per large micro-batch (docs/operations.md#worker-memory).
+WORKER_ARROW_POOL = "system"
+#: How a session whose driver runs here gives its workers :data:`WORKER_ARROW_POOL` (``spark_config``
+#: overrides it). A Connect server's workers inherit the server's environment instead
+#: (``freshidx spark-server`` sets it there).
+WORKER_ENV_CONF: dict[str, str] = {"spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": WORKER_ARROW_POOL}
+
 #: A local-mode driver listens on loopback only: no hostname lookups at start-up, nothing listening on
 #: public interfaces. A cluster's driver gets :func:`cluster_conf` instead.
 LOOPBACK_DRIVER: dict[str, str] = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
@@ -75,7 +85,7 @@ LOCAL_TUNING: dict[str, str] = {
 }
 
 #: A local session's defaults (``spark_config`` overrides them).
-LOCAL_DEFAULTS: dict[str, str] = {**REQUIRED_CONF, **LOOPBACK_DRIVER, **LOCAL_TUNING}
+LOCAL_DEFAULTS: dict[str, str] = {**REQUIRED_CONF, **WORKER_ENV_CONF, **LOOPBACK_DRIVER, **LOCAL_TUNING}
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -106,10 +116,11 @@ def driver_conf(master: str, spark_config: Mapping[str, str] | None = None,
                 env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The builder conf of a session whose driver runs in this process; ``spark_config`` wins.
 
-    Local mode: :data:`LOCAL_DEFAULTS`. A cluster's driver: :data:`REQUIRED_CONF` and :func:`cluster_conf`
-    only, so Spark's and the cluster's own defaults apply to everything else.
+    Local mode: :data:`LOCAL_DEFAULTS`. A cluster's driver: :data:`REQUIRED_CONF`, :data:`WORKER_ENV_CONF`
+    and :func:`cluster_conf` only, so Spark's and the cluster's own defaults apply to everything else.
     """
-    base = {**REQUIRED_CONF, **cluster_conf(master, env)} if is_cluster_master(master) else LOCAL_DEFAULTS
+    base = ({**REQUIRED_CONF, **WORKER_ENV_CONF, **cluster_conf(master, env)} if is_cluster_master(master)
+            else LOCAL_DEFAULTS)
     return {**base, **(spark_config or {})}
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from freshidx.spark.class_archive import spark_home
+from freshidx.spark.session import WORKER_ARROW_POOL
 from freshidx.spark_server.server_config import SERVER_CLASS, ServerConfig
 from freshidx.spark_server.server_state import now_iso
 
@@ -49,8 +50,10 @@ def command(config: ServerConfig, properties_path: Path) -> list[str]:
 
 
 def environment(config: ServerConfig) -> dict[str, str]:
-    """This process's environment minus whatever would make spark-submit a Connect *client*."""
+    """This process's environment minus whatever would make spark-submit a Connect *client*, and the
+    Python workers' Arrow allocator (``session.WORKER_ARROW_POOL``) unless it names one."""
     env = dict(os.environ)
+    env.setdefault("ARROW_DEFAULT_MEMORY_POOL", WORKER_ARROW_POOL)
     for var in ("SPARK_REMOTE", "SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_SUBMIT_ARGS"):
         env.pop(var, None)
     env["SPARK_HOME"] = str(spark_home())

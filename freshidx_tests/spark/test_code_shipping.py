@@ -16,7 +16,7 @@ from pyspark import cloudpickle
 
 from freshidx.delta.executor import one_pass
 from freshidx.spark.code_shipping import code_version, package_zip, ship_to_connect
-from freshidx.spark.session import build_connect_session, close_session, task_slots
+from freshidx.spark.session import WORKER_ARROW_POOL, build_connect_session, close_session, task_slots
 
 
 def test_the_zip_holds_the_package_and_is_named_by_its_content(tmp_path: Path) -> None:
@@ -73,17 +73,19 @@ def test_a_connect_session_runs_the_clients_code_from_its_zip(shared_spark_conne
                 pass
             cache = resolve_worker_cache(1 << 20)
             yield pa.RecordBatch.from_pydict({"file": [freshidx.__file__], "pid": [os.getpid()],
-                                              "cache": [id(cache)], "budget": [cache.max_bytes]})
+                                              "cache": [id(cache)], "budget": [cache.max_bytes],
+                                              "pool": [pa.default_memory_pool().backend_name]})
 
         rows = [r.asDict() for _ in range(2)
                 for r in session.range(0, 1, 1, 1).mapInArrow(where, "file string, pid long, cache long, "
-                                                               "budget long").collect()]
+                                                               "budget long, pool string").collect()]
         slots = task_slots(session)
     finally:
         close_session(session, release=True)
     assert slots == 2  # the server's default master, local[2,4], as the client reads it over Connect
     assert all(f"freshidx-{code_version()}.zip" in r["file"] for r in rows), rows
     assert all(r["budget"] == 1 << 20 for r in rows), rows  # the installed-module cache, not the no-op one
+    assert all(r["pool"] == WORKER_ARROW_POOL for r in rows), rows  # the environment the server started with
     if rows[0]["pid"] == rows[1]["pid"]:  # a reused worker keeps its decoded state between jobs
         assert rows[0]["cache"] == rows[1]["cache"]
     # A job carries a reference to the code, not the code: a micro-batch's task pickles to a few KB.

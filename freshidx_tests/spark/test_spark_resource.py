@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import requests
 
@@ -25,6 +26,8 @@ from freshidx.spark.session import (
     LOCAL_DEFAULTS,
     LOCAL_TUNING,
     REQUIRED_CONF,
+    WORKER_ARROW_POOL,
+    WORKER_ENV_CONF,
     conf_strings,
     driver_conf,
     local_master_threads,
@@ -70,7 +73,8 @@ def test_a_cluster_driver_gets_no_local_mode_tuning(master: str) -> None:
     env = {"SPARK_LOCAL_HOSTNAME": "driver.example", "SPARK_LOCAL_IP": "10.0.0.9"}
     conf = driver_conf(master, {"spark.executor.memory": "2g"}, env)
     assert not set(conf) & set(LOCAL_TUNING), sorted(set(conf) & set(LOCAL_TUNING))
-    assert set(conf) == {*REQUIRED_CONF, "spark.driver.host", "spark.driver.bindAddress", "spark.executor.memory"}
+    assert set(conf) == {*REQUIRED_CONF, *WORKER_ENV_CONF, "spark.driver.host", "spark.driver.bindAddress",
+                         "spark.executor.memory"}
     assert REQUIRED_CONF.items() <= conf.items()
     loopback = "127.0.0.1" in master
     assert conf["spark.driver.host"] == ("127.0.0.1" if loopback else "driver.example")
@@ -89,6 +93,15 @@ def test_local_mode_lays_spark_config_over_the_local_defaults() -> None:
     assert LOCAL_TUNING.items() <= LOCAL_DEFAULTS.items() and REQUIRED_CONF.items() <= LOCAL_DEFAULTS.items()
     assert driver_conf("local[2]", {"spark.sql.shuffle.partitions": "8"}) == {
         **LOCAL_DEFAULTS, "spark.sql.shuffle.partitions": "8"}
+
+
+def test_a_local_sessions_python_workers_take_arrow_memory_from_the_worker_pool(spark: Any) -> None:
+    def pool(batches):  # type: ignore[no-untyped-def]  # nested: pickled by value
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pydict({"pool": [pa.default_memory_pool().backend_name]})
+
+    assert spark.range(0, 1, 1, 1).mapInArrow(pool, "pool string").collect()[0]["pool"] == WORKER_ARROW_POOL
 
 
 def test_spark_config_is_flattened_as_dagster_pyspark_accepts_it() -> None:
