@@ -52,7 +52,8 @@ REQUIRED_CONF: dict[str, str] = {
 #: The memory allocator of Arrow in the Python workers (``ARROW_DEFAULT_MEMORY_POOL``): the C library's.
 #: A task's Arrow work (parse, state lookup, merge) allocates and frees large buffers; pyarrow's default
 #: allocator hands freed pages back to the kernel and faults them in again, which on a kernel with
-#: transparent huge pages costs seconds of system time per large micro-batch (docs/operations.md#worker-memory).
+#: transparent huge pages costs seconds of system time per large micro-batch
+#: (docs/operations.md#arrow-memory-in-the-python-workers).
 WORKER_ARROW_POOL = "system"
 #: How a session whose driver runs here gives its workers :data:`WORKER_ARROW_POOL` (``spark_config``
 #: overrides it). A Connect server's workers inherit the server's environment instead
