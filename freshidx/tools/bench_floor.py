@@ -170,21 +170,35 @@ def _spark_rounds(spark: Any, store: Any, sc: Any, settings: Any, cfg: Any, newe
                 raise RuntimeError(f"{draft.index} {draft.version}: {result.outcome}: {result.reason}")
             return draft
 
+        t0 = time.monotonic()
+        log("floor: full index from the raw window ...")
         published(build_full(spark, store, sc, settings, cutoff=newest, run_id="floor-full", run_info={}))
-        for n in range(1, rounds + 3):  # two to warm the server and its Python workers, then the measured ones
+        log(f"floor: full index published after {time.monotonic() - t0:.1f} s")
+        total = rounds + 2
+        for n in range(1, total + 1):  # two to warm the server and its Python workers, then the measured ones
             p = PartitionId(newest.at + dt.timedelta(minutes=5 * n))
             write_partition(store, cfg, p)
             layers = _serving_layers(store)  # the state the micro-batch rests on, for the floor's documents
             plan = DeltaPlan(partition=p, watermark=None, run_id=f"floor-{n}", run_info={})
-            for _ in range(warm_builds if n == 2 else 0):  # the JVM's warm-up: the same job, never published
+            warm = warm_builds if n == 2 else 0
+            for k in range(warm):  # the JVM's warm-up: the same job, never published
+                t1 = time.monotonic()
                 build_delta(spark, store, sc, settings, plan)
+                log(f"floor: warm-up build {k + 1}/{warm} of micro-batch 2 in {time.monotonic() - t1:.1f} s")
             draft = published(build_delta(spark, store, sc, settings, plan))
+            log(f"floor: micro-batch {n}/{total} ({'measured' if n > 2 else 'warm-up'}) built in "
+                f"{draft.stats['build_seconds']} s")
             # What the continuous loop does while it waits for the next partition: the warm-up after a
             # publication and, before the measured rounds, the keep-alive jobs of ``idle_minutes``.
-            for _ in range(1 + (_keep_alive_jobs(idle_minutes) if n == 2 else 0)):
+            jobs = 1 + (_keep_alive_jobs(idle_minutes) if n == 2 else 0)
+            t1 = time.monotonic()
+            for k in range(jobs):
                 warm_state(spark, sc, _serving_layers(store), tasks=settings.delta_segment_shards,
                            cache_bytes=settings.delta_state_cache_bytes,
                            disk_bytes=settings.delta_state_disk_bytes)
+                if jobs > 1:
+                    each = (time.monotonic() - t1) / (k + 1)
+                    log(f"floor: idle keep-alive job {k + 1}/{jobs}, about {each * (jobs - k - 1):.0f} s left")
             if n > 2:
                 measured.append((p, layers, draft))
     finally:
