@@ -41,6 +41,8 @@ from freshidx import procs
 from freshidx.serve import status
 from freshidx.spark.class_archive import parse_memory
 from freshidx.spark.local_archive import CDS_DIR_ENV
+from freshidx.spark.session import WORKER_ARROW_POOL
+from freshidx.spark_server import server_launch
 from freshidx.spark_server.jvm import jcmd, sample_memory
 from freshidx.spark_server.lease import ServerUnavailable, acquire_lease, active_leases
 from freshidx.spark_server.server_config import SERVER_CLASS, ServerConfig
@@ -191,6 +193,15 @@ def test_memory_strings_and_defaults(tmp_path: Path) -> None:
     assert conf["spark.sql.shuffle.partitions"] == "3" and conf["spark.ui.enabled"] == "true"  # extra conf wins
     with pytest.raises(ValueError):
         ServerConfig(state_dir=tmp_path, max_heap_fraction=1.5)
+
+
+def test_the_servers_python_workers_get_the_worker_arrow_pool_unless_one_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = ServerConfig(state_dir=tmp_path)
+    monkeypatch.delenv("ARROW_DEFAULT_MEMORY_POOL", raising=False)
+    assert server_launch.environment(cfg)["ARROW_DEFAULT_MEMORY_POOL"] == WORKER_ARROW_POOL
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    assert server_launch.environment(cfg)["ARROW_DEFAULT_MEMORY_POOL"] == "jemalloc"
 
 
 def test_lease_without_server_times_out_clearly(tmp_path: Path) -> None:
