@@ -106,6 +106,10 @@ def test_bench_floor_json(tmp_path: Path) -> None:
     assert out["floor_s"] == round(sum(r["floor_s"] for r in out["rounds"]) / 2, 3)  # the median of two
     assert out["ratio"] == round(out["spark_s"] / out["floor_s"], 2)
     assert {"parse_seconds", "state_seconds", "merge_seconds", "index_seconds"} <= set(out["spark_steps"])
+    # The minutes between seeding and the measured rounds say where they are.
+    for shown in ("full index published", "warm-up build 1/1", "micro-batch 4/4 (measured)",
+                  "idle keep-alive job 3/3"):
+        assert f"floor: {shown}" in proc.stderr, proc.stderr[-3000:]
 
 
 def test_bench_delta_table_says_when_the_rebuild_was_not_run() -> None:
