@@ -146,7 +146,8 @@ def _latest_of_tied(table: pa.Table) -> pa.Table:
     ``updated_at``: the run's first row when every row of it equals the one before; else the full
     comparison (:func:`_latest_of_repeated`: two contents of one version, rare)."""
     ids = table.column("ad_id").combine_chunks()
-    starts = _bools(pa.concat_arrays([pa.array([True]), pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1))]))
+    first = pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1)).fill_null(True)  # row i+1 starts a new ad
+    starts = _bools(pa.concat_arrays([pa.array([True]), first]))
     fingerprinted = table.append_column("_kw", list_fingerprint(table.column("keywords")))
     compared = [c for c in fingerprinted.column_names if c not in ("keywords", _ROW)]
     differs = np.concatenate([[False], ~_bools(_same_as_previous(fingerprinted, compared))]) & ~starts
@@ -154,10 +155,10 @@ def _latest_of_tied(table: pa.Table) -> pa.Table:
     unsettled = np.zeros(int(run_of[-1]) + 1, bool)
     unsettled[run_of[differs]] = True
     unsettled_rows = unsettled[run_of]
-    first = table.filter(pa.array(starts & ~unsettled_rows))
+    settled = table.filter(pa.array(starts & ~unsettled_rows))
     if not unsettled_rows.any():
-        return first
-    return pa.concat_tables([first, _latest_of_repeated(table.filter(pa.array(unsettled_rows)))])
+        return settled
+    return pa.concat_tables([settled, _latest_of_repeated(table.filter(pa.array(unsettled_rows)))])
 
 
 def id_codes(ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, int]:
