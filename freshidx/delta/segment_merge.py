@@ -105,12 +105,8 @@ def segment_update(batch: pa.Table, state: pa.Table, distrusted: pa.Array | None
         ]).drop_null())
         replace_others = pc.or_(is_in(prior_others.column("ad_id"), distrusted),
                                 is_in(prior_others.column("product_id"), changed))
-    replace = pa.concat_arrays([_array(replace_others), pa.array(np.ones(latest_batch.num_rows, bool))])
+    replace = pa.concat_arrays([replace_others.combine_chunks(), pa.array(np.ones(latest_batch.num_rows, bool))])
     return SegmentUpdate(rows=rows, replace=replace)
-
-
-def _array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
-    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
 def _features_changed(others: pa.Table, old_batch: pa.Table, new_batch: pa.Table) -> pa.Array:
