@@ -248,6 +248,9 @@ class LoopRuns:
 WARM_CHECK = dt.timedelta(seconds=5)
 #: ... and warms its Python workers at least this often: Spark stops a worker idle for a minute.
 KEEP_WARM = dt.timedelta(seconds=30)
+#: ... but not within this long of a publication: readers fetch the new version then, and on a box they share
+#: with Spark the warm-up's job would take the cores from them (the new segment's state waits a moment).
+READERS_FIRST = dt.timedelta(seconds=2)
 #: A warm-up's tasks stop decoding after this long (the next idle tick goes on): a partition that arrives
 #: while the workers decode a new full version's state (many seconds through a slow store) waits no longer.
 WARM_BUDGET = dt.timedelta(seconds=1)
@@ -262,11 +265,19 @@ class Warmth:
     warmed_at: dt.datetime | None = None
     checked_at: dt.datetime | None = None
     unfinished: bool = False  # the last warm-up ran out of its budget (:data:`WARM_BUDGET`)
+    published_at: dt.datetime | None = None  # a publication not looked at yet
 
     def look_due(self, now: dt.datetime, published: bool) -> bool:
-        """Read the serving versions now? After a publication or an unfinished warm-up at once, else every
-        :data:`WARM_CHECK`."""
-        return published or self.unfinished or self.checked_at is None or now - self.checked_at >= WARM_CHECK
+        """Read the serving versions now? :data:`READERS_FIRST` after a publication, after an unfinished
+        warm-up at once, else every :data:`WARM_CHECK`."""
+        if published:
+            self.published_at = now
+        if self.published_at is not None:
+            if now - self.published_at < READERS_FIRST:
+                return False
+            self.published_at = None
+            return True
+        return self.unfinished or self.checked_at is None or now - self.checked_at >= WARM_CHECK
 
     def warm_due(self, now: dt.datetime, state: tuple[str, str | None]) -> bool:
         """Warm for ``state`` now: it changed, or the workers were last kept busy :data:`KEEP_WARM` ago."""

@@ -110,7 +110,14 @@ def test_when_the_idle_loop_warms_its_workers() -> None:
     assert w.look_due(T, published=False) and w.warm_due(T, state)  # never looked, never warmed
     w.checked_at, w.state, w.warmed_at = T, state, T
     soon = T + dt.timedelta(seconds=1)
-    assert not w.look_due(soon, published=False) and w.look_due(soon, published=True)  # a publication: at once
+    assert not w.look_due(soon, published=False)
+    # A publication: once readers have had their turn, even if no later tick says so again.
+    assert not w.look_due(soon, published=True)
+    assert not w.look_due(soon + continuous_rules.READERS_FIRST / 2, published=False)
+    assert w.look_due(soon + continuous_rules.READERS_FIRST, published=False)
+    w.checked_at = soon + continuous_rules.READERS_FIRST
+    assert not w.look_due(soon + continuous_rules.READERS_FIRST, published=False)  # looked: once only
+    w.checked_at = T
     assert w.look_due(T + continuous_rules.WARM_CHECK, published=False)
     assert not w.warm_due(soon, state)  # nothing changed, the workers were busy a second ago
     assert w.warm_due(soon, ("full-1", "delta-2")) and w.warm_due(soon, ("full-2", "delta-1"))
@@ -121,6 +128,7 @@ def test_when_the_idle_loop_warms_its_workers() -> None:
     w.warmed(soon, newer, complete=True)
     assert not w.look_due(soon, published=False) and not w.warm_due(soon, newer) and w.state == newer
     assert continuous_rules.WARM_BUDGET < continuous_rules.WARM_CHECK
+    assert continuous_rules.READERS_FIRST < continuous_rules.WARM_CHECK
     assert dt.timedelta(minutes=1) > continuous_rules.KEEP_WARM
     assert Settings.from_env({}).continuous_keep_warm
     assert not Settings.from_env({"FRESHIDX_CONTINUOUS_KEEP_WARM": "false"}).continuous_keep_warm
