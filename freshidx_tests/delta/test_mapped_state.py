@@ -1,10 +1,12 @@
 """State read from mapped local copies (freshidx.delta.executor.state_files, key_index_file): a key index built
 once per machine and mapped by every worker, answering as the decoded one; a worker keeps nothing of the
 window; superseded files are forgotten; a lookup over values that outweigh the cache rebuilds none of those
-it found."""
+it found; a warm-up has a copy read into the page cache."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from freshidx.delta.executor.decoded_cache import DecodedCache
 from freshidx.delta.executor.key_index import KeyIndex, query_keys
 from freshidx.delta.executor.state_files import MappedState, ParquetState, StateFile
 from freshidx.delta.executor.state_lookup import select_rows
+from freshidx.delta.executor.warm_state import warm_files
 from freshidx.spark.shards import DOCS_ARROW_SCHEMA, DOCS_FILE, conform
 
 
@@ -155,3 +158,49 @@ def test_a_shard_writer_leaves_its_state_files_mapped_and_indexed_on_its_machine
         f.close()
     # Off: nothing kept.
     assert state_writer(0) is None
+
+
+def _resident(path: Path, offset: int = 0) -> bool:
+    """Whether the page at ``offset`` of ``path`` is in the page cache (a read that must not wait on the disk)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(4096)], offset, os.RWF_NOWAIT)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _evicted(path: Path) -> bool:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return not _resident(path)
+
+
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="needs Linux's non-blocking reads to see the page cache")
+def test_a_warm_up_has_a_mapped_copy_read_into_the_page_cache_once_per_worker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    copy = _mapped(_docs(tmp_path / DOCS_FILE, 3000, 50))
+    state_lookup.load_key_index(StateFile("d", DOCS_FILE, lambda: MappedState(copy)), DecodedCache(1 << 30))
+    key_file = key_index_file.key_file(copy)
+    if not (_evicted(copy) and _evicted(key_file)):
+        pytest.skip("this file system keeps the files in memory: nothing to read ahead")
+    asked: list[Path] = []
+    real = file_cache.read_ahead
+    monkeypatch.setattr(file_cache, "read_ahead", lambda path: (asked.append(path), real(path)))
+    cache = DecodedCache(1 << 30)
+    files = [StateFile("d", DOCS_FILE, lambda: MappedState(copy))]
+    assert warm_files(files, cache) == (1, True)  # the key index read; nothing decoded for the rows
+    assert asked == [copy, key_file]
+    deadline = time.monotonic() + 120  # the kernel reads in the background: generous on a loaded box
+    while not (_resident(copy, copy.stat().st_size - 1) and _resident(key_file)):
+        assert time.monotonic() < deadline, "the copy was never read into the page cache"
+        time.sleep(0.05)
+    assert warm_files(files, cache) == (0, True) and asked == [copy, key_file]  # once per worker and file
+    state_lookup.forget_other_state(cache, [])
+    assert not state_lookup.is_read_ahead(files[0], cache)  # forgotten with the file's other entries

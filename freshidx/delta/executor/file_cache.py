@@ -33,6 +33,9 @@ ABANDONED_SECONDS = 3600
 DIR_NAME = "freshidx-state-files"
 #: The copies' file name suffix (copies of another form, left by an older freshidx, age out by the budget).
 SUFFIX = ".arrow"
+#: What one read-ahead request asks of the kernel (one request for a whole file is cut short at the device's
+#: read-ahead size).
+READ_AHEAD_CHUNK = 8 << 20
 
 
 def cache_dir() -> Path:
@@ -112,6 +115,28 @@ def write_mapped(parquet: Path, out: Path) -> None:
     with pa.memory_map(str(out)) as mapped:
         if pa.ipc.open_file(mapped).num_record_batches != groups:
             raise pa.ArrowInvalid(f"{out}: written short")
+
+
+def read_ahead(path: Path) -> None:
+    """Ask the kernel to bring ``path`` into the page cache; it reads in the background and this returns at
+    once. A copy written a while ago may have been pushed out by other reads, and a lookup's takes, spread over
+    the whole file, would then each wait on a random read from the disk. Best effort: nothing where the
+    platform has no such advice, nothing for a copy evicted meanwhile."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        for offset in range(0, size, READ_AHEAD_CHUNK):
+            advise(fd, offset, READ_AHEAD_CHUNK, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def evict(root: Path, max_bytes: int, keep: Path) -> None:

@@ -50,6 +50,9 @@ class StateReader(Protocol):
 
     def read_row_group(self, group: int) -> pa.Table: ...
 
+    def read_ahead(self) -> None:
+        """Ask the kernel to bring what the lookup reads into the page cache (mapped only; returns at once)."""
+
     def close(self) -> None: ...
 
 
@@ -84,6 +87,9 @@ class ParquetState:
     def read_row_group(self, group: int) -> pa.Table:
         return self._file.read_row_group(group)
 
+    def read_ahead(self) -> None:
+        pass  # its row groups are decoded and kept by the worker instead
+
     def close(self) -> None:
         self._file.close()
 
@@ -94,6 +100,7 @@ class MappedState:
     mapped = True
 
     def __init__(self, path: Path) -> None:
+        self.path = path
         self.key_file: Path | None = key_index_file.key_file(path)
         self._source = pa.memory_map(str(path))
         try:
@@ -125,6 +132,11 @@ class MappedState:
 
     def read_row_group(self, group: int) -> pa.Table:
         return pa.Table.from_batches([self._reader.get_batch(group)])
+
+    def read_ahead(self) -> None:
+        file_cache.read_ahead(self.path)
+        if self.key_file is not None:
+            file_cache.read_ahead(self.key_file)
 
     def close(self) -> None:
         self._source.close()

@@ -139,6 +139,20 @@ def load_key_index(f: StateFile, cache: DecodedCache, on_read: Callable[[], None
     return cache.get(_key_index_key(f), read, _weight, lasting=True)
 
 
+def read_ahead(f: StateFile, cache: DecodedCache) -> None:
+    """Ask the kernel to bring ``f``'s mapped copy and key index into the page cache, once per worker and file
+    (recorded in ``cache``, weightless, forgotten with the file's other entries)."""
+    cache.get(_read_ahead_key(f), lambda: f.reader().read_ahead(), lambda _: 0, lasting=True)
+
+
+def is_read_ahead(f: StateFile, cache: DecodedCache) -> bool:
+    return _read_ahead_key(f) in cache
+
+
+def _read_ahead_key(f: StateFile) -> tuple[str, str]:
+    return f.name, "read-ahead"
+
+
 def is_cached(f: StateFile, cache: DecodedCache, group: int | None = None) -> bool:
     """Whether ``cache`` holds ``f``'s key index (``group`` None) or its row group ``group``."""
     return (_key_index_key(f) if group is None else (f.name, group)) in cache

@@ -30,8 +30,10 @@ from freshidx.delta.executor.state_lookup import (
     StateLayer,
     forget_other_state,
     is_cached,
+    is_read_ahead,
     load_key_index,
     load_row_group,
+    read_ahead,
     state_file_refs,
 )
 from freshidx.spark.raw_source import store_from_json, store_to_json
@@ -125,7 +127,11 @@ def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | No
         return WarmCount(len(reads), False)
     for f in newest_first:
         reader = f.reader()
-        if reader.mapped:  # its rows are taken from the page cache: nothing to decode
+        if reader.mapped:  # its rows are taken from the page cache: nothing to decode, but the pages read in
+            if not is_read_ahead(f, cache):
+                if due() and reads:
+                    return WarmCount(len(reads), False)
+                read_ahead(f, cache)
             continue
         decoded = 0  # what this file's last row group weighed decoded (Parquet's own sizes are encoded ones)
         for g in range(len(reader.row_group_sizes)):
