@@ -120,6 +120,17 @@ def rss_bytes(pid: int) -> int | None:
         return None
 
 
+def file_rss_bytes(pid: int) -> int | None:
+    """The part of its resident set that maps files and shared memory (pages the page cache holds, shared
+    with every process that maps them, reclaimable when clean); None if the process is gone or the platform
+    does not say."""
+    try:
+        shared = getattr(psutil.Process(pid).memory_info(), "shared", None)
+    except (psutil.Error, ValueError):
+        return None
+    return None if shared is None else int(shared)
+
+
 def pss_bytes(pid: int) -> int | None:
     """Proportional set size in bytes (pages shared with other processes split between them); None if the
     process is gone or its memory map cannot be read."""

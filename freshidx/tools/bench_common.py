@@ -301,6 +301,15 @@ def session_pss_bytes(sid: int) -> int | None:
     return sum(pss) if pss else None
 
 
+def session_file_rss_bytes(sid: int) -> int | None:
+    """Summed file-backed RSS of session ``sid``: the mapped state copies and key indexes (page cache pages,
+    shared between the workers that touched them), the JVM's jars and the like."""
+    from freshidx.procs import file_rss_bytes, session_members
+
+    rss = [v for v in (file_rss_bytes(p) for p in session_members(sid)) if v is not None]
+    return sum(rss) if rss else None
+
+
 def session_usage(sid: int) -> tuple[int | None, int]:
     """(summed RSS, process count) of the live processes in session ``sid``: the JVM and its Python
     worker daemons (which Spark Connect starts per client session and does not reap, SPARK-54055)."""

@@ -31,6 +31,7 @@ from freshidx.tools.bench_common import (
     generator_config_for,
     log,
     pick_probe,
+    session_file_rss_bytes,
     session_pss_bytes,
     session_usage,
 )
@@ -254,6 +255,7 @@ def server_snapshot(srv: ConnectServer) -> dict[str, Any]:
             "heap_used_bytes": st.get("heap_used_bytes"), "rss_bytes": st.get("rss_bytes"),
             "session_rss_bytes": session_rss, "session_processes": procs,
             "session_pss_bytes": session_pss_bytes(pid) if isinstance(pid, int) else None,
+            "session_file_rss_bytes": session_file_rss_bytes(pid) if isinstance(pid, int) else None,
             "last_restart_reason": st.get("last_restart_reason")}
 
 

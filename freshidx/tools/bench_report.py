@@ -206,7 +206,8 @@ def _mode_headers(result: dict[str, Any], modes: list[str]) -> list[str]:
                 f"          Connect server: up in {srv.get('ready_s')} s, restarted {srv.get('restarts')} times "
                 f"(last: {srv.get('last_restart_reason')}); at the end {srv.get('session_processes')} processes, "
                 f"session RSS {mib(srv.get('session_rss_bytes')).strip()} MiB "
-                f"(PSS {mib(srv.get('session_pss_bytes')).strip()} MiB)"
+                f"(PSS {mib(srv.get('session_pss_bytes')).strip()} MiB; "
+                f"file-backed {mib(srv.get('session_file_rss_bytes')).strip()} MiB of the RSS)"
             )
     return lines
 

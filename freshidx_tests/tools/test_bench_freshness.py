@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import mmap
 import os
 import subprocess
 import sys
@@ -413,3 +414,18 @@ def test_soak_against_a_supervised_connect_server(capsys: pytest.CaptureFixture[
         assert t["server_pid"] and t["jvm_rss_bytes"] > 0 and t["session_processes"] >= 1
     assert r["per_server"] and isinstance(r["restarts"], list)
     assert "batch seconds" in out.err  # the table goes to stderr with --json
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the file-backed resident size is Linux's")
+def test_the_file_backed_part_of_a_resident_set_counts_the_mapped_pages_touched(tmp_path: Path) -> None:
+    from freshidx.procs import file_rss_bytes
+
+    path = tmp_path / "mapped"
+    path.write_bytes(b"x" * (64 << 20))
+    before = file_rss_bytes(os.getpid())
+    assert before is not None
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        touched = sum(m[i] for i in range(0, len(m), mmap.PAGESIZE))  # one byte a page
+        after = file_rss_bytes(os.getpid())
+    assert touched == ord("x") * (len(range(0, 64 << 20, mmap.PAGESIZE)))
+    assert after is not None and after - before >= 48 << 20  # most of the 64 MiB (a few may be reclaimed)
