@@ -111,8 +111,10 @@ def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | No
                pace: ReadPace = WORKER_PACE) -> WarmCount:
     """Decode what a micro-batch over ``files`` reads into ``cache``: every file's key index (several read at
     once: each is a few store round trips, mostly waiting), then the row groups, the newest layer first (what
-    the budget cannot hold goes first). No read starts that ``pace`` says would end after ``deadline`` (a
-    ``time.monotonic()``; the call's first read always starts); a later call goes on where this one stopped.
+    the budget cannot hold goes first); a mapped copy has none to decode, and is read ahead into the page cache
+    instead, once per worker (``state_lookup.read_ahead``). No read starts that ``pace`` says would end after
+    ``deadline`` (a ``time.monotonic()``; the call's first read always starts); a later call goes on where this
+    one stopped.
     No row group is decoded that would push another out of ``cache``: a state larger than the cache is warm as
     far as it holds, and the micro-batch decodes the rest."""
     reads: list[None] = []  # appended from the pool's threads
