@@ -204,3 +204,15 @@ def test_a_warm_up_has_a_mapped_copy_read_into_the_page_cache_once_per_worker(
     assert warm_files(files, cache) == (0, True) and asked == [copy, key_file]  # once per worker and file
     state_lookup.forget_other_state(cache, [])
     assert not state_lookup.is_read_ahead(files[0], cache)  # forgotten with the file's other entries
+
+
+def test_a_warm_up_past_its_budget_reads_ahead_one_copy_and_leaves_the_rest_for_the_next(tmp_path: Path) -> None:
+    copies = [_mapped(_docs(tmp_path / f"{i}-{DOCS_FILE}", 200, 7)) for i in range(3)]
+    files = [StateFile(f"d{i}", DOCS_FILE, lambda c=c: MappedState(c)) for i, c in enumerate(copies)]
+    cache = DecodedCache(1 << 30)
+    for f in files:  # key indexes warm: only the read-aheads are left
+        state_lookup.load_key_index(f, cache)
+    advised = [warm_files(files, cache, deadline=time.monotonic()) for _ in files]
+    assert advised == [(0, False), (0, False), (0, True)]  # one copy a call, the budget being spent
+    assert all(state_lookup.is_read_ahead(f, cache) for f in files)
+    assert warm_files(files, cache, deadline=time.monotonic()) == (0, True)

@@ -118,9 +118,11 @@ def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | No
     No row group is decoded that would push another out of ``cache``: a state larger than the cache is warm as
     far as it holds, and the micro-batch decodes the rest."""
     reads: list[None] = []  # appended from the pool's threads
+    advised = 0  # copies read ahead
 
-    def due() -> bool:
-        return deadline is not None and time.monotonic() >= deadline
+    def spent() -> bool:
+        """The budget is spent, and this call has done something (so a short budget still gets there)."""
+        return deadline is not None and time.monotonic() >= deadline and (bool(reads) or advised > 0)
 
     newest_first = sorted(files, key=lambda f: -f.layer)
     missing = [f for f in newest_first if not is_cached(f, cache)]
@@ -131,13 +133,14 @@ def warm_files(files: list[StateFile], cache: DecodedCache, deadline: float | No
         reader = f.reader()
         if reader.mapped:  # its rows are taken from the page cache: nothing to decode, but the pages read in
             if not is_read_ahead(f, cache):
-                if due() and reads:
+                if spent():
                     return WarmCount(len(reads), False)
                 read_ahead(f, cache)
+                advised += 1
             continue
         decoded = 0  # what this file's last row group weighed decoded (Parquet's own sizes are encoded ones)
         for g in range(len(reader.row_group_sizes)):
-            if due() and reads:  # each call reads something, so a short budget still gets there
+            if spent():
                 return WarmCount(len(reads), False)
             if not is_cached(f, cache, g) and \
                     cache.nbytes + max(decoded, reader.row_group_bytes(g)) > cache.max_bytes:
