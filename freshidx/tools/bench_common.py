@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -295,19 +296,25 @@ class ConnectServer:
 def session_pss_bytes(sid: int) -> int | None:
     """Summed proportional set size of session ``sid``: a page the pyspark daemon's forked workers share
     counts once, split between them, where summed RSS counts it in each of them."""
-    from freshidx.procs import pss_bytes, session_members
+    from freshidx.procs import pss_bytes
 
-    pss = [v for v in (pss_bytes(p) for p in session_members(sid)) if v is not None]
-    return sum(pss) if pss else None
+    return _summed(sid, pss_bytes)
 
 
 def session_file_rss_bytes(sid: int) -> int | None:
     """Summed file-backed RSS of session ``sid``: the mapped state copies and key indexes (page cache pages,
     shared between the workers that touched them), the JVM's jars and the like."""
-    from freshidx.procs import file_rss_bytes, session_members
+    from freshidx.procs import file_rss_bytes
 
-    rss = [v for v in (file_rss_bytes(p) for p in session_members(sid)) if v is not None]
-    return sum(rss) if rss else None
+    return _summed(sid, file_rss_bytes)
+
+
+def _summed(sid: int, measure: Callable[[int], int | None]) -> int | None:
+    """``measure`` summed over the live processes of session ``sid``; None if it answered for none."""
+    from freshidx.procs import session_members
+
+    values = [v for v in (measure(p) for p in session_members(sid)) if v is not None]
+    return sum(values) if values else None
 
 
 def session_usage(sid: int) -> tuple[int | None, int]:
