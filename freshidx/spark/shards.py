@@ -38,7 +38,6 @@ from freshidx.spark.task_files import (
     use_task_cores,
 )
 from freshidx.spark.transform import COVERED_COLUMNS, TYPED_FIELDS
-from freshidx.spark.worker_memory import trim_soon
 from freshidx.store import StoreConfig
 
 # Defined beside this module (the file helpers, the quarantine); its callers import them from here.
@@ -151,9 +150,6 @@ def _shard_task(
         if not 0 <= shard < num_shards:
             raise RuntimeError(f"task partition {shard} outside 0..{num_shards - 1}: shards must not be re-split")
         yield _shard_result(write(store_from_json(store_json), shard, attempt, batches))
-        # Reached when Spark asks for more after the result: the task's freed heap goes back to the kernel
-        # while the worker waits for its next task (docs/operations.md#arrow-memory-in-the-python-workers).
-        trim_soon()
 
     return run
 
