@@ -35,6 +35,7 @@ from freshidx.tools.bench_common import (
     session_pss_bytes,
     session_usage,
 )
+from freshidx.tools.bench_memory import SessionPeak
 from freshidx.tools.bench_report import (
     CONTINUOUS_STAGES,
     continuous_goals,
@@ -184,6 +185,9 @@ def _run_mode(
                      log_path=mdir / "dagster-dev.log")
     continuous = delta_mode == "continuous"
     loads: list[float] = []
+    peak = None if server is None else SessionPeak(lambda: server.state().get("pid"), lambda: str(out["phase"]))
+    if peak is not None:
+        peak.start()
     try:
         t0 = time.monotonic()
         start_dev(label, dev, server, out, full_warmup)
@@ -198,6 +202,8 @@ def _run_mode(
     finally:
         if loads:
             out["load_avg_range"] = [min(loads), max(loads)]
+        if peak is not None:
+            out["session_rss_peak"] = peak.stop()
         dev.stop()
     if mode == "connect" and "error" not in out:
         out["goal"] = goal_verdict(out, *(continuous_goals(window_docs) if continuous else ()))

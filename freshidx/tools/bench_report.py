@@ -209,6 +209,12 @@ def _mode_headers(result: dict[str, Any], modes: list[str]) -> list[str]:
                 f"(PSS {mib(srv.get('session_pss_bytes')).strip()} MiB; "
                 f"file-backed {mib(srv.get('session_file_rss_bytes')).strip()} MiB of the RSS)"
             )
+        peak = r.get("session_rss_peak")
+        if peak:
+            lines.append(
+                f"          session RSS at its highest (sampled every second): {mib(peak.get('bytes')).strip()} MiB "
+                f"in {peak.get('processes')} processes, during the {peak.get('phase')}"
+            )
     return lines
 
 
