@@ -200,6 +200,6 @@ def test_cli_asset_materialize_publishes_newest(tmp_path: Path, local_store_conf
 def test_bad_setting_fails_location_load_naming_the_field(tmp_path: Path) -> None:
     env = {**os.environ, "FRESHIDX_WINDOW_MINUTES": "-5", "FRESHIDX_STORE": (tmp_path / "s").as_uri()}
     proc = subprocess.run([sys.executable, "-c", "import freshidx.definitions"], env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=600)  # an import on a loaded 2-core box
     assert proc.returncode != 0
     assert "FRESHIDX_WINDOW_MINUTES (window_minutes)" in proc.stderr
