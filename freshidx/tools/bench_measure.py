@@ -185,9 +185,8 @@ def _run_mode(
                      log_path=mdir / "dagster-dev.log")
     continuous = delta_mode == "continuous"
     loads: list[float] = []
-    peak = None if server is None else SessionPeak(lambda: server.state().get("pid"), lambda: str(out["phase"]))
-    if peak is not None:
-        peak.start()
+    peak = None if server is None else SessionPeak(lambda: server.state().get("pid"),
+                                                   lambda: str(out["phase"])).start()
     try:
         t0 = time.monotonic()
         start_dev(label, dev, server, out, full_warmup)
