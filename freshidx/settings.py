@@ -92,6 +92,11 @@ class PipelineSettings(BaseModel):
         8, ge=1, le=1000,
         description="every Nth full build in a row reads every raw partition again (the safety net); the others "
         "lay the delta's segments over the serving full version, one task per product bucket (1 = always raw)")
+    full_reuse_deleted_share: float = Field(
+        0.25, ge=0, le=1,
+        description="a full build from state extends each serving shard's index, indexing again only the changed ads "
+        "and the ads of products whose features changed, while the shard's deleted documents stay within this "
+        "share of it; past it the shard is indexed whole (0 = always index every document)")
     delta_max_drop_fraction: float = Field(0.9, ge=0, le=1, description="refuse a delta that shrank more")
     full_max_drop_fraction: float = Field(0.5, ge=0, le=1, description="refuse a full index that shrank more")
     full_every_hours: int = Field(3, ge=1, le=24, description="full rebuild schedule (every N hours)")

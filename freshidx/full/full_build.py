@@ -148,7 +148,8 @@ def _build(spark: SparkSession, store_config: StoreConfig, settings: Settings, p
         assert full_manifest is not None
         t1 = time.monotonic()
         commits = bucket_shards(spark, store_config, full_manifest.shards, plan.segments, index=INDEX,
-                                version=version, written=written)
+                                version=version, written=written,
+                                reuse_deleted_share=settings.full_reuse_deleted_share)
         return BuildResult(commits, {}, seconds=round(time.monotonic() - t1, 3))
     return build_version(
         spark, store_config, index=INDEX, version=version, files=file_list,

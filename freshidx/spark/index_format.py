@@ -47,6 +47,10 @@ COVERED_FILE = "covered.parquet"
 
 #: Fields a user query searches by default.
 SEARCH_FIELDS: tuple[str, ...] = ("title", "keywords")
+#: The record columns an ad's document holds (:func:`add_batch`; ``keywords`` joined by spaces), besides its
+#: product's features: two rows equal in these make the same document.
+DOCUMENT_COLUMNS: tuple[str, ...] = ("ad_id", "product_id", "campaign_id", "title", "keywords", "bid", "status",
+                                     "version")
 
 
 #: Writer settings inside a build task: one indexing thread per task (Spark runs one task per core),
@@ -167,7 +171,8 @@ def add_batch(writer: tantivy.IndexWriter, batch: pa.RecordBatch | pa.Table) -> 
 
 
 class IndexBuilder:
-    """Build one shard's tantivy index in a local directory.
+    """Build one shard's tantivy index in a local directory (an index already there is extended: its segments
+    stay, :meth:`delete_terms` deletes from them).
 
     ``add_batch`` any number of times, then ``finish()`` (commit + wait for merges) exactly once;
     :meth:`files` then lists the files to ship (live segments, ``meta.json``, ``.managed.json``).
@@ -185,6 +190,12 @@ class IndexBuilder:
         added = add_batch(self.writer, batch)
         self.docs += added
         return added
+
+    def delete_terms(self, field: str, values: list[str]) -> None:
+        """Delete every document whose ``field`` (a ``raw`` field: ``ad_id``, ``product_id``) is one of ``values``
+        (applied at :meth:`finish`, before the documents added since are searchable; never to them)."""
+        if values:
+            self.writer.delete_documents_by_query(tantivy.Query.term_set_query(self.index.schema, field, values))
 
     def finish(self) -> int:
         """Commit and wait for merge threads; returns the number of documents."""
@@ -211,15 +222,31 @@ class IndexBuilder:
 
 
 def index_files(path: str) -> list[str]:
-    """The files of the committed tantivy index in ``path`` (see :meth:`IndexBuilder.files`)."""
+    """The files of the committed tantivy index in ``path`` (see :meth:`IndexBuilder.files`).
+
+    Of a segment's deletes (``<segment>.<opstamp>.del``) only the file ``meta.json`` names: an index extended
+    over an earlier one (:mod:`freshidx.spark.index_reuse`) still holds the earlier deletes' file."""
     names = sorted(n for n in os.listdir(path) if os.path.isfile(os.path.join(path, n)) and not is_lock_file(n))
     try:
         with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
             meta = json.load(f)
-        live = {str(s["segment_id"]).replace("-", "") for s in meta.get("segments", [])}
-    except (OSError, ValueError, KeyError, TypeError):
+        live = {str(s["segment_id"]).replace("-", ""): (s.get("deletes") or {}).get("opstamp")
+                for s in meta.get("segments", [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return names  # unexpected meta.json: ship everything but the locks
-    return [n for n in names if n in ("meta.json", ".managed.json") or n.split(".", 1)[0] in live]
+    return [n for n in names if n in ("meta.json", ".managed.json") or _is_live(n, live)]
+
+
+def _is_live(name: str, live: dict[str, Any]) -> bool:
+    segment, _, rest = name.partition(".")
+    if segment not in live:
+        return False
+    return not rest.endswith(".del") or rest == f"{live[segment]}.del"
+
+
+def live_doc_count(path: str) -> int:
+    """The documents the committed index in ``path`` serves (its deleted ones left out)."""
+    return int(open_index(path).searcher().num_docs)
 
 
 def open_index(path: str) -> tantivy.Index:

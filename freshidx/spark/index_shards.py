@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -47,7 +48,9 @@ from pyspark.sql import functions as F
 
 from freshidx.raw_record import ACTIVE
 from freshidx.record_rules import ProductFeatures
-from freshidx.spark.index_format import INDEX_DIR, IndexBuilder
+from freshidx.spark import index_reuse
+from freshidx.spark.index_format import INDEX_DIR, IndexBuilder, index_files
+from freshidx.spark.index_reuse import IndexBase
 from freshidx.spark.raw_source import store_from_json, store_to_json
 from freshidx.spark.shards import (
     COVERED_ARROW_SCHEMA,
@@ -92,6 +95,7 @@ assert tuple(c.split()[0] for c in DOCS_DDL.split(", ")) == tuple(DOCS_ARROW_SCH
 def write_one_index_shard(
     config: StoreConfig, index: str, version: str, shard: int, attempt: int,
     batches: Iterable[pa.RecordBatch], *, with_docs: bool = True, written: StateWritten | None = None,
+    base: IndexBase | None = None,
 ) -> ShardCommit:
     """Build and upload one shard attempt (runs on an executor; callable directly, e.g. in tests).
 
@@ -101,6 +105,8 @@ def write_one_index_shard(
     Returns a commit whose files are the index files (sorted by name), then
     ``docs.parquet`` (unless ``with_docs=False``), then ``covered.parquet``. ``written`` is told of each of
     those two once uploaded (the store, its key and its local path), while the local file still exists.
+    With a ``base``, the shard's index extends that earlier index of the same shard where that pays
+    (:mod:`freshidx.spark.index_reuse`); the files and what they serve are those of a fresh build.
     """
     fs = config.arrow_fs()
     prefix = layout.shard_prefix(index, version, shard, attempt)
@@ -110,7 +116,6 @@ def write_one_index_shard(
     # a leftover temp file must not fail (and retry) a build that is done.
     with tempfile.TemporaryDirectory(prefix="freshidx-ishard-", ignore_cleanup_errors=True) as tmp:
         index_dir = os.path.join(tmp, "index")
-        builder = IndexBuilder(index_dir)
         features = ProductFeatures()
         spill_path = os.path.join(tmp, SPILL_FILE)
         covered = BufferedParquet(os.path.join(tmp, COVERED_FILE), COVERED_ARROW_SCHEMA,
@@ -119,7 +124,7 @@ def write_one_index_shard(
         try:
             _take_rows(batches, spill_path, features, covered, docs)
             t1 = time.monotonic()  # the rows are in (their producer's time included)
-            doc_count = _index_spilled(spill_path, features, builder)
+            doc_count = _index_spilled(fs, config, spill_path, features, index_dir, base)
         finally:
             covered.close()
             if docs is not None:
@@ -127,7 +132,7 @@ def write_one_index_shard(
         t2 = time.monotonic()
         files: list[ShardFile] = [
             upload_file(fs, config, os.path.join(index_dir, name), prefix + INDEX_DIR + name, 0)
-            for name in builder.files()
+            for name in index_files(index_dir)
         ]
         if docs is not None:
             files.append(upload_file(fs, config, docs.path, prefix + DOCS_FILE, docs.rows))
@@ -164,10 +169,18 @@ def _take_rows(batches: Iterable[pa.RecordBatch], spill_path: str, features: Pro
             spill.write_batch(active)
 
 
-def _index_spilled(spill_path: str, features: ProductFeatures, builder: IndexBuilder) -> int:
-    """Index the spilled rows with their products' features (known only now); returns the doc count."""
+def _index_spilled(fs: Any, config: StoreConfig, spill_path: str, features: ProductFeatures, index_dir: str,
+                   base: IndexBase | None) -> int:
+    """Index the spilled rows with their products' features (known only now) in ``index_dir``, over ``base``
+    where that pays; returns the doc count."""
     with pa.memory_map(spill_path) as source:
         spilled = pa.ipc.open_file(source).read_all()  # zero-copy over the map
+        if base is not None:
+            live = index_reuse.extend_base(fs, config, base, index_dir, spilled, features)
+            if live is not None:
+                return live
+            shutil.rmtree(index_dir, ignore_errors=True)
+        builder = IndexBuilder(index_dir)
         for batch in features.attach(spilled).to_batches():
             builder.add_batch(batch)
     return builder.finish()

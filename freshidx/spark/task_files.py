@@ -1,7 +1,7 @@
 """Executor-side file helpers every Spark writer shares (the shard jobs of :mod:`freshidx.spark.shards`,
 the quarantine of :mod:`freshidx.spark.quarantine_writer`, :mod:`freshidx.catchup.bucket_writer`): the task's
 ids, key-segment names, zstd Parquet written in row groups, and uploads hashed on the way
-(:class:`ShardFile`, the description a commit message lists)."""
+(:class:`ShardFile`, the description a commit message lists) and downloads checked against it."""
 
 from __future__ import annotations
 
@@ -91,6 +91,21 @@ def upload_file(fs: Any, config: StoreConfig, local_path: str, key: str, rows: i
     if size != os.path.getsize(local_path):  # pragma: no cover - defensive
         raise OSError(f"short copy of {local_path} to {key}")
     return ShardFile(key=key, bytes=size, sha256=digest.hexdigest(), rows=rows)
+
+
+def download_file(fs: Any, config: StoreConfig, file: ShardFile, local_path: str) -> None:
+    """Copy ``file`` from the store to ``local_path``, checking its size and sha256 on the way."""
+    digest = hashlib.sha256()
+    size = 0
+    with fs.open_input_stream(config.arrow_path(check_key(file.key)), compression=None) as src, \
+            open(local_path, "wb") as dst:
+        while chunk := src.read(COPY_CHUNK_BYTES):
+            digest.update(chunk)
+            dst.write(chunk)
+            size += len(chunk)
+    if size != file.bytes or digest.hexdigest() != file.sha256:
+        raise OSError(f"{file.key}: {size} bytes, sha256 {digest.hexdigest()}; the manifest says {file.bytes} "
+                      f"bytes, sha256 {file.sha256}")
 
 
 #: Columns of few distinct values (groups, statuses, keyword words): dictionary-encoded where a schema has them.

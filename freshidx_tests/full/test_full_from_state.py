@@ -11,6 +11,7 @@ but never published.
 from __future__ import annotations
 
 import io
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from freshidx_tests.delta.test_incremental_equivalence import (
     served,
 )
 from freshidx_tests.spark.test_index_shards import docs_with_features, download_shard, open_index
-from freshidx_tests.support.harness import Harness
+from freshidx_tests.support.harness import Harness, at
 
 FULL = dg.RunRequest(asset_selection=[dg.AssetKey("full_index")])
 FROM_RAW = dg.RunRequest(asset_selection=[dg.AssetKey("full_index")],
@@ -72,6 +73,13 @@ def version_view(store: ObjectStore, shards: list[dict[str, Any]], tmp: Path) ->
     return {"docs": docs, "rows": rows, "covered": covered, "shard_of": shard_of}
 
 
+def _segments(store: ObjectStore, shard: dict[str, Any]) -> dict[str, int]:
+    """``segment id -> max_doc`` of a shard's index (ShardCommit dict), from its ``meta.json``."""
+    key = next(str(f["key"]) for f in shard["files"] if str(f["key"]).endswith("/index/meta.json"))
+    return {str(m["segment_id"]).replace("-", ""): int(m["max_doc"])
+            for m in json.loads(store.get(key).data)["segments"]}
+
+
 def _serving_full(h: Harness) -> dict[str, Any]:
     pointer, _ = read_pointer(h.store, "full")
     assert pointer is not None
@@ -95,7 +103,10 @@ def test_full_from_state_equals_full_from_raw(tmp_path: Path, spark: Any) -> Non
     rng = random.Random(7)
     sent: list[dict[str, Any]] = []
     with dg.instance_for_test() as instance:
-        h = Harness(cfg, instance, window_minutes=120, full_max_age_seconds=10**9, full_shards=3)
+        # Every shard extends its base's index (freshidx.spark.index_reuse) however much of it changes (here
+        # nearly all of it: six products); the reference is indexed whole.
+        h = Harness(cfg, instance, window_minutes=120, full_max_age_seconds=10**9, full_shards=3,
+                    full_reuse_deleted_share=1.0)
         try:
             minute = first_full(h, rng, sent, 30)
             first = _serving_full(h)
@@ -152,5 +163,39 @@ def test_full_from_state_equals_full_from_raw(tmp_path: Path, spark: Any) -> Non
                 else:
                     assert (inputs["build"], inputs["state_chain"]) == ("state", 1), inputs
                 _check_answers(h, s, sent)
+        finally:
+            h.close()
+
+
+def _ad(i: int, minutes: int, bid: float, title: str = "amber birch") -> dict[str, Any]:
+    return {"ad_id": f"ad-{i}", "campaign_id": "cmp", "product_id": f"p-{i % 40}", "title": title,
+            "keywords": ["k"], "bid": bid, "status": "active",
+            "updated_at": at(minutes).at.strftime("%Y-%m-%dT%H:%M:%S.000Z"), "version": minutes + 1}
+
+
+def test_a_full_from_state_indexes_again_only_what_changed(tmp_path: Path, spark: Any) -> None:
+    """120 ads in 40 products; then one ad renamed (its product's features stay) and one ad's bid raised above
+    its product's best (its product's three ads change): the full build from state keeps every segment of the
+    serving shards' indexes and indexes four documents, and serves what a raw build serves."""
+    cfg = StoreConfig(uri=(tmp_path / "store").as_uri())
+    with dg.instance_for_test() as instance:
+        h = Harness(cfg, instance, window_minutes=120, full_max_age_seconds=10**9, full_shards=2)
+        try:
+            _write(h, 0, [_ad(i, 0, bid=1.0 + i / 100) for i in range(120)])
+            assert h.run(FULL).success
+            base = _serving_full(h)
+            _write(h, 5, [_ad(1, 5, bid=1.01, title="cobalt dune"), _ad(2, 5, bid=50.0)])
+            _micro_batch(h)
+            assert h.run(FULL).success
+            built = _serving_full(h)
+            assert built["inputs"]["build"] == FullBuildKind.STATE
+            before = [_segments(h.store, s) for s in base["shards"]]
+            after = [_segments(h.store, s) for s in built["shards"]]
+            assert all(set(b) <= set(a) for b, a in zip(before, after, strict=True))
+            assert sum(n for b, a in zip(before, after, strict=True) for seg, n in a.items() if seg not in b) == 4
+            reference = _raw_reference(h, spark, built["cutoff"])
+            got = version_view(h.store, built["shards"], tmp_path / "got")
+            assert got["docs"] == version_view(h.store, reference.shards, tmp_path / "want")["docs"]
+            assert got["docs"]["ad-1"][1] == "cobalt dune" and got["docs"]["ad-42"][-1] == 50.0
         finally:
             h.close()
