@@ -172,4 +172,6 @@ def extend_base(fs: Any, config: StoreConfig, base: IndexBase, index_dir: str, s
         log.warning("the shard extended over %s serves %d documents, not its %d active ads: building it fresh",
                     base.files[0].key.rsplit(INDEX_DIR, 1)[0] if base.files else "its base", live, spilled.num_rows)
         return None
+    log.info("shard extended: %d documents of %d kept (%d deleted before), %d indexed", max_doc - deleted - deleting,
+             max_doc, deleted, plan.rows.num_rows)
     return live
