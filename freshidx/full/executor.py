@@ -13,8 +13,9 @@ ads are in one shard. The new version keeps that split. Task b:
   leaves this one, whatever bucket it moved to),
 * writes shard b of the new version: its own ads minus the changed ones, plus the changed rows of its
   bucket, with product features computed over whole products as in every build. Its index extends a copy
-  of shard b's index, indexing again only the changed ads and the ads of products whose features changed
-  (:mod:`freshidx.spark.index_reuse`), unless too many of its documents would then be deleted ones.
+  of shard b's index, indexing again only the ads whose document changed and the ads of products whose
+  features changed (:mod:`freshidx.spark.index_reuse`), unless too many of its documents would then be
+  deleted ones.
 
 A segment's row for an ad is at least the full version's (``full_plan`` only lays segments that knew
 everything the full version knows), so the changed row always wins and no task needs another bucket's
