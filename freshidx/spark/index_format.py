@@ -41,6 +41,8 @@ FORMAT = "tantivy-v1"
 
 #: Sub-directory of a shard prefix holding the tantivy files (``.../shard-NNNNN-aK/index/``).
 INDEX_DIR = "index/"
+#: tantivy's list of an index's segments (and their deletes), in its directory.
+META_FILE = "meta.json"
 #: Beside it in each shard: the active ads' records and the kill-list part (every ad's state).
 DOCS_FILE = "docs.parquet"
 COVERED_FILE = "covered.parquet"
@@ -228,13 +230,13 @@ def index_files(path: str) -> list[str]:
     over an earlier one (:mod:`freshidx.spark.index_reuse`) still holds the earlier deletes' file."""
     names = sorted(n for n in os.listdir(path) if os.path.isfile(os.path.join(path, n)) and not is_lock_file(n))
     try:
-        with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
+        with open(os.path.join(path, META_FILE), encoding="utf-8") as f:
             meta = json.load(f)
         live = {str(s["segment_id"]).replace("-", ""): (s.get("deletes") or {}).get("opstamp")
                 for s in meta.get("segments", [])}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return names  # unexpected meta.json: ship everything but the locks
-    return [n for n in names if n in ("meta.json", ".managed.json") or _is_live(n, live)]
+    return [n for n in names if n in (META_FILE, ".managed.json") or _is_live(n, live)]
 
 
 def _is_live(name: str, live: dict[str, Any]) -> bool:

@@ -26,6 +26,7 @@ import dataclasses
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from freshidx.record_rules import ProductFeatures, equal_or_null, is_in
-from freshidx.spark.index_format import DOCUMENT_COLUMNS, INDEX_DIR, IndexBuilder, live_doc_count
+from freshidx.spark.index_format import DOCUMENT_COLUMNS, INDEX_DIR, META_FILE, IndexBuilder, live_doc_count
 from freshidx.spark.task_files import ShardFile, download_file
 from freshidx.store import StoreConfig
 
@@ -128,18 +129,18 @@ def plan_reuse(base: IndexBase, spilled: pa.Table, features: ProductFeatures) ->
     return plan, int(old_n) + int(elsewhere)
 
 
-def fetch_base(fs: Any, config: StoreConfig, base: IndexBase, index_dir: str, names: set[str] | None = None) -> None:
-    """Download the base's index files (those named ``names``, or all) into ``index_dir``, checked."""
+def fetch_base(fs: Any, config: StoreConfig, base: IndexBase, index_dir: str, wanted: Callable[[str], bool]) -> None:
+    """Download the base's index files whose names are ``wanted`` into ``index_dir``, checked."""
     os.makedirs(index_dir, exist_ok=True)
     for f in base.files:
         name = f.key.rsplit(INDEX_DIR, 1)[-1]
-        if names is None or name in names:
+        if wanted(name):
             download_file(fs, config, f, os.path.join(index_dir, name))
 
 
 def base_counts(index_dir: str) -> tuple[int, int]:
     """``(max_doc, deleted)`` of the index whose ``meta.json`` is in ``index_dir``."""
-    with open(os.path.join(index_dir, "meta.json"), encoding="utf-8") as f:
+    with open(os.path.join(index_dir, META_FILE), encoding="utf-8") as f:
         segments = json.load(f).get("segments", [])
     max_doc = sum(int(s["max_doc"]) for s in segments)
     deleted = sum(int((s.get("deletes") or {}).get("num_deleted_docs", 0)) for s in segments)
@@ -153,14 +154,14 @@ def extend_base(fs: Any, config: StoreConfig, base: IndexBase, index_dir: str, s
     caller to empty)."""
     if base.max_deleted_share <= 0 or not base.files:
         return None
-    fetch_base(fs, config, base, index_dir, {"meta.json"})
+    fetch_base(fs, config, base, index_dir, lambda name: name == META_FILE)
     max_doc, deleted = base_counts(index_dir)
     plan, deleting = plan_reuse(base, spilled, features)
     if not reuse_pays(max_doc, deleted, deleting, plan.rows.num_rows, base.max_deleted_share):
         log.info("shard of %d documents (%d deleted): deleting %d, adding %d: indexed whole", max_doc, deleted,
                  deleting, plan.rows.num_rows)
         return None
-    fetch_base(fs, config, base, index_dir)
+    fetch_base(fs, config, base, index_dir, lambda name: name != META_FILE)  # the rest: meta.json is there
     builder = IndexBuilder(index_dir)  # opens the copy: tantivy reuses an index it finds in the directory
     builder.delete_terms("ad_id", plan.delete_ads)
     builder.delete_terms("product_id", plan.delete_products)

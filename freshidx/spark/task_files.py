@@ -81,31 +81,32 @@ def upload_file(fs: Any, config: StoreConfig, local_path: str, key: str, rows: i
     check_key(key)
     path = config.arrow_path(key)
     ensure_parent(fs, config, path)
-    digest = hashlib.sha256()
-    size = 0
     with open(local_path, "rb") as src, fs.open_output_stream(path) as dst:
-        while chunk := src.read(COPY_CHUNK_BYTES):
-            digest.update(chunk)
-            dst.write(chunk)
-            size += len(chunk)
+        size, sha256 = _copy_hashing(src, dst)
     if size != os.path.getsize(local_path):  # pragma: no cover - defensive
         raise OSError(f"short copy of {local_path} to {key}")
-    return ShardFile(key=key, bytes=size, sha256=digest.hexdigest(), rows=rows)
+    return ShardFile(key=key, bytes=size, sha256=sha256, rows=rows)
 
 
 def download_file(fs: Any, config: StoreConfig, file: ShardFile, local_path: str) -> None:
     """Copy ``file`` from the store to ``local_path``, checking its size and sha256 on the way."""
-    digest = hashlib.sha256()
-    size = 0
     with fs.open_input_stream(config.arrow_path(check_key(file.key)), compression=None) as src, \
             open(local_path, "wb") as dst:
-        while chunk := src.read(COPY_CHUNK_BYTES):
-            digest.update(chunk)
-            dst.write(chunk)
-            size += len(chunk)
-    if size != file.bytes or digest.hexdigest() != file.sha256:
-        raise OSError(f"{file.key}: {size} bytes, sha256 {digest.hexdigest()}; the manifest says {file.bytes} "
+        size, sha256 = _copy_hashing(src, dst)
+    if size != file.bytes or sha256 != file.sha256:
+        raise OSError(f"{file.key}: {size} bytes, sha256 {sha256}; the manifest says {file.bytes} "
                       f"bytes, sha256 {file.sha256}")
+
+
+def _copy_hashing(src: Any, dst: Any) -> tuple[int, str]:
+    """Copy ``src`` to ``dst`` in chunks; the bytes copied and their sha256."""
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := src.read(COPY_CHUNK_BYTES):
+        digest.update(chunk)
+        dst.write(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
 
 
 #: Columns of few distinct values (groups, statuses, keyword words): dictionary-encoded where a schema has them.

@@ -11,7 +11,6 @@ but never published.
 from __future__ import annotations
 
 import io
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from freshidx_tests.delta.test_incremental_equivalence import (
     first_full,
     served,
 )
+from freshidx_tests.spark.test_index_reuse import index_segments
 from freshidx_tests.spark.test_index_shards import docs_with_features, download_shard, open_index
 from freshidx_tests.support.harness import Harness, at
 
@@ -71,13 +71,6 @@ def version_view(store: ObjectStore, shards: list[dict[str, Any]], tmp: Path) ->
                 else:
                     covered.add((r["ad_id"], r["version"], r["status"]))
     return {"docs": docs, "rows": rows, "covered": covered, "shard_of": shard_of}
-
-
-def _segments(store: ObjectStore, shard: dict[str, Any]) -> dict[str, int]:
-    """``segment id -> max_doc`` of a shard's index (ShardCommit dict), from its ``meta.json``."""
-    key = next(str(f["key"]) for f in shard["files"] if str(f["key"]).endswith("/index/meta.json"))
-    return {str(m["segment_id"]).replace("-", ""): int(m["max_doc"])
-            for m in json.loads(store.get(key).data)["segments"]}
 
 
 def _serving_full(h: Harness) -> dict[str, Any]:
@@ -189,8 +182,8 @@ def test_a_full_from_state_indexes_again_only_what_changed(tmp_path: Path, spark
             assert h.run(FULL).success
             built = _serving_full(h)
             assert built["inputs"]["build"] == FullBuildKind.STATE
-            before = [_segments(h.store, s) for s in base["shards"]]
-            after = [_segments(h.store, s) for s in built["shards"]]
+            before = [index_segments(h.store, s) for s in base["shards"]]
+            after = [index_segments(h.store, s) for s in built["shards"]]
             assert all(set(b) <= set(a) for b, a in zip(before, after, strict=True))
             assert sum(n for b, a in zip(before, after, strict=True) for seg, n in a.items() if seg not in b) == 4
             reference = _raw_reference(h, spark, built["cutoff"])

@@ -16,12 +16,12 @@ import pyarrow.compute as pc
 import pytest
 
 from freshidx.record_rules import ProductFeatures
-from freshidx.spark.index_format import INDEX_DIR, IndexBuilder, index_files
+from freshidx.spark.index_format import INDEX_DIR, META_FILE, IndexBuilder, index_files
 from freshidx.spark.index_reuse import IndexBase, changed_products, reuse_pays
 from freshidx.spark.index_shards import write_one_index_shard
 from freshidx.spark.shards import DOCS_ARROW_SCHEMA, ShardCommit
 from freshidx.spark.task_files import ShardFile, download_file
-from freshidx.store import StoreConfig, open_store
+from freshidx.store import ObjectStore, StoreConfig, open_store
 from freshidx_tests.spark.test_index_shards import COLUMNS, ad, docs_with_features, download_shard, open_index
 
 
@@ -35,11 +35,15 @@ def _served(config: StoreConfig, commit: ShardCommit, dest: Path) -> list[tuple[
                   for d, n, b in docs_with_features(index.searcher()))
 
 
+def index_segments(store: ObjectStore, shard: dict[str, Any]) -> dict[str, int]:
+    """``segment id -> max_doc`` of a shard's index (a ShardCommit dict), from its uploaded ``meta.json``."""
+    key = next(str(f["key"]) for f in shard["files"] if str(f["key"]).endswith(INDEX_DIR + META_FILE))
+    segments = json.loads(store.get(key).data)["segments"]
+    return {str(m["segment_id"]).replace("-", ""): int(m["max_doc"]) for m in segments}
+
+
 def _segments(config: StoreConfig, commit: ShardCommit) -> dict[str, int]:
-    """``segment id -> max_doc`` of a shard's index, from its uploaded ``meta.json``."""
-    key = next(f.key for f in commit.files if f.key.endswith(INDEX_DIR + "meta.json"))
-    meta = json.loads(open_store(config).get(key).data)
-    return {s["segment_id"].replace("-", ""): int(s["max_doc"]) for s in meta["segments"]}
+    return index_segments(open_store(config), commit.to_dict())
 
 
 def _rebuild(config: StoreConfig, old: list[dict[str, Any]], v1: ShardCommit, changed: list[dict[str, Any]],
